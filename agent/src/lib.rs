@@ -1,0 +1,111 @@
+//! `headroom-agent`: the per-node daemon. It polls a [`source::GpuSource`]
+//! on its own thread, folds the fast polls into per-interval samples
+//! ([`window`]) and streams them to the collector ([`uplink`]).
+
+pub mod backoff;
+pub mod config;
+pub mod identity;
+pub mod sampler;
+pub mod source;
+pub mod time;
+pub mod uplink;
+pub mod window;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+
+use crate::sampler::SamplerTiming;
+use crate::source::{GpuSource, SourceError};
+use crate::uplink::{Uplink, UplinkConfig};
+
+/// What a running agent needs besides its source.
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    pub collector_url: String,
+    pub node: String,
+    pub boot_id: String,
+    pub poll_interval: Duration,
+    pub sample_interval: Duration,
+    pub max_pending_batches: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("reading the GPU inventory failed: {0}")]
+    Inventory(#[from] SourceError),
+    #[error("cannot start the sampler thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// A running agent; [`AgentHandle::stop`] ends it.
+#[derive(Debug)]
+pub struct AgentHandle {
+    stop_sampler: Arc<AtomicBool>,
+    shutdown: watch::Sender<bool>,
+    sampler: Option<std::thread::JoinHandle<()>>,
+    uplink: tokio::task::JoinHandle<()>,
+}
+
+impl AgentHandle {
+    /// Stops polling and shipping at once; unacknowledged batches are lost
+    /// (the disk spool keeps them across restarts).
+    pub async fn stop(mut self) {
+        self.stop_sampler.store(true, Ordering::Relaxed);
+        let _ = self.shutdown.send(true);
+        let _ = (&mut self.uplink).await;
+        if let Some(sampler) = self.sampler.take() {
+            let _ = tokio::task::spawn_blocking(move || sampler.join()).await;
+        }
+    }
+
+    /// Resolves when the uplink ends on its own (it does not, short of a stop).
+    pub async fn wait(&mut self) {
+        let _ = (&mut self.uplink).await;
+    }
+}
+
+/// Starts an agent: reads the inventory, then runs the sampler thread and the
+/// uplink task on the current Tokio runtime.
+pub fn start(
+    settings: AgentSettings,
+    mut source: Box<dyn GpuSource>,
+) -> Result<AgentHandle, StartError> {
+    let inventory = source.inventory()?;
+    tracing::info!(node = %settings.node, gpus = inventory.gpus.len(), driver = %inventory.driver_version, "inventory read");
+    let (intervals_tx, intervals_rx) = mpsc::channel(16);
+    let stop_sampler = Arc::new(AtomicBool::new(false));
+    let sampler = sampler::spawn(
+        source,
+        SamplerTiming {
+            poll_interval: settings.poll_interval,
+            sample_interval: settings.sample_interval,
+        },
+        intervals_tx,
+        stop_sampler.clone(),
+    )?;
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let uplink = Uplink::new(
+        UplinkConfig {
+            collector_url: settings.collector_url,
+            node: settings.node,
+            boot_id: settings.boot_id,
+            sample_interval_ms: u32::try_from(settings.sample_interval.as_millis())
+                .unwrap_or(u32::MAX),
+            max_pending_batches: settings.max_pending_batches,
+            max_in_flight: 32,
+            backoff_initial: Duration::from_millis(250),
+            backoff_max: Duration::from_secs(30),
+        },
+        inventory,
+    );
+    let uplink = tokio::spawn(uplink.run(intervals_rx, shutdown_rx));
+    Ok(AgentHandle {
+        stop_sampler,
+        shutdown,
+        sampler: Some(sampler),
+        uplink,
+    })
+}

@@ -1,0 +1,141 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use headroom_agent::config::{AgentConfig, Overrides, SourceKind};
+use headroom_agent::source::{GpuSource, SimSource};
+use headroom_agent::{AgentSettings, identity};
+use headroom_sim::Scenario;
+
+/// Headroom's per-node agent: polls GPU memory and streams it to a collector.
+///
+/// Settings come from defaults, then the TOML file given by --config, then
+/// HEADROOM_* environment variables, then these flags.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// TOML configuration file.
+    #[arg(long, env = "HEADROOM_CONFIG")]
+    config: Option<PathBuf>,
+    /// Collector gRPC address, e.g. http://collector:50051.
+    #[arg(long, env = "HEADROOM_COLLECTOR_URL")]
+    collector_url: Option<String>,
+    /// Name of this node in the fleet (default: host name).
+    #[arg(long, env = "HEADROOM_NODE_NAME")]
+    node_name: Option<String>,
+    /// Where readings come from.
+    #[arg(long, env = "HEADROOM_SOURCE", value_enum)]
+    source: Option<SourceKind>,
+    /// Scenario file for --source sim (default: the built-in demo fleet).
+    #[arg(long, env = "HEADROOM_SCENARIO")]
+    scenario: Option<PathBuf>,
+    /// Scenario node to serve with --source sim (default: the node name, else the first node).
+    #[arg(long, env = "HEADROOM_SIM_NODE")]
+    sim_node: Option<String>,
+    /// Fast poll period in milliseconds.
+    #[arg(long, env = "HEADROOM_POLL_INTERVAL_MS")]
+    poll_interval_ms: Option<u64>,
+    /// Interval one shipped sample covers, in milliseconds.
+    #[arg(long, env = "HEADROOM_SAMPLE_INTERVAL_MS")]
+    sample_interval_ms: Option<u64>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("headroom-agent: {error:#}");
+            // EX_CONFIG-style: a bad setup, not a crash.
+            ExitCode::from(78)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = AgentConfig::load(
+        cli.config.as_deref(),
+        Overrides {
+            collector_url: cli.collector_url,
+            node_name: cli.node_name,
+            source: cli.source,
+            scenario: cli.scenario,
+            sim_node: cli.sim_node,
+            poll_interval_ms: cli.poll_interval_ms,
+            sample_interval_ms: cli.sample_interval_ms,
+        },
+    )?;
+    let (source, node): (Box<dyn GpuSource>, String) = match config.source {
+        None => anyhow::bail!(
+            "no GPU source configured: set `source` in the config file, HEADROOM_SOURCE, or --source (only `sim` exists in this build)"
+        ),
+        Some(SourceKind::Sim) => {
+            let scenario = match &config.scenario {
+                Some(path) => Scenario::load(path)?,
+                None => Scenario::demo(),
+            };
+            let sim_node = config
+                .sim_node
+                .clone()
+                .or_else(|| config.node_name.clone())
+                .or_else(|| scenario.nodes().first().map(|n| n.name.clone()))
+                .context("the scenario has no nodes")?;
+            let source = SimSource::new(&scenario, &sim_node)?;
+            tracing::warn!(
+                sim_node,
+                "serving SIMULATED GPUs from a scenario, not real hardware"
+            );
+            let node = config.node_name.clone().unwrap_or(sim_node);
+            (Box::new(source), node)
+        }
+    };
+    let settings = AgentSettings {
+        collector_url: config.collector_url.clone(),
+        node,
+        boot_id: identity::kernel_boot_id().unwrap_or_else(identity::random_run_id),
+        poll_interval: Duration::from_millis(config.poll_interval_ms),
+        sample_interval: Duration::from_millis(config.sample_interval_ms),
+        max_pending_batches: config.max_pending_batches,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let agent = headroom_agent::start(settings, source)?;
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        agent.stop().await;
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {},
+                    _ = term.recv() => {},
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,68 @@
+//! The polling loop. It owns the `GpuSource` on a thread of its own, because
+//! source calls block (NVML can block for seconds), and hands each finished
+//! interval to the uplink through a bounded channel.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::source::GpuSource;
+use crate::time::epoch_ms_now;
+use crate::window::{IntervalSamples, SampleWindow};
+
+#[derive(Debug, Clone, Copy)]
+pub struct SamplerTiming {
+    pub poll_interval: Duration,
+    pub sample_interval: Duration,
+}
+
+/// Runs until `stop` is set or the uplink goes away.
+pub fn spawn(
+    mut source: Box<dyn GpuSource>,
+    timing: SamplerTiming,
+    intervals: mpsc::Sender<IntervalSamples>,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("headroom-sampler".into())
+        .spawn(move || {
+            let interval_ms = u32::try_from(timing.sample_interval.as_millis()).unwrap_or(u32::MAX);
+            let mut window = SampleWindow::new(interval_ms);
+            let mut next_poll = Instant::now();
+            let mut interval_end = next_poll + timing.sample_interval;
+            let mut failed_polls: u64 = 0;
+            while !stop.load(Ordering::Relaxed) {
+                match source.poll() {
+                    Ok(poll) => window.observe(&poll),
+                    Err(error) => {
+                        failed_polls += 1;
+                        tracing::warn!(%error, failed_polls, "GPU poll failed");
+                    }
+                }
+                next_poll += timing.poll_interval;
+                let now = Instant::now();
+                if now >= interval_end {
+                    let samples = window.finish(epoch_ms_now());
+                    interval_end += timing.sample_interval;
+                    // After a long stall, realign instead of emitting a burst
+                    // of empty intervals.
+                    if interval_end < now {
+                        interval_end = now + timing.sample_interval;
+                    }
+                    if intervals.blocking_send(samples).is_err() {
+                        break;
+                    }
+                }
+                let now = Instant::now();
+                if next_poll > now {
+                    std::thread::sleep(next_poll - now);
+                } else {
+                    next_poll = now;
+                }
+            }
+            tracing::debug!("sampler stopped");
+        })
+}

@@ -1,0 +1,113 @@
+//! Collector configuration, in layers: built-in defaults, then a TOML file,
+//! then `HEADROOM_*` environment variables and flags (read by clap).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CollectorConfig {
+    /// Where agents connect (gRPC).
+    pub grpc_listen: SocketAddr,
+    /// Dashboard and JSON API. Loopback by default: the API has no
+    /// authentication yet, so exposing it is a deliberate choice.
+    pub http_listen: SocketAddr,
+    /// `postgres://user@host/db` or `sqlite://path/to/headroom.db`.
+    pub database_url: String,
+}
+
+impl Default for CollectorConfig {
+    fn default() -> Self {
+        Self {
+            grpc_listen: SocketAddr::from(([0, 0, 0, 0], 50051)),
+            http_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            database_url: "sqlite://headroom-data/headroom.db".into(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub grpc_listen: Option<SocketAddr>,
+    pub http_listen: Option<SocketAddr>,
+    pub database_url: Option<String>,
+}
+
+impl CollectorConfig {
+    pub fn load(file: Option<&Path>, overrides: Overrides) -> Result<Self, ConfigError> {
+        let mut config = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                    path: path.to_owned(),
+                    message: e.to_string(),
+                })?
+            }
+            None => Self::default(),
+        };
+        if let Some(v) = overrides.grpc_listen {
+            config.grpc_listen = v;
+        }
+        if let Some(v) = overrides.http_listen {
+            config.http_listen = v;
+        }
+        if let Some(v) = overrides.database_url {
+            config.database_url = v;
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_parses_and_flags_win() {
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/collector.toml"
+        ));
+        let config = CollectorConfig::load(
+            Some(path),
+            Overrides {
+                http_listen: Some("0.0.0.0:9999".parse().unwrap()),
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+        assert!(config.database_url.starts_with("postgres://"));
+        assert_eq!(config.http_listen.port(), 9999);
+    }
+
+    #[test]
+    fn typo_in_a_key_names_the_key_and_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "databse_url = \"x\"\n").unwrap();
+        let err = CollectorConfig::load(Some(&path), Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("databse_url") && err.contains("c.toml"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,128 @@
+//! JSON API handlers, `/api/v1/...`.
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use super::AppState;
+use crate::store::{DeviceView, NodeView, ProcessView, SeriesPoint, StoreError};
+
+/// A process counts as current when it was seen this recently.
+const PROCESS_WINDOW_MS: i64 = 30_000;
+const DEFAULT_RANGE_MS: i64 = 15 * 60 * 1000;
+const MAX_RANGE_MS: i64 = 400 * 24 * 3600 * 1000;
+
+#[derive(Debug)]
+pub enum ApiError {
+    BadRequest(String),
+    NotFound(String),
+    Store(StoreError),
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody {
+    error: String,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, error) = match self {
+            Self::BadRequest(m) => (StatusCode::BAD_REQUEST, m),
+            Self::NotFound(m) => (StatusCode::NOT_FOUND, m),
+            Self::Store(e) => {
+                tracing::error!(error = %e, "API query failed");
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "storage unavailable".to_owned(),
+                )
+            }
+        };
+        (status, Json(ErrorBody { error })).into_response()
+    }
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::NotFound("no such page or API route".into())
+}
+
+pub async fn nodes(State(state): State<AppState>) -> Result<Json<Vec<NodeView>>, ApiError> {
+    Ok(Json(state.store.nodes().await?))
+}
+
+pub async fn gpus(State(state): State<AppState>) -> Result<Json<Vec<DeviceView>>, ApiError> {
+    Ok(Json(state.store.latest_devices().await?))
+}
+
+pub async fn processes(State(state): State<AppState>) -> Result<Json<Vec<ProcessView>>, ApiError> {
+    let since = state.clock.now_ms() - PROCESS_WINDOW_MS;
+    Ok(Json(state.store.processes(since).await?))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SeriesQuery {
+    /// Epoch milliseconds; default `to` − 15 minutes.
+    from: Option<i64>,
+    /// Epoch milliseconds; default now.
+    to: Option<i64>,
+    /// At most this many points (1..=10000, default 1000).
+    max_points: Option<u32>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SeriesResponse {
+    uuid: String,
+    from: i64,
+    to: i64,
+    points: Vec<SeriesPoint>,
+}
+
+pub async fn series(
+    State(state): State<AppState>,
+    Path(uuid): Path<String>,
+    query: Result<Query<SeriesQuery>, QueryRejection>,
+) -> Result<Json<SeriesResponse>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let to = q.to.unwrap_or_else(|| state.clock.now_ms());
+    let from = q.from.unwrap_or(to - DEFAULT_RANGE_MS);
+    if from >= to {
+        return Err(ApiError::BadRequest(format!(
+            "`from` ({from}) must be before `to` ({to})"
+        )));
+    }
+    if to - from > MAX_RANGE_MS {
+        return Err(ApiError::BadRequest(format!(
+            "range of {} days is longer than the 400-day limit",
+            (to - from) / 86_400_000
+        )));
+    }
+    let max_points = q.max_points.unwrap_or(1000);
+    if !(1..=10_000).contains(&max_points) {
+        return Err(ApiError::BadRequest(format!(
+            "`max_points` = {max_points} is outside 1..=10000"
+        )));
+    }
+    match state
+        .store
+        .device_series(&uuid, from, to, max_points)
+        .await?
+    {
+        Some(points) => Ok(Json(SeriesResponse {
+            uuid,
+            from,
+            to,
+            points,
+        })),
+        None => Err(ApiError::NotFound(format!(
+            "no GPU or MIG instance {uuid:?}"
+        ))),
+    }
+}

@@ -1,0 +1,43 @@
+//! The HTTP side: JSON API and the fleet page, on axum.
+
+mod api;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::header;
+use axum::response::{Html, IntoResponse};
+use axum::routing::get;
+use tower_http::timeout::TimeoutLayer;
+
+use crate::clock::Clock;
+use crate::store::Store;
+
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub clock: Clock,
+}
+
+const INDEX_HTML: &str = include_str!("../../../web/index.html");
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/", get(index))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/api/v1/nodes", get(api::nodes))
+        .route("/api/v1/gpus", get(api::gpus))
+        .route("/api/v1/gpus/{uuid}/series", get(api::series))
+        .route("/api/v1/processes", get(api::processes))
+        .fallback(api::not_found)
+        .layer(TimeoutLayer::with_status_code(
+            axum::http::StatusCode::REQUEST_TIMEOUT,
+            Duration::from_secs(30),
+        ))
+        .with_state(state)
+}
+
+async fn index() -> impl IntoResponse {
+    ([(header::CACHE_CONTROL, "no-cache")], Html(INDEX_HTML))
+}

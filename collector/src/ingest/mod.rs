@@ -1,0 +1,6 @@
+//! gRPC ingest: `Register` and the batch `Stream`.
+
+mod service;
+pub mod validate;
+
+pub use service::IngestService;

@@ -1,0 +1,202 @@
+//! The gRPC service. Each stream is served by one task that handles its
+//! batches strictly in order: validate, write (one transaction), then ack. An
+//! ack is only ever sent after the commit, so an agent that forgets a batch on
+//! ack can never lose it.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
+
+use futures::Stream;
+use headroom_proto::v1 as pb;
+use headroom_proto::v1::ingest_server::Ingest;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::validate::{self, Limits};
+use crate::clock::Clock;
+use crate::model::{NodeSession, WriteOutcome};
+use crate::store::Store;
+
+type SessionKey = (String, String);
+
+#[derive(Debug)]
+struct Inner {
+    store: Arc<dyn Store>,
+    limits: Limits,
+    clock: Clock,
+    sessions: RwLock<HashMap<SessionKey, Arc<NodeSession>>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct IngestService {
+    inner: Arc<Inner>,
+}
+
+impl IngestService {
+    pub fn new(store: Arc<dyn Store>, limits: Limits, clock: Clock) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                limits,
+                clock,
+                sessions: RwLock::new(HashMap::new()),
+            }),
+        }
+    }
+}
+
+impl Inner {
+    fn cached(&self, key: &SessionKey) -> Option<Arc<NodeSession>> {
+        self.sessions
+            .read()
+            .ok()
+            .and_then(|sessions| sessions.get(key).cloned())
+    }
+
+    fn remember(&self, session: NodeSession) -> Arc<NodeSession> {
+        let session = Arc::new(session);
+        if let Ok(mut sessions) = self.sessions.write() {
+            // A node's devices change only on registration; older boots of the
+            // node keep their (now stale) device map until they stop sending.
+            sessions.insert(
+                (session.node.clone(), session.boot_id.clone()),
+                session.clone(),
+            );
+        }
+        session
+    }
+
+    /// The session a batch belongs to; after a collector restart it is
+    /// reloaded from the store, so agents need not register again.
+    async fn session_for(&self, node: &str, boot_id: &str) -> Result<Arc<NodeSession>, Status> {
+        let key = (node.to_owned(), boot_id.to_owned());
+        if let Some(session) = self.cached(&key) {
+            return Ok(session);
+        }
+        match self.store.session(node, boot_id).await {
+            Ok(Some(session)) => Ok(self.remember(session)),
+            Ok(None) => Err(Status::failed_precondition(format!(
+                "node {node:?} (boot {boot_id:?}) sent a batch before Register"
+            ))),
+            Err(error) => {
+                tracing::error!(%error, node, "loading the agent session failed");
+                Err(Status::unavailable(format!("storage unavailable: {error}")))
+            }
+        }
+    }
+
+    /// Handles one batch; the ack is the highest committed seq.
+    async fn ingest(&self, batch: pb::Batch) -> Result<pb::Ack, Status> {
+        let node = batch.node.as_str();
+        if node.is_empty() || batch.boot_id.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "batch seq {} has an empty node or boot_id",
+                batch.seq
+            )));
+        }
+        if node.len() > 253 || batch.boot_id.len() > self.limits.max_id_len {
+            return Err(Status::invalid_argument(format!(
+                "batch seq {}: node or boot_id too long",
+                batch.seq
+            )));
+        }
+        let session = self.session_for(node, &batch.boot_id).await?;
+        let rows = validate::batch(&batch, &session, self.clock.now_ms(), &self.limits).map_err(
+            |invalid| {
+                tracing::warn!(node, seq = batch.seq, reason = %invalid, "rejected batch");
+                Status::invalid_argument(format!(
+                    "batch seq {} from node {node}: {invalid}",
+                    batch.seq
+                ))
+            },
+        )?;
+        match self.store.write_batch(&rows).await {
+            Ok(WriteOutcome::Committed) => Ok(pb::Ack {
+                committed_seq: batch.seq,
+            }),
+            Ok(WriteOutcome::Duplicate { committed_seq }) => {
+                tracing::debug!(
+                    node,
+                    seq = batch.seq,
+                    committed_seq,
+                    "replayed batch already stored"
+                );
+                Ok(pb::Ack {
+                    committed_seq: committed_seq.max(batch.seq),
+                })
+            }
+            Err(error) => {
+                tracing::error!(%error, node, seq = batch.seq, "writing a batch failed");
+                Err(Status::unavailable(format!("storage unavailable: {error}")))
+            }
+        }
+    }
+}
+
+type AckStream = Pin<Box<dyn Stream<Item = Result<pb::Ack, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl Ingest for IngestService {
+    async fn register(
+        &self,
+        request: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::RegisterResponse>, Status> {
+        let request = request.into_inner();
+        let registration =
+            validate::registration(&request, &self.inner.limits).map_err(|invalid| {
+                tracing::warn!(node = %request.node, reason = %invalid, "rejected registration");
+                Status::invalid_argument(format!(
+                    "Register from node {:?}: {invalid}",
+                    request.node
+                ))
+            })?;
+        let session = self
+            .inner
+            .store
+            .register(&registration, self.inner.clock.now_ms())
+            .await
+            .map_err(|error| {
+                tracing::error!(%error, node = %registration.node, "storing a registration failed");
+                Status::unavailable(format!("storage unavailable: {error}"))
+            })?;
+        tracing::info!(node = %session.node, boot_id = %session.boot_id, devices = session.device_ids.len(),
+            committed_seq = session.committed_seq, "agent registered");
+        let committed_seq = session.committed_seq;
+        self.inner.remember(session);
+        Ok(Response::new(pb::RegisterResponse { committed_seq }))
+    }
+
+    type StreamStream = AckStream;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<pb::Batch>>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
+        let mut batches = request.into_inner();
+        // Small: an agent cannot run far ahead of what the database commits,
+        // which is how a slow database slows agents down.
+        let (acks, acks_rx) = mpsc::channel(4);
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            while let Some(batch) = batches.next().await {
+                let result = match batch {
+                    Ok(batch) => inner.ingest(batch).await,
+                    Err(status) => {
+                        tracing::debug!(%status, "agent stream ended with an error");
+                        return;
+                    }
+                };
+                let failed = result.is_err();
+                if acks.send(result).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(
+            Box::pin(ReceiverStream::new(acks_rx)) as AckStream
+        ))
+    }
+}

@@ -1,0 +1,374 @@
+//! Turns wire messages into domain types, rejecting anything a correct agent
+//! could not have sent. Each error names the field and the value at fault, so
+//! the operator reading the agent's log knows what to fix.
+
+use std::collections::HashSet;
+
+use headroom_proto::v1 as pb;
+
+use crate::model::{
+    DeviceInfo, EventRow, GpuSampleRow, MigPlacement, NodeSession, ProcessSampleRow, Registration,
+    StoreBatch,
+};
+
+/// Bounds on what one agent may send. The defaults fit the largest real
+/// nodes (8–16 GPUs, 7 MIG instances each, hundreds of processes) with room.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    pub max_devices: usize,
+    pub max_samples_per_batch: usize,
+    pub max_id_len: usize,
+    pub max_name_len: usize,
+    /// How far ahead of the collector's clock a sample may be.
+    pub max_future_skew_ms: i64,
+    /// How old a sample may be (a long outage's replay still fits).
+    pub max_age_ms: i64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_devices: 256,
+            max_samples_per_batch: 20_000,
+            max_id_len: 256,
+            max_name_len: 4096,
+            max_future_skew_ms: 5 * 60 * 1000,
+            max_age_ms: 7 * 24 * 3600 * 1000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
+fn invalid<T>(message: String) -> Result<T, Invalid> {
+    Err(Invalid(message))
+}
+
+fn check_text(field: &str, value: &str, max: usize, required: bool) -> Result<(), Invalid> {
+    if required && value.is_empty() {
+        return invalid(format!("{field} is empty"));
+    }
+    if value.len() > max {
+        return invalid(format!(
+            "{field} is {} bytes long (limit {max})",
+            value.len()
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return invalid(format!("{field} {value:?} contains control characters"));
+    }
+    Ok(())
+}
+
+fn bytes(field: &str, value: u64) -> Result<i64, Invalid> {
+    i64::try_from(value)
+        .or_else(|_| invalid(format!("{field} = {value} is not a plausible byte count")))
+}
+
+pub fn registration(req: &pb::RegisterRequest, limits: &Limits) -> Result<Registration, Invalid> {
+    check_text("node", &req.node, 253, true)?;
+    check_text("boot_id", &req.boot_id, limits.max_id_len, true)?;
+    check_text(
+        "agent_version",
+        &req.agent_version,
+        limits.max_id_len,
+        false,
+    )?;
+    check_text(
+        "driver_version",
+        &req.driver_version,
+        limits.max_id_len,
+        false,
+    )?;
+    if req.sample_interval_ms == 0 || req.sample_interval_ms > 3_600_000 {
+        return invalid(format!(
+            "sample_interval_ms = {} is outside 1..=3600000",
+            req.sample_interval_ms
+        ));
+    }
+    let mig_count: usize = req.gpus.iter().map(|g| g.mig_instances.len()).sum();
+    if req.gpus.len() + mig_count > limits.max_devices {
+        return invalid(format!(
+            "{} GPUs and MIG instances exceed the limit of {}",
+            req.gpus.len() + mig_count,
+            limits.max_devices
+        ));
+    }
+    let mut seen = HashSet::new();
+    let mut devices = Vec::with_capacity(req.gpus.len() + mig_count);
+    for gpu in &req.gpus {
+        check_text("gpu uuid", &gpu.uuid, limits.max_id_len, true)?;
+        check_text(
+            &format!("name of GPU {}", gpu.uuid),
+            &gpu.name,
+            limits.max_id_len,
+            false,
+        )?;
+        if !seen.insert(gpu.uuid.as_str()) {
+            return invalid(format!("GPU uuid {} appears twice", gpu.uuid));
+        }
+        let total = bytes(
+            &format!("memory_total_bytes of GPU {}", gpu.uuid),
+            gpu.memory_total_bytes,
+        )?;
+        if total == 0 {
+            return invalid(format!("GPU {} reports memory_total_bytes = 0", gpu.uuid));
+        }
+        devices.push(DeviceInfo {
+            uuid: gpu.uuid.clone(),
+            parent_uuid: None,
+            index: gpu.index,
+            name: gpu.name.clone(),
+            memory_total: total,
+            pcie_generation: gpu.pcie_generation,
+            pcie_width: gpu.pcie_width,
+            mig: None,
+        });
+        let mut mig_total: i64 = 0;
+        for mig in &gpu.mig_instances {
+            check_text("MIG uuid", &mig.uuid, limits.max_id_len, true)?;
+            check_text(
+                &format!("profile of MIG {}", mig.uuid),
+                &mig.profile,
+                limits.max_id_len,
+                false,
+            )?;
+            if !seen.insert(mig.uuid.as_str()) {
+                return invalid(format!("MIG uuid {} appears twice", mig.uuid));
+            }
+            let mig_bytes = bytes(
+                &format!("memory_total_bytes of MIG {}", mig.uuid),
+                mig.memory_total_bytes,
+            )?;
+            if mig_bytes == 0 {
+                return invalid(format!(
+                    "MIG instance {} reports memory_total_bytes = 0",
+                    mig.uuid
+                ));
+            }
+            mig_total = mig_total.saturating_add(mig_bytes);
+            devices.push(DeviceInfo {
+                uuid: mig.uuid.clone(),
+                parent_uuid: Some(gpu.uuid.clone()),
+                index: gpu.index,
+                name: format!("{} MIG {}", gpu.name, mig.profile),
+                memory_total: mig_bytes,
+                pcie_generation: gpu.pcie_generation,
+                pcie_width: gpu.pcie_width,
+                mig: Some(MigPlacement {
+                    gpu_instance_id: mig.gpu_instance_id,
+                    compute_instance_id: mig.compute_instance_id,
+                    profile: mig.profile.clone(),
+                }),
+            });
+        }
+        if mig_total > total {
+            return invalid(format!(
+                "MIG instances of GPU {} add up to {mig_total} bytes, more than its {total}",
+                gpu.uuid
+            ));
+        }
+    }
+    Ok(Registration {
+        node: req.node.clone(),
+        boot_id: req.boot_id.clone(),
+        agent_version: req.agent_version.clone(),
+        driver_version: req.driver_version.clone(),
+        sample_interval_ms: req.sample_interval_ms,
+        devices,
+    })
+}
+
+fn timestamp(field: &str, ts: i64, now_ms: i64, limits: &Limits) -> Result<i64, Invalid> {
+    if ts > now_ms.saturating_add(limits.max_future_skew_ms) {
+        return invalid(format!(
+            "{field} = {ts} is {} s ahead of the collector's clock (limit {} s)",
+            (ts - now_ms) / 1000,
+            limits.max_future_skew_ms / 1000
+        ));
+    }
+    if ts < now_ms.saturating_sub(limits.max_age_ms) {
+        return invalid(format!(
+            "{field} = {ts} is older than {} h",
+            limits.max_age_ms / 3_600_000
+        ));
+    }
+    Ok(ts)
+}
+
+fn device_id(session: &NodeSession, uuid: &str) -> Result<i64, Invalid> {
+    session.device_ids.get(uuid).copied().ok_or_else(|| {
+        Invalid(format!(
+            "device {uuid:?} is not in node {}'s registered inventory",
+            session.node
+        ))
+    })
+}
+
+/// Checks a batch from a registered agent and resolves its devices.
+pub fn batch(
+    b: &pb::Batch,
+    session: &NodeSession,
+    now_ms: i64,
+    limits: &Limits,
+) -> Result<StoreBatch, Invalid> {
+    if b.seq == 0 {
+        return invalid("seq is 0; sequence numbers start at 1".into());
+    }
+    let count = b.gpu_samples.len() + b.process_samples.len() + b.events.len();
+    if count > limits.max_samples_per_batch {
+        return invalid(format!(
+            "{count} samples and events exceed the limit of {} per batch",
+            limits.max_samples_per_batch
+        ));
+    }
+    let mut gpu_samples = Vec::with_capacity(b.gpu_samples.len());
+    let mut seen = HashSet::new();
+    for s in &b.gpu_samples {
+        let id = device_id(session, &s.uuid)?;
+        let at = |field: &str| format!("{field} of device {} at {}", s.uuid, s.timestamp_ms);
+        let ts = timestamp(&at("timestamp_ms"), s.timestamp_ms, now_ms, limits)?;
+        if !seen.insert((id, ts)) {
+            return invalid(format!("device {} has two samples at {ts}", s.uuid));
+        }
+        let total = bytes(&at("memory_total_bytes"), s.memory_total_bytes)?;
+        let last = bytes(&at("memory_used_last_bytes"), s.memory_used_last_bytes)?;
+        let min = bytes(&at("memory_used_min_bytes"), s.memory_used_min_bytes)?;
+        let max = bytes(&at("memory_used_max_bytes"), s.memory_used_max_bytes)?;
+        let reserved = bytes(&at("memory_reserved_bytes"), s.memory_reserved_bytes)?;
+        if total == 0 {
+            return invalid(format!("{} is 0", at("memory_total_bytes")));
+        }
+        if max > total {
+            return invalid(format!(
+                "{} = {max} exceeds memory_total_bytes = {total}",
+                at("memory_used_max_bytes")
+            ));
+        }
+        if !(min <= last && last <= max) {
+            return invalid(format!(
+                "{}: min {min}, last {last}, max {max} are not ordered min <= last <= max",
+                at("memory used")
+            ));
+        }
+        if reserved > total {
+            return invalid(format!(
+                "{} = {reserved} exceeds memory_total_bytes = {total}",
+                at("memory_reserved_bytes")
+            ));
+        }
+        let utilization = match s.utilization_pct {
+            Some(u) if u > 100 => {
+                return invalid(format!("{} = {u} is above 100", at("utilization_pct")));
+            }
+            Some(u) => Some(i16::try_from(u).unwrap_or(100)),
+            None => None,
+        };
+        let rate = |field: &str, v: Option<u64>| v.map(|v| bytes(&at(field), v)).transpose();
+        gpu_samples.push(GpuSampleRow {
+            device_id: id,
+            timestamp_ms: ts,
+            interval_ms: i32::try_from(s.interval_ms).unwrap_or(i32::MAX),
+            poll_count: i32::try_from(s.poll_count).unwrap_or(i32::MAX),
+            used_last: last,
+            used_min: min,
+            used_max: max,
+            reserved,
+            total,
+            utilization_pct: utilization,
+            pcie_tx_bytes_per_s: rate("pcie_tx_bytes_per_s", s.pcie_tx_bytes_per_s)?,
+            pcie_rx_bytes_per_s: rate("pcie_rx_bytes_per_s", s.pcie_rx_bytes_per_s)?,
+        });
+    }
+    let mut process_samples = Vec::with_capacity(b.process_samples.len());
+    for p in &b.process_samples {
+        let id = device_id(session, &p.uuid)?;
+        let at = |field: &str| format!("{field} of pid {} on {}", p.pid, p.uuid);
+        let ts = timestamp(&at("timestamp_ms"), p.timestamp_ms, now_ms, limits)?;
+        if p.pid == 0 {
+            return invalid(format!("process on {} has pid 0", p.uuid));
+        }
+        check_text(&at("name"), &p.name, limits.max_name_len, false)?;
+        check_text(&at("user"), &p.user, limits.max_id_len, false)?;
+        check_text(
+            &at("container_id"),
+            &p.container_id,
+            limits.max_id_len,
+            false,
+        )?;
+        check_text(&at("pod_uid"), &p.pod_uid, limits.max_id_len, false)?;
+        check_text(
+            &at("slurm_job_id"),
+            &p.slurm_job_id,
+            limits.max_id_len,
+            false,
+        )?;
+        let last = bytes(&at("memory_used_last_bytes"), p.memory_used_last_bytes)?;
+        let max = bytes(&at("memory_used_max_bytes"), p.memory_used_max_bytes)?;
+        if last > max {
+            return invalid(format!(
+                "{}: last {last} is above max {max}",
+                at("memory used")
+            ));
+        }
+        if p.start_time_ms < 0 || p.start_time_ms > ts {
+            return invalid(format!(
+                "{} = {} is not before the sample's timestamp {ts}",
+                at("start_time_ms"),
+                p.start_time_ms
+            ));
+        }
+        process_samples.push(ProcessSampleRow {
+            device_id: id,
+            timestamp_ms: ts,
+            pid: i64::from(p.pid),
+            start_time_ms: p.start_time_ms,
+            used_last: last,
+            used_max: max,
+            name: p.name.clone(),
+            uid: i64::from(p.uid),
+            user: p.user.clone(),
+            container_id: p.container_id.clone(),
+            pod_uid: p.pod_uid.clone(),
+            slurm_job_id: p.slurm_job_id.clone(),
+        });
+    }
+    let mut events = Vec::with_capacity(b.events.len());
+    for e in &b.events {
+        let kind = match pb::EventKind::try_from(e.kind) {
+            Ok(pb::EventKind::Xid) => "xid",
+            Ok(pb::EventKind::GpuLost) => "gpu_lost",
+            Ok(pb::EventKind::MigReconfigured) => "mig_reconfigured",
+            Ok(pb::EventKind::ProcessStarted) => "process_started",
+            Ok(pb::EventKind::ProcessExited) => "process_exited",
+            Ok(pb::EventKind::NvmlHung) => "nvml_hung",
+            Ok(pb::EventKind::Unspecified) | Err(_) => {
+                return invalid(format!("event kind {} is not known", e.kind));
+            }
+        };
+        let device = if e.uuid.is_empty() {
+            None
+        } else {
+            Some(device_id(session, &e.uuid)?)
+        };
+        check_text("event detail", &e.detail, limits.max_name_len, false)?;
+        events.push(EventRow {
+            device_id: device,
+            timestamp_ms: timestamp("event timestamp_ms", e.timestamp_ms, now_ms, limits)?,
+            kind,
+            code: i64::from(e.code),
+            pid: i64::from(e.pid),
+            detail: e.detail.clone(),
+        });
+    }
+    Ok(StoreBatch {
+        node_id: session.node_id,
+        boot_id: b.boot_id.clone(),
+        seq: b.seq,
+        gpu_samples,
+        process_samples,
+        events,
+    })
+}

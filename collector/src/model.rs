@@ -1,0 +1,120 @@
+//! Domain types on the write side, after validation: what the store accepts.
+//! Protocol types never get past `ingest`; byte counts are `i64` here because
+//! that is what both databases store (validation rejects larger values).
+
+use std::collections::HashMap;
+
+/// A node's registration: who it is and what it has.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Registration {
+    pub node: String,
+    pub boot_id: String,
+    pub agent_version: String,
+    pub driver_version: String,
+    pub sample_interval_ms: u32,
+    /// GPUs first, then MIG instances, each after its parent.
+    pub devices: Vec<DeviceInfo>,
+}
+
+/// A GPU or a MIG instance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceInfo {
+    pub uuid: String,
+    /// The GPU a MIG instance lives in.
+    pub parent_uuid: Option<String>,
+    pub index: u32,
+    pub name: String,
+    pub memory_total: i64,
+    pub pcie_generation: u32,
+    pub pcie_width: u32,
+    pub mig: Option<MigPlacement>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MigPlacement {
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    pub profile: String,
+}
+
+/// What the store knows about one agent boot: the ids of its node and
+/// devices and the highest batch it committed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeSession {
+    pub node_id: i64,
+    pub node: String,
+    pub boot_id: String,
+    pub committed_seq: u64,
+    pub device_ids: HashMap<String, i64>,
+}
+
+/// One validated batch with device UUIDs resolved to ids.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreBatch {
+    pub node_id: i64,
+    pub boot_id: String,
+    pub seq: u64,
+    pub gpu_samples: Vec<GpuSampleRow>,
+    pub process_samples: Vec<ProcessSampleRow>,
+    pub events: Vec<EventRow>,
+}
+
+impl StoreBatch {
+    /// Newest timestamp in the batch, for the node's last-seen time.
+    pub fn newest_timestamp_ms(&self) -> Option<i64> {
+        let gpus = self.gpu_samples.iter().map(|s| s.timestamp_ms);
+        let procs = self.process_samples.iter().map(|s| s.timestamp_ms);
+        let events = self.events.iter().map(|e| e.timestamp_ms);
+        gpus.chain(procs).chain(events).max()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuSampleRow {
+    pub device_id: i64,
+    pub timestamp_ms: i64,
+    pub interval_ms: i32,
+    pub poll_count: i32,
+    pub used_last: i64,
+    pub used_min: i64,
+    pub used_max: i64,
+    pub reserved: i64,
+    pub total: i64,
+    pub utilization_pct: Option<i16>,
+    pub pcie_tx_bytes_per_s: Option<i64>,
+    pub pcie_rx_bytes_per_s: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessSampleRow {
+    pub device_id: i64,
+    pub timestamp_ms: i64,
+    pub pid: i64,
+    pub start_time_ms: i64,
+    pub used_last: i64,
+    pub used_max: i64,
+    pub name: String,
+    pub uid: i64,
+    pub user: String,
+    pub container_id: String,
+    pub pod_uid: String,
+    pub slurm_job_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventRow {
+    pub device_id: Option<i64>,
+    pub timestamp_ms: i64,
+    pub kind: &'static str,
+    pub code: i64,
+    pub pid: i64,
+    pub detail: String,
+}
+
+/// The outcome of a write: stored now, or already stored by an earlier copy
+/// of the same batch (a replay).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOutcome {
+    Committed,
+    Duplicate { committed_seq: u64 },
+}

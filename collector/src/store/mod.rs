@@ -1,0 +1,311 @@
+//! Storage behind one trait, with a Postgres implementation for production and
+//! a SQLite one for a single machine and the demo. Both pass one conformance
+//! suite (`tests/tests/store_conformance.rs`).
+
+mod postgres;
+mod sqlite;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
+
+use crate::model::{NodeSession, Registration, StoreBatch, WriteOutcome};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("unsupported database URL {0:?}: use postgres://… or sqlite://…")]
+    UnsupportedUrl(String),
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// Records a node's (re)registration and its current inventory; devices the
+    /// node no longer reports are marked absent, not deleted.
+    async fn register(
+        &self,
+        registration: &Registration,
+        now_ms: i64,
+    ) -> Result<NodeSession, StoreError>;
+
+    /// The session of an agent boot that registered earlier, if any.
+    async fn session(&self, node: &str, boot_id: &str) -> Result<Option<NodeSession>, StoreError>;
+
+    /// Writes a batch in one transaction, unless a batch with the same or a
+    /// higher `seq` was already committed for its (node, boot): then nothing
+    /// is written and the outcome says so.
+    async fn write_batch(&self, batch: &StoreBatch) -> Result<WriteOutcome, StoreError>;
+
+    async fn nodes(&self) -> Result<Vec<NodeView>, StoreError>;
+
+    /// The latest sample of every present GPU and MIG instance.
+    async fn latest_devices(&self) -> Result<Vec<DeviceView>, StoreError>;
+
+    /// Samples of one device in `[from_ms, to_ms]`, folded into at most
+    /// `max_points` buckets. `None` when the device is unknown.
+    async fn device_series(
+        &self,
+        uuid: &str,
+        from_ms: i64,
+        to_ms: i64,
+        max_points: u32,
+    ) -> Result<Option<Vec<SeriesPoint>>, StoreError>;
+
+    /// Processes seen since `since_ms`, with their latest and peak memory.
+    async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError>;
+}
+
+/// Opens the store a URL names, creating and migrating its schema.
+pub async fn connect(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(PostgresStore::connect(url).await?))
+    } else if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::connect(url).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl(redact_url(url)))
+    }
+}
+
+/// Drops the password from a database URL before it reaches a message.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}://{}:***@{}", &url[..scheme_end], user, &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Width of the buckets that fold `[from_ms, to_ms]` into at most `max_points`.
+pub(crate) fn bucket_width_ms(from_ms: i64, to_ms: i64, max_points: u32) -> i64 {
+    let span = to_ms.saturating_sub(from_ms).max(1);
+    let points = i64::from(max_points.max(1));
+    ((span + points - 1) / points).max(1)
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct NodeView {
+    pub name: String,
+    pub boot_id: String,
+    pub agent_version: String,
+    pub driver_version: String,
+    pub sample_interval_ms: i64,
+    pub registered_at_ms: i64,
+    pub last_seen_ms: i64,
+    pub gpu_count: i64,
+    pub mig_instance_count: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeviceView {
+    pub uuid: String,
+    pub node: String,
+    /// `gpu` or `mig`.
+    pub kind: &'static str,
+    pub parent_uuid: Option<String>,
+    pub index: i64,
+    pub name: String,
+    pub mig_profile: Option<String>,
+    pub mig_gpu_instance_id: Option<i64>,
+    pub mig_compute_instance_id: Option<i64>,
+    pub memory_total_bytes: i64,
+    /// `None` until the first sample arrives.
+    pub latest: Option<LatestSample>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LatestSample {
+    pub timestamp_ms: i64,
+    pub memory_used_bytes: i64,
+    pub memory_used_min_bytes: i64,
+    pub memory_used_max_bytes: i64,
+    pub memory_reserved_bytes: i64,
+    pub memory_total_bytes: i64,
+    /// Free memory now: total − used − reserved.
+    pub headroom_bytes: i64,
+    pub headroom_pct: f64,
+    /// Free memory at the interval's peak.
+    pub peak_headroom_bytes: i64,
+    pub utilization_pct: Option<i64>,
+    pub pcie_tx_bytes_per_s: Option<i64>,
+    pub pcie_rx_bytes_per_s: Option<i64>,
+}
+
+impl LatestSample {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        timestamp_ms: i64,
+        used: i64,
+        used_min: i64,
+        used_max: i64,
+        reserved: i64,
+        total: i64,
+        utilization_pct: Option<i64>,
+        pcie_tx_bytes_per_s: Option<i64>,
+        pcie_rx_bytes_per_s: Option<i64>,
+    ) -> Self {
+        let headroom = (total - used - reserved).max(0);
+        let headroom_pct = if total > 0 {
+            (headroom as f64 * 1000.0 / total as f64).round() / 10.0
+        } else {
+            0.0
+        };
+        Self {
+            timestamp_ms,
+            memory_used_bytes: used,
+            memory_used_min_bytes: used_min,
+            memory_used_max_bytes: used_max,
+            memory_reserved_bytes: reserved,
+            memory_total_bytes: total,
+            headroom_bytes: headroom,
+            headroom_pct,
+            peak_headroom_bytes: (total - used_max - reserved).max(0),
+            utilization_pct,
+            pcie_tx_bytes_per_s,
+            pcie_rx_bytes_per_s,
+        }
+    }
+}
+
+/// One bucket of a device's series. With one sample per bucket, `memory_used`
+/// is that sample's last value; with more, it is their mean, while min and
+/// max keep the extremes of every poll in the bucket.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct SeriesPoint {
+    pub timestamp_ms: i64,
+    pub samples: i64,
+    pub memory_used_bytes: i64,
+    pub memory_used_min_bytes: i64,
+    pub memory_used_max_bytes: i64,
+    pub memory_reserved_bytes: i64,
+    pub memory_total_bytes: i64,
+    pub utilization_pct: Option<f64>,
+    pub pcie_tx_bytes_per_s: Option<i64>,
+    pub pcie_rx_bytes_per_s: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct ProcessView {
+    pub node: String,
+    pub device_uuid: String,
+    pub gpu_index: i64,
+    pub pid: i64,
+    pub start_time_ms: i64,
+    pub name: String,
+    pub uid: i64,
+    pub user: String,
+    pub container_id: String,
+    pub pod_uid: String,
+    pub slurm_job_id: String,
+    pub memory_used_bytes: i64,
+    pub memory_peak_bytes: i64,
+    pub first_seen_ms: i64,
+    pub last_seen_ms: i64,
+}
+
+/// Row shape shared by both backends for `latest_devices`.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct DeviceRow {
+    uuid: String,
+    node: String,
+    parent_uuid: Option<String>,
+    gpu_index: i64,
+    name: String,
+    mig_profile: Option<String>,
+    mig_gpu_instance_id: Option<i64>,
+    mig_compute_instance_id: Option<i64>,
+    memory_total: i64,
+    ts_ms: Option<i64>,
+    used_last: Option<i64>,
+    used_min: Option<i64>,
+    used_max: Option<i64>,
+    reserved: Option<i64>,
+    total: Option<i64>,
+    utilization: Option<i64>,
+    pcie_tx: Option<i64>,
+    pcie_rx: Option<i64>,
+}
+
+impl From<DeviceRow> for DeviceView {
+    fn from(r: DeviceRow) -> Self {
+        let latest = match (
+            r.ts_ms,
+            r.used_last,
+            r.used_min,
+            r.used_max,
+            r.reserved,
+            r.total,
+        ) {
+            (Some(ts), Some(last), Some(min), Some(max), Some(reserved), Some(total)) => {
+                Some(LatestSample::new(
+                    ts,
+                    last,
+                    min,
+                    max,
+                    reserved,
+                    total,
+                    r.utilization,
+                    r.pcie_tx,
+                    r.pcie_rx,
+                ))
+            }
+            _ => None,
+        };
+        DeviceView {
+            uuid: r.uuid,
+            node: r.node,
+            kind: if r.parent_uuid.is_some() {
+                "mig"
+            } else {
+                "gpu"
+            },
+            parent_uuid: r.parent_uuid,
+            index: r.gpu_index,
+            name: r.name,
+            mig_profile: r.mig_profile,
+            mig_gpu_instance_id: r.mig_gpu_instance_id,
+            mig_compute_instance_id: r.mig_compute_instance_id,
+            memory_total_bytes: r.memory_total,
+            latest,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redact_url("postgres://headroom:s3cret@db:5432/headroom"),
+            "postgres://headroom:***@db:5432/headroom"
+        );
+        assert_eq!(redact_url("sqlite://data.db"), "sqlite://data.db");
+    }
+
+    #[test]
+    fn buckets_cover_the_range_in_at_most_max_points() {
+        assert_eq!(bucket_width_ms(0, 1000, 1000), 1);
+        assert_eq!(bucket_width_ms(0, 86_400_000, 1000), 86_400);
+        assert_eq!(bucket_width_ms(0, 1001, 1000), 2);
+        assert_eq!(bucket_width_ms(5, 5, 0), 1);
+    }
+
+    #[test]
+    fn headroom_excludes_used_and_reserved() {
+        let s = LatestSample::new(0, 60, 50, 70, 10, 100, None, None, None);
+        assert_eq!(s.headroom_bytes, 30);
+        assert_eq!(s.peak_headroom_bytes, 20);
+        assert!((s.headroom_pct - 30.0).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,425 @@
+//! Postgres: the production store. A batch is one transaction whose first
+//! statement claims its seq, and whose inserts send whole columns as arrays
+//! (`UNNEST`), one round trip per table rather than one per row.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Postgres, Row, Transaction};
+
+use super::{
+    DeviceRow, DeviceView, NodeView, ProcessView, SeriesPoint, Store, StoreError, bucket_width_ms,
+};
+use crate::model::{NodeSession, Registration, StoreBatch, WriteOutcome};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+impl PostgresStore {
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let options: PgConnectOptions = url.parse()?;
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+async fn load_session(
+    tx: &mut Transaction<'_, Postgres>,
+    node_id: i64,
+    node: &str,
+    boot_id: &str,
+    committed_seq: i64,
+) -> Result<NodeSession, StoreError> {
+    let rows =
+        sqlx::query("SELECT id::int8 AS id, uuid FROM devices WHERE node_id = $1 AND present")
+            .bind(node_id)
+            .fetch_all(&mut **tx)
+            .await?;
+    let mut device_ids = HashMap::with_capacity(rows.len());
+    for row in rows {
+        device_ids.insert(
+            row.try_get::<String, _>("uuid")?,
+            row.try_get::<i64, _>("id")?,
+        );
+    }
+    Ok(NodeSession {
+        node_id,
+        node: node.to_owned(),
+        boot_id: boot_id.to_owned(),
+        committed_seq: u64::try_from(committed_seq).unwrap_or(0),
+        device_ids,
+    })
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn register(&self, reg: &Registration, now_ms: i64) -> Result<NodeSession, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let node_id: i64 = sqlx::query_scalar(
+            "INSERT INTO nodes (name, boot_id, agent_version, driver_version, sample_interval_ms, registered_at_ms, last_seen_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $6)
+             ON CONFLICT (name) DO UPDATE SET boot_id = EXCLUDED.boot_id, agent_version = EXCLUDED.agent_version,
+                 driver_version = EXCLUDED.driver_version, sample_interval_ms = EXCLUDED.sample_interval_ms,
+                 registered_at_ms = EXCLUDED.registered_at_ms, last_seen_ms = GREATEST(nodes.last_seen_ms, EXCLUDED.last_seen_ms)
+             RETURNING id",
+        )
+        .bind(&reg.node)
+        .bind(&reg.boot_id)
+        .bind(&reg.agent_version)
+        .bind(&reg.driver_version)
+        .bind(i32::try_from(reg.sample_interval_ms).unwrap_or(i32::MAX))
+        .bind(now_ms)
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO agent_boots (node_id, boot_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        )
+        .bind(node_id)
+        .bind(&reg.boot_id)
+        .execute(&mut *tx)
+        .await?;
+        let committed: i64 = sqlx::query_scalar(
+            "SELECT committed_seq FROM agent_boots WHERE node_id = $1 AND boot_id = $2",
+        )
+        .bind(node_id)
+        .bind(&reg.boot_id)
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE devices SET present = FALSE WHERE node_id = $1")
+            .bind(node_id)
+            .execute(&mut *tx)
+            .await?;
+        let mut ids: HashMap<&str, i32> = HashMap::new();
+        for d in &reg.devices {
+            let parent_id = d.parent_uuid.as_deref().and_then(|p| ids.get(p).copied());
+            let mig = d.mig.as_ref();
+            let id: i32 = sqlx::query_scalar(
+                "INSERT INTO devices (uuid, node_id, parent_id, gpu_index, name, memory_total, pcie_generation, pcie_width,
+                     mig_gpu_instance_id, mig_compute_instance_id, mig_profile, present)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, TRUE)
+                 ON CONFLICT (uuid) DO UPDATE SET node_id = EXCLUDED.node_id, parent_id = EXCLUDED.parent_id,
+                     gpu_index = EXCLUDED.gpu_index, name = EXCLUDED.name, memory_total = EXCLUDED.memory_total,
+                     pcie_generation = EXCLUDED.pcie_generation, pcie_width = EXCLUDED.pcie_width,
+                     mig_gpu_instance_id = EXCLUDED.mig_gpu_instance_id,
+                     mig_compute_instance_id = EXCLUDED.mig_compute_instance_id,
+                     mig_profile = EXCLUDED.mig_profile, present = TRUE
+                 RETURNING id",
+            )
+            .bind(&d.uuid)
+            .bind(node_id)
+            .bind(parent_id)
+            .bind(i32::try_from(d.index).unwrap_or(i32::MAX))
+            .bind(&d.name)
+            .bind(d.memory_total)
+            .bind(i32::try_from(d.pcie_generation).unwrap_or(0))
+            .bind(i32::try_from(d.pcie_width).unwrap_or(0))
+            .bind(mig.map(|m| i32::try_from(m.gpu_instance_id).unwrap_or(i32::MAX)))
+            .bind(mig.map(|m| i32::try_from(m.compute_instance_id).unwrap_or(i32::MAX)))
+            .bind(mig.map(|m| m.profile.as_str()))
+            .fetch_one(&mut *tx)
+            .await?;
+            ids.insert(&d.uuid, id);
+        }
+        let session = load_session(&mut tx, node_id, &reg.node, &reg.boot_id, committed).await?;
+        tx.commit().await?;
+        Ok(session)
+    }
+
+    async fn session(&self, node: &str, boot_id: &str) -> Result<Option<NodeSession>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "SELECT n.id, b.committed_seq FROM nodes n JOIN agent_boots b ON b.node_id = n.id
+             WHERE n.name = $1 AND b.boot_id = $2",
+        )
+        .bind(node)
+        .bind(boot_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let session = load_session(
+            &mut tx,
+            row.try_get("id")?,
+            node,
+            boot_id,
+            row.try_get("committed_seq")?,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Some(session))
+    }
+
+    async fn write_batch(&self, batch: &StoreBatch) -> Result<WriteOutcome, StoreError> {
+        let seq = i64::try_from(batch.seq).unwrap_or(i64::MAX);
+        let mut tx = self.pool.begin().await?;
+        // Claiming the seq first takes the boot's row lock, so two copies of one
+        // batch arriving at two collectors cannot both be written.
+        let claimed = sqlx::query(
+            "UPDATE agent_boots SET committed_seq = $3 WHERE node_id = $1 AND boot_id = $2 AND committed_seq < $3",
+        )
+        .bind(batch.node_id)
+        .bind(&batch.boot_id)
+        .bind(seq)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if claimed == 0 {
+            let committed: Option<i64> = sqlx::query_scalar(
+                "SELECT committed_seq FROM agent_boots WHERE node_id = $1 AND boot_id = $2",
+            )
+            .bind(batch.node_id)
+            .bind(&batch.boot_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            tx.rollback().await?;
+            return Ok(WriteOutcome::Duplicate {
+                committed_seq: committed.and_then(|c| u64::try_from(c).ok()).unwrap_or(0),
+            });
+        }
+
+        if !batch.gpu_samples.is_empty() {
+            let s = &batch.gpu_samples;
+            let device: Vec<i32> = s.iter().map(|r| r.device_id as i32).collect();
+            let ts: Vec<i64> = s.iter().map(|r| r.timestamp_ms).collect();
+            let interval: Vec<i32> = s.iter().map(|r| r.interval_ms).collect();
+            let polls: Vec<i32> = s.iter().map(|r| r.poll_count).collect();
+            let last: Vec<i64> = s.iter().map(|r| r.used_last).collect();
+            let min: Vec<i64> = s.iter().map(|r| r.used_min).collect();
+            let max: Vec<i64> = s.iter().map(|r| r.used_max).collect();
+            let reserved: Vec<i64> = s.iter().map(|r| r.reserved).collect();
+            let total: Vec<i64> = s.iter().map(|r| r.total).collect();
+            let util: Vec<Option<i16>> = s.iter().map(|r| r.utilization_pct).collect();
+            let tx_rate: Vec<Option<i64>> = s.iter().map(|r| r.pcie_tx_bytes_per_s).collect();
+            let rx_rate: Vec<Option<i64>> = s.iter().map(|r| r.pcie_rx_bytes_per_s).collect();
+            sqlx::query(
+                "INSERT INTO gpu_samples (device_id, ts_ms, interval_ms, poll_count, used_last, used_min, used_max,
+                     reserved, total, utilization, pcie_tx, pcie_rx)
+                 SELECT * FROM UNNEST($1::int4[], $2::int8[], $3::int4[], $4::int4[], $5::int8[], $6::int8[], $7::int8[],
+                     $8::int8[], $9::int8[], $10::int2[], $11::int8[], $12::int8[])",
+            )
+            .bind(&device)
+            .bind(&ts)
+            .bind(&interval)
+            .bind(&polls)
+            .bind(&last)
+            .bind(&min)
+            .bind(&max)
+            .bind(&reserved)
+            .bind(&total)
+            .bind(&util)
+            .bind(&tx_rate)
+            .bind(&rx_rate)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx)
+                 SELECT DISTINCT ON (d) d, t, l, mi, ma, r, tot, u, tr, rr
+                 FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
+                     $8::int2[], $9::int8[], $10::int8[]) AS s(d, t, l, mi, ma, r, tot, u, tr, rr)
+                 ORDER BY d, t DESC
+                 ON CONFLICT (device_id) DO UPDATE SET ts_ms = EXCLUDED.ts_ms, used_last = EXCLUDED.used_last,
+                     used_min = EXCLUDED.used_min, used_max = EXCLUDED.used_max, reserved = EXCLUDED.reserved,
+                     total = EXCLUDED.total, utilization = EXCLUDED.utilization, pcie_tx = EXCLUDED.pcie_tx,
+                     pcie_rx = EXCLUDED.pcie_rx
+                 WHERE gpu_latest.ts_ms <= EXCLUDED.ts_ms",
+            )
+            .bind(&device)
+            .bind(&ts)
+            .bind(&last)
+            .bind(&min)
+            .bind(&max)
+            .bind(&reserved)
+            .bind(&total)
+            .bind(&util)
+            .bind(&tx_rate)
+            .bind(&rx_rate)
+            .execute(&mut *tx)
+            .await?;
+        }
+
+        if !batch.process_samples.is_empty() {
+            let p = &batch.process_samples;
+            let device: Vec<i32> = p.iter().map(|r| r.device_id as i32).collect();
+            let pid: Vec<i64> = p.iter().map(|r| r.pid).collect();
+            let start: Vec<i64> = p.iter().map(|r| r.start_time_ms).collect();
+            let ts: Vec<i64> = p.iter().map(|r| r.timestamp_ms).collect();
+            let last: Vec<i64> = p.iter().map(|r| r.used_last).collect();
+            let max: Vec<i64> = p.iter().map(|r| r.used_max).collect();
+            let name: Vec<&str> = p.iter().map(|r| r.name.as_str()).collect();
+            let uid: Vec<i64> = p.iter().map(|r| r.uid).collect();
+            let user: Vec<&str> = p.iter().map(|r| r.user.as_str()).collect();
+            let container: Vec<&str> = p.iter().map(|r| r.container_id.as_str()).collect();
+            let pod: Vec<&str> = p.iter().map(|r| r.pod_uid.as_str()).collect();
+            let job: Vec<&str> = p.iter().map(|r| r.slurm_job_id.as_str()).collect();
+            sqlx::query(
+                "INSERT INTO processes AS p (device_id, pid, start_time_ms, name, uid, user_name, container_id, pod_uid,
+                     slurm_job_id, first_seen_ms, last_seen_ms, memory_last, memory_peak)
+                 SELECT DISTINCT ON (d, pid, st) d, pid, st, n, u, un, c, pod, j, t, t, l, m
+                 FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::text[],
+                     $8::int8[], $9::text[], $10::text[], $11::text[], $12::text[])
+                     AS s(d, pid, st, t, l, m, n, u, un, c, pod, j)
+                 ORDER BY d, pid, st, t DESC
+                 ON CONFLICT (device_id, pid, start_time_ms) DO UPDATE SET
+                     name = EXCLUDED.name, uid = EXCLUDED.uid, user_name = EXCLUDED.user_name,
+                     container_id = EXCLUDED.container_id, pod_uid = EXCLUDED.pod_uid, slurm_job_id = EXCLUDED.slurm_job_id,
+                     first_seen_ms = LEAST(p.first_seen_ms, EXCLUDED.first_seen_ms),
+                     memory_last = CASE WHEN EXCLUDED.last_seen_ms >= p.last_seen_ms THEN EXCLUDED.memory_last ELSE p.memory_last END,
+                     last_seen_ms = GREATEST(p.last_seen_ms, EXCLUDED.last_seen_ms),
+                     memory_peak = GREATEST(p.memory_peak, EXCLUDED.memory_peak)",
+            )
+            .bind(&device)
+            .bind(&pid)
+            .bind(&start)
+            .bind(&ts)
+            .bind(&last)
+            .bind(&max)
+            .bind(&name)
+            .bind(&uid)
+            .bind(&user)
+            .bind(&container)
+            .bind(&pod)
+            .bind(&job)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO process_samples (process_id, ts_ms, used_last, used_max)
+                 SELECT p.id, s.t, s.l, s.m
+                 FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[]) AS s(d, pid, st, t, l, m)
+                 JOIN processes p ON p.device_id = s.d AND p.pid = s.pid AND p.start_time_ms = s.st",
+            )
+            .bind(&device)
+            .bind(&pid)
+            .bind(&start)
+            .bind(&ts)
+            .bind(&last)
+            .bind(&max)
+            .execute(&mut *tx)
+            .await?;
+        }
+
+        if !batch.events.is_empty() {
+            let e = &batch.events;
+            let device: Vec<Option<i32>> =
+                e.iter().map(|r| r.device_id.map(|d| d as i32)).collect();
+            let ts: Vec<i64> = e.iter().map(|r| r.timestamp_ms).collect();
+            let kind: Vec<&str> = e.iter().map(|r| r.kind).collect();
+            let code: Vec<i64> = e.iter().map(|r| r.code).collect();
+            let pid: Vec<i64> = e.iter().map(|r| r.pid).collect();
+            let detail: Vec<&str> = e.iter().map(|r| r.detail.as_str()).collect();
+            sqlx::query(
+                "INSERT INTO events (node_id, device_id, ts_ms, kind, code, pid, detail)
+                 SELECT $1, * FROM UNNEST($2::int4[], $3::int8[], $4::text[], $5::int8[], $6::int8[], $7::text[])",
+            )
+            .bind(batch.node_id)
+            .bind(&device)
+            .bind(&ts)
+            .bind(&kind)
+            .bind(&code)
+            .bind(&pid)
+            .bind(&detail)
+            .execute(&mut *tx)
+            .await?;
+        }
+
+        if let Some(newest) = batch.newest_timestamp_ms() {
+            sqlx::query("UPDATE nodes SET last_seen_ms = GREATEST(last_seen_ms, $2) WHERE id = $1")
+                .bind(batch.node_id)
+                .bind(newest)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(WriteOutcome::Committed)
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeView>, StoreError> {
+        Ok(sqlx::query_as::<_, NodeView>(
+            "SELECT n.name, n.boot_id, n.agent_version, n.driver_version, n.sample_interval_ms::int8 AS sample_interval_ms,
+                 n.registered_at_ms, n.last_seen_ms,
+                 COUNT(d.id) FILTER (WHERE d.parent_id IS NULL) AS gpu_count,
+                 COUNT(d.id) FILTER (WHERE d.parent_id IS NOT NULL) AS mig_instance_count
+             FROM nodes n LEFT JOIN devices d ON d.node_id = n.id AND d.present
+             GROUP BY n.id ORDER BY n.name",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn latest_devices(&self) -> Result<Vec<DeviceView>, StoreError> {
+        let rows = sqlx::query_as::<_, DeviceRow>(
+            "SELECT d.uuid, n.name AS node, p.uuid AS parent_uuid, d.gpu_index::int8 AS gpu_index, d.name,
+                 d.mig_profile, d.mig_gpu_instance_id::int8 AS mig_gpu_instance_id,
+                 d.mig_compute_instance_id::int8 AS mig_compute_instance_id, d.memory_total,
+                 l.ts_ms, l.used_last, l.used_min, l.used_max, l.reserved, l.total, l.utilization::int8 AS utilization,
+                 l.pcie_tx, l.pcie_rx
+             FROM devices d JOIN nodes n ON n.id = d.node_id
+             LEFT JOIN devices p ON p.id = d.parent_id
+             LEFT JOIN gpu_latest l ON l.device_id = d.id
+             WHERE d.present
+             ORDER BY n.name, d.gpu_index, d.parent_id NULLS FIRST, d.mig_gpu_instance_id, d.mig_compute_instance_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(DeviceView::from).collect())
+    }
+
+    async fn device_series(
+        &self,
+        uuid: &str,
+        from_ms: i64,
+        to_ms: i64,
+        max_points: u32,
+    ) -> Result<Option<Vec<SeriesPoint>>, StoreError> {
+        let device: Option<i32> = sqlx::query_scalar("SELECT id FROM devices WHERE uuid = $1")
+            .bind(uuid)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(device) = device else {
+            return Ok(None);
+        };
+        let points = sqlx::query_as::<_, SeriesPoint>(
+            "SELECT MAX(ts_ms) AS timestamp_ms, COUNT(*) AS samples,
+                 ROUND(AVG(used_last))::int8 AS memory_used_bytes, MIN(used_min) AS memory_used_min_bytes,
+                 MAX(used_max) AS memory_used_max_bytes, MAX(reserved) AS memory_reserved_bytes,
+                 MAX(total) AS memory_total_bytes, AVG(utilization)::float8 AS utilization_pct,
+                 ROUND(AVG(pcie_tx))::int8 AS pcie_tx_bytes_per_s, ROUND(AVG(pcie_rx))::int8 AS pcie_rx_bytes_per_s
+             FROM gpu_samples WHERE device_id = $1 AND ts_ms BETWEEN $2 AND $3
+             GROUP BY ts_ms / $4 ORDER BY 1",
+        )
+        .bind(device)
+        .bind(from_ms)
+        .bind(to_ms)
+        .bind(bucket_width_ms(from_ms, to_ms, max_points))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(Some(points))
+    }
+
+    async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError> {
+        Ok(sqlx::query_as::<_, ProcessView>(
+            "SELECT n.name AS node, d.uuid AS device_uuid, d.gpu_index::int8 AS gpu_index, p.pid, p.start_time_ms,
+                 p.name, p.uid, p.user_name AS user, p.container_id, p.pod_uid, p.slurm_job_id,
+                 p.memory_last AS memory_used_bytes, p.memory_peak AS memory_peak_bytes, p.first_seen_ms, p.last_seen_ms
+             FROM processes p JOIN devices d ON d.id = p.device_id JOIN nodes n ON n.id = d.node_id
+             WHERE p.last_seen_ms >= $1
+             ORDER BY p.memory_last DESC, n.name, p.pid",
+        )
+        .bind(since_ms)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}

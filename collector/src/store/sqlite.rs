@@ -1,0 +1,384 @@
+//! SQLite: the embedded store for one machine and the demo. Same schema and
+//! semantics as Postgres; rows go in one by one inside a single transaction
+//! (prepared statements are cached, so this is cheap on SQLite).
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+
+use super::{
+    DeviceRow, DeviceView, NodeView, ProcessView, SeriesPoint, Store, StoreError, bucket_width_ms,
+};
+use crate::model::{NodeSession, Registration, StoreBatch, WriteOutcome};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
+
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `url`, e.g.
+    /// `sqlite://headroom-data/headroom.db` or `sqlite::memory:`.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        // An in-memory database exists once per connection: keep exactly one.
+        let max = if url.contains(":memory:") { 1 } else { 4 };
+        let pool = SqlitePoolOptions::new()
+            .max_connections(max)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(Self { pool })
+    }
+}
+
+async fn load_session(
+    tx: &mut Transaction<'_, Sqlite>,
+    node_id: i64,
+    node: &str,
+    boot_id: &str,
+    committed_seq: i64,
+) -> Result<NodeSession, StoreError> {
+    let rows = sqlx::query("SELECT id, uuid FROM devices WHERE node_id = ? AND present")
+        .bind(node_id)
+        .fetch_all(&mut **tx)
+        .await?;
+    let mut device_ids = HashMap::with_capacity(rows.len());
+    for row in rows {
+        device_ids.insert(
+            row.try_get::<String, _>("uuid")?,
+            row.try_get::<i64, _>("id")?,
+        );
+    }
+    Ok(NodeSession {
+        node_id,
+        node: node.to_owned(),
+        boot_id: boot_id.to_owned(),
+        committed_seq: u64::try_from(committed_seq).unwrap_or(0),
+        device_ids,
+    })
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn register(&self, reg: &Registration, now_ms: i64) -> Result<NodeSession, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let node_id: i64 = sqlx::query_scalar(
+            "INSERT INTO nodes (name, boot_id, agent_version, driver_version, sample_interval_ms, registered_at_ms, last_seen_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)
+             ON CONFLICT (name) DO UPDATE SET boot_id = excluded.boot_id, agent_version = excluded.agent_version,
+                 driver_version = excluded.driver_version, sample_interval_ms = excluded.sample_interval_ms,
+                 registered_at_ms = excluded.registered_at_ms, last_seen_ms = MAX(nodes.last_seen_ms, excluded.last_seen_ms)
+             RETURNING id",
+        )
+        .bind(&reg.node)
+        .bind(&reg.boot_id)
+        .bind(&reg.agent_version)
+        .bind(&reg.driver_version)
+        .bind(i64::from(reg.sample_interval_ms))
+        .bind(now_ms)
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO agent_boots (node_id, boot_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+        )
+        .bind(node_id)
+        .bind(&reg.boot_id)
+        .execute(&mut *tx)
+        .await?;
+        let committed: i64 = sqlx::query_scalar(
+            "SELECT committed_seq FROM agent_boots WHERE node_id = ?1 AND boot_id = ?2",
+        )
+        .bind(node_id)
+        .bind(&reg.boot_id)
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE devices SET present = 0 WHERE node_id = ?1")
+            .bind(node_id)
+            .execute(&mut *tx)
+            .await?;
+        let mut ids: HashMap<&str, i64> = HashMap::new();
+        for d in &reg.devices {
+            let parent_id = d.parent_uuid.as_deref().and_then(|p| ids.get(p).copied());
+            let mig = d.mig.as_ref();
+            let id: i64 = sqlx::query_scalar(
+                "INSERT INTO devices (uuid, node_id, parent_id, gpu_index, name, memory_total, pcie_generation, pcie_width,
+                     mig_gpu_instance_id, mig_compute_instance_id, mig_profile, present)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 1)
+                 ON CONFLICT (uuid) DO UPDATE SET node_id = excluded.node_id, parent_id = excluded.parent_id,
+                     gpu_index = excluded.gpu_index, name = excluded.name, memory_total = excluded.memory_total,
+                     pcie_generation = excluded.pcie_generation, pcie_width = excluded.pcie_width,
+                     mig_gpu_instance_id = excluded.mig_gpu_instance_id,
+                     mig_compute_instance_id = excluded.mig_compute_instance_id,
+                     mig_profile = excluded.mig_profile, present = 1
+                 RETURNING id",
+            )
+            .bind(&d.uuid)
+            .bind(node_id)
+            .bind(parent_id)
+            .bind(i64::from(d.index))
+            .bind(&d.name)
+            .bind(d.memory_total)
+            .bind(i64::from(d.pcie_generation))
+            .bind(i64::from(d.pcie_width))
+            .bind(mig.map(|m| i64::from(m.gpu_instance_id)))
+            .bind(mig.map(|m| i64::from(m.compute_instance_id)))
+            .bind(mig.map(|m| m.profile.as_str()))
+            .fetch_one(&mut *tx)
+            .await?;
+            ids.insert(&d.uuid, id);
+        }
+        let session = load_session(&mut tx, node_id, &reg.node, &reg.boot_id, committed).await?;
+        tx.commit().await?;
+        Ok(session)
+    }
+
+    async fn session(&self, node: &str, boot_id: &str) -> Result<Option<NodeSession>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "SELECT n.id, b.committed_seq FROM nodes n JOIN agent_boots b ON b.node_id = n.id
+             WHERE n.name = ?1 AND b.boot_id = ?2",
+        )
+        .bind(node)
+        .bind(boot_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let session = load_session(
+            &mut tx,
+            row.try_get("id")?,
+            node,
+            boot_id,
+            row.try_get("committed_seq")?,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Some(session))
+    }
+
+    async fn write_batch(&self, batch: &StoreBatch) -> Result<WriteOutcome, StoreError> {
+        let seq = i64::try_from(batch.seq).unwrap_or(i64::MAX);
+        let mut tx = self.pool.begin().await?;
+        // A write first, so the transaction holds the write lock from its start.
+        let claimed = sqlx::query(
+            "UPDATE agent_boots SET committed_seq = ?3 WHERE node_id = ?1 AND boot_id = ?2 AND committed_seq < ?3",
+        )
+        .bind(batch.node_id)
+        .bind(&batch.boot_id)
+        .bind(seq)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if claimed == 0 {
+            let committed: Option<i64> = sqlx::query_scalar(
+                "SELECT committed_seq FROM agent_boots WHERE node_id = ?1 AND boot_id = ?2",
+            )
+            .bind(batch.node_id)
+            .bind(&batch.boot_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            tx.rollback().await?;
+            return Ok(WriteOutcome::Duplicate {
+                committed_seq: committed.and_then(|c| u64::try_from(c).ok()).unwrap_or(0),
+            });
+        }
+
+        for s in &batch.gpu_samples {
+            sqlx::query(
+                "INSERT INTO gpu_samples (device_id, ts_ms, interval_ms, poll_count, used_last, used_min, used_max,
+                     reserved, total, utilization, pcie_tx, pcie_rx)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            )
+            .bind(s.device_id)
+            .bind(s.timestamp_ms)
+            .bind(s.interval_ms)
+            .bind(s.poll_count)
+            .bind(s.used_last)
+            .bind(s.used_min)
+            .bind(s.used_max)
+            .bind(s.reserved)
+            .bind(s.total)
+            .bind(s.utilization_pct)
+            .bind(s.pcie_tx_bytes_per_s)
+            .bind(s.pcie_rx_bytes_per_s)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                 ON CONFLICT (device_id) DO UPDATE SET ts_ms = excluded.ts_ms, used_last = excluded.used_last,
+                     used_min = excluded.used_min, used_max = excluded.used_max, reserved = excluded.reserved,
+                     total = excluded.total, utilization = excluded.utilization, pcie_tx = excluded.pcie_tx,
+                     pcie_rx = excluded.pcie_rx
+                 WHERE gpu_latest.ts_ms <= excluded.ts_ms",
+            )
+            .bind(s.device_id)
+            .bind(s.timestamp_ms)
+            .bind(s.used_last)
+            .bind(s.used_min)
+            .bind(s.used_max)
+            .bind(s.reserved)
+            .bind(s.total)
+            .bind(s.utilization_pct)
+            .bind(s.pcie_tx_bytes_per_s)
+            .bind(s.pcie_rx_bytes_per_s)
+            .execute(&mut *tx)
+            .await?;
+        }
+
+        for p in &batch.process_samples {
+            let process_id: i64 = sqlx::query_scalar(
+                "INSERT INTO processes AS p (device_id, pid, start_time_ms, name, uid, user_name, container_id, pod_uid,
+                     slurm_job_id, first_seen_ms, last_seen_ms, memory_last, memory_peak)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12)
+                 ON CONFLICT (device_id, pid, start_time_ms) DO UPDATE SET
+                     name = excluded.name, uid = excluded.uid, user_name = excluded.user_name,
+                     container_id = excluded.container_id, pod_uid = excluded.pod_uid, slurm_job_id = excluded.slurm_job_id,
+                     first_seen_ms = MIN(p.first_seen_ms, excluded.first_seen_ms),
+                     memory_last = CASE WHEN excluded.last_seen_ms >= p.last_seen_ms THEN excluded.memory_last ELSE p.memory_last END,
+                     last_seen_ms = MAX(p.last_seen_ms, excluded.last_seen_ms),
+                     memory_peak = MAX(p.memory_peak, excluded.memory_peak)
+                 RETURNING id",
+            )
+            .bind(p.device_id)
+            .bind(p.pid)
+            .bind(p.start_time_ms)
+            .bind(&p.name)
+            .bind(p.uid)
+            .bind(&p.user)
+            .bind(&p.container_id)
+            .bind(&p.pod_uid)
+            .bind(&p.slurm_job_id)
+            .bind(p.timestamp_ms)
+            .bind(p.used_last)
+            .bind(p.used_max)
+            .fetch_one(&mut *tx)
+            .await?;
+            sqlx::query("INSERT INTO process_samples (process_id, ts_ms, used_last, used_max) VALUES (?1, ?2, ?3, ?4)")
+                .bind(process_id)
+                .bind(p.timestamp_ms)
+                .bind(p.used_last)
+                .bind(p.used_max)
+                .execute(&mut *tx)
+                .await?;
+        }
+
+        for e in &batch.events {
+            sqlx::query(
+                "INSERT INTO events (node_id, device_id, ts_ms, kind, code, pid, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )
+            .bind(batch.node_id)
+            .bind(e.device_id)
+            .bind(e.timestamp_ms)
+            .bind(e.kind)
+            .bind(e.code)
+            .bind(e.pid)
+            .bind(&e.detail)
+            .execute(&mut *tx)
+            .await?;
+        }
+
+        if let Some(newest) = batch.newest_timestamp_ms() {
+            sqlx::query("UPDATE nodes SET last_seen_ms = MAX(last_seen_ms, ?2) WHERE id = ?1")
+                .bind(batch.node_id)
+                .bind(newest)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(WriteOutcome::Committed)
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeView>, StoreError> {
+        Ok(sqlx::query_as::<_, NodeView>(
+            "SELECT n.name, n.boot_id, n.agent_version, n.driver_version, n.sample_interval_ms,
+                 n.registered_at_ms, n.last_seen_ms,
+                 COALESCE(SUM(CASE WHEN d.id IS NOT NULL AND d.parent_id IS NULL THEN 1 ELSE 0 END), 0) AS gpu_count,
+                 COALESCE(SUM(CASE WHEN d.parent_id IS NOT NULL THEN 1 ELSE 0 END), 0) AS mig_instance_count
+             FROM nodes n LEFT JOIN devices d ON d.node_id = n.id AND d.present
+             GROUP BY n.id ORDER BY n.name",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn latest_devices(&self) -> Result<Vec<DeviceView>, StoreError> {
+        let rows = sqlx::query_as::<_, DeviceRow>(
+            "SELECT d.uuid, n.name AS node, p.uuid AS parent_uuid, d.gpu_index, d.name,
+                 d.mig_profile, d.mig_gpu_instance_id, d.mig_compute_instance_id, d.memory_total,
+                 l.ts_ms, l.used_last, l.used_min, l.used_max, l.reserved, l.total, l.utilization,
+                 l.pcie_tx, l.pcie_rx
+             FROM devices d JOIN nodes n ON n.id = d.node_id
+             LEFT JOIN devices p ON p.id = d.parent_id
+             LEFT JOIN gpu_latest l ON l.device_id = d.id
+             WHERE d.present
+             ORDER BY n.name, d.gpu_index, d.parent_id IS NOT NULL, d.mig_gpu_instance_id, d.mig_compute_instance_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(DeviceView::from).collect())
+    }
+
+    async fn device_series(
+        &self,
+        uuid: &str,
+        from_ms: i64,
+        to_ms: i64,
+        max_points: u32,
+    ) -> Result<Option<Vec<SeriesPoint>>, StoreError> {
+        let device: Option<i64> = sqlx::query_scalar("SELECT id FROM devices WHERE uuid = ?1")
+            .bind(uuid)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(device) = device else {
+            return Ok(None);
+        };
+        let points = sqlx::query_as::<_, SeriesPoint>(
+            "SELECT MAX(ts_ms) AS timestamp_ms, COUNT(*) AS samples,
+                 CAST(ROUND(AVG(used_last)) AS INTEGER) AS memory_used_bytes, MIN(used_min) AS memory_used_min_bytes,
+                 MAX(used_max) AS memory_used_max_bytes, MAX(reserved) AS memory_reserved_bytes,
+                 MAX(total) AS memory_total_bytes, AVG(utilization) AS utilization_pct,
+                 CAST(ROUND(AVG(pcie_tx)) AS INTEGER) AS pcie_tx_bytes_per_s,
+                 CAST(ROUND(AVG(pcie_rx)) AS INTEGER) AS pcie_rx_bytes_per_s
+             FROM gpu_samples WHERE device_id = ?1 AND ts_ms BETWEEN ?2 AND ?3
+             GROUP BY ts_ms / ?4 ORDER BY 1",
+        )
+        .bind(device)
+        .bind(from_ms)
+        .bind(to_ms)
+        .bind(bucket_width_ms(from_ms, to_ms, max_points))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(Some(points))
+    }
+
+    async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError> {
+        Ok(sqlx::query_as::<_, ProcessView>(
+            "SELECT n.name AS node, d.uuid AS device_uuid, d.gpu_index, p.pid, p.start_time_ms,
+                 p.name, p.uid, p.user_name AS user, p.container_id, p.pod_uid, p.slurm_job_id,
+                 p.memory_last AS memory_used_bytes, p.memory_peak AS memory_peak_bytes, p.first_seen_ms, p.last_seen_ms
+             FROM processes p JOIN devices d ON d.id = p.device_id JOIN nodes n ON n.id = d.node_id
+             WHERE p.last_seen_ms >= ?1
+             ORDER BY p.memory_last DESC, n.name, p.pid",
+        )
+        .bind(since_ms)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}

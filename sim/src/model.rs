@@ -1,0 +1,84 @@
+//! The validated fleet: what a scenario file means once defaults are applied,
+//! `count` is expanded and identities are assigned.
+
+use crate::shape::MemoryShape;
+
+/// One simulated machine. Build it through [`crate::Scenario`]; evaluate it
+/// with [`NodeSpec::inventory`] and [`NodeSpec::state_at`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeSpec {
+    pub name: String,
+    pub driver_version: String,
+    pub(crate) seed: u64,
+    pub(crate) gpus: Vec<Gpu>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Gpu {
+    pub index: u32,
+    pub uuid: String,
+    pub model: String,
+    pub memory_total: u64,
+    pub reserved: u64,
+    pub unattributed: u64,
+    /// Configured busy utilization; `None` means the default.
+    pub utilization_pct: Option<u32>,
+    pub pcie_tx: u64,
+    pub pcie_rx: u64,
+    /// Processes placed directly on the GPU; always empty in MIG mode.
+    pub processes: Vec<Process>,
+    pub mig: Vec<MigInstance>,
+}
+
+impl Gpu {
+    /// The memory processes placed directly on the GPU can use.
+    pub(crate) fn process_capacity(&self) -> u64 {
+        self.memory_total
+            .saturating_sub(self.reserved)
+            .saturating_sub(self.unattributed)
+    }
+
+    /// NVIDIA's Hopper parts are PCIe Gen5; everything else in a typical
+    /// fleet (Ampere, Ada) is Gen4.
+    pub(crate) fn pcie_generation(&self) -> u32 {
+        if self.model.contains("H100") || self.model.contains("H200") {
+            5
+        } else {
+            4
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct MigInstance {
+    pub uuid: String,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    pub profile: String,
+    pub memory_total: u64,
+    pub processes: Vec<Process>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Process {
+    pub pid: u32,
+    pub name: String,
+    pub user: String,
+    pub uid: u32,
+    pub container_id: String,
+    pub pod_uid: String,
+    pub slurm_job_id: String,
+    pub start_s: f64,
+    pub end_s: Option<f64>,
+    pub memory: MemoryShape,
+}
+
+impl Process {
+    /// Seconds since the process started, if `t` falls within its configured
+    /// lifetime (OOM deaths are decided separately by its shape).
+    pub(crate) fn elapsed_at(&self, t: f64) -> Option<f64> {
+        let started = t >= self.start_s;
+        let ended = self.end_s.is_some_and(|end| t >= end);
+        (started && !ended).then_some(t - self.start_s)
+    }
+}

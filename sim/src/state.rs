@@ -1,0 +1,73 @@
+//! What a node reports: static inventory and the readings at one instant.
+//! Field meanings follow NVML, which these values stand in for.
+
+/// A GPU as enumerated at start-up (`nvmlDeviceGetHandleByIndex` & co).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub uuid: String,
+    /// Marketing name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+    pub memory_total: u64,
+    pub pcie_generation: u32,
+    pub pcie_width: u32,
+    /// Empty unless the GPU is in MIG mode.
+    pub mig: Vec<MigInfo>,
+}
+
+/// A MIG instance of a GPU in MIG mode.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MigInfo {
+    pub uuid: String,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    /// e.g. `3g.40gb`.
+    pub profile: String,
+    pub memory_total: u64,
+}
+
+/// One GPU's readings at one instant.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuState {
+    pub uuid: String,
+    /// As `nvmlMemory_v2_t::used`: excludes `memory_reserved`, includes memory
+    /// no visible process accounts for, and never exceeds
+    /// `memory_total - memory_reserved`.
+    pub memory_used: u64,
+    pub memory_reserved: u64,
+    pub memory_total: u64,
+    pub utilization_pct: u32,
+    pub pcie_tx_bytes_per_s: u64,
+    pub pcie_rx_bytes_per_s: u64,
+    /// Processes placed directly on the GPU; empty in MIG mode, where they
+    /// are listed under their instance in `mig`.
+    pub processes: Vec<ProcessState>,
+    pub mig: Vec<MigState>,
+}
+
+/// One MIG instance's readings at one instant.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MigState {
+    pub uuid: String,
+    /// The sum of its processes' memory.
+    pub memory_used: u64,
+    pub memory_total: u64,
+    pub processes: Vec<ProcessState>,
+}
+
+/// A process holding device memory at one instant.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessState {
+    pub pid: u32,
+    /// When this incarnation started, in milliseconds after the scenario
+    /// started; a process restarted after an OOM gets a new value, which is
+    /// how consumers tell a restart from a continuing process.
+    pub start_time_ms: u64,
+    pub name: String,
+    pub user: String,
+    pub uid: u32,
+    pub container_id: String,
+    pub pod_uid: String,
+    pub slurm_job_id: String,
+    pub memory_used: u64,
+}

@@ -1,0 +1,83 @@
+//! A collector running in-process on loopback ports chosen by the OS.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use headroom_collector::Collector;
+use headroom_collector::server::ServeError;
+use headroom_collector::store::Store;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+#[derive(Debug)]
+pub struct RunningCollector {
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), ServeError>>,
+}
+
+impl RunningCollector {
+    pub async fn start(store: Arc<dyn Store>) -> Self {
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_on(store, grpc).await
+    }
+
+    /// Starts on an already bound gRPC listener (to come up on a known port).
+    pub async fn start_on(store: Arc<dyn Store>, grpc: TcpListener) -> Self {
+        let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let grpc_addr = grpc.local_addr().unwrap();
+        let http_addr = http.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(Collector::new(store).serve(grpc, http, async move {
+            let _ = stopped.await;
+        }));
+        Self {
+            grpc_addr,
+            http_addr,
+            stop,
+            task,
+        }
+    }
+
+    pub fn grpc_url(&self) -> String {
+        format!("http://{}", self.grpc_addr)
+    }
+
+    pub fn api(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http_addr)
+    }
+
+    pub async fn get_json(&self, path: &str) -> serde_json::Value {
+        let response = reqwest::get(self.api(path)).await.unwrap();
+        assert!(
+            response.status().is_success(),
+            "GET {path}: {}",
+            response.status()
+        );
+        response.json().await.unwrap()
+    }
+
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics naming `what` after `limit`.
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

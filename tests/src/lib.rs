@@ -1,0 +1,7 @@
+//! Helpers shared by the cross-crate tests: real databases, an in-process
+//! collector, and fixtures.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+pub mod fixtures;
+pub mod harness;
+pub mod postgres;

@@ -1,0 +1,227 @@
+//! A real Postgres for tests. `DATABASE_URL` names a server when set;
+//! otherwise a throwaway cluster is created with `initdb` and `pg_ctl` in a
+//! temporary folder, once per test process, and stopped when the process
+//! ends. Every test gets a database of its own.
+//!
+//! Without a server and without `initdb`, tests skip with a loud message,
+//! except under `CI=true`, where that is a failure: CI never skips Postgres.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use anyhow::{Context, bail};
+use rand::Rng;
+use sqlx::Connection;
+use sqlx::postgres::PgConnection;
+
+/// A database created for one test.
+#[derive(Debug)]
+pub struct TestDatabase {
+    pub url: String,
+    admin_url: String,
+    name: String,
+}
+
+impl TestDatabase {
+    /// Drops the database; call at the end of a test that passed.
+    pub async fn drop_database(self) {
+        if let Ok(mut conn) = PgConnection::connect(&self.admin_url).await {
+            let _ = sqlx::query(&format!(
+                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                self.name
+            ))
+            .execute(&mut conn)
+            .await;
+        }
+    }
+}
+
+/// A fresh, empty database, or `None` when Postgres cannot be had outside CI.
+pub async fn fresh_database() -> Option<TestDatabase> {
+    let admin_url = match admin_url() {
+        Ok(url) => url,
+        Err(error) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+                panic!("CI=true and no Postgres for the tests: {error:#}");
+            }
+            eprintln!("SKIPPING Postgres test: {error:#}");
+            return None;
+        }
+    };
+    let name = format!("headroom_test_{:016x}", rand::rng().random::<u64>());
+    let mut conn = PgConnection::connect(&admin_url)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to test Postgres at {admin_url}: {e}"));
+    sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+        .execute(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("creating database {name}: {e}"));
+    Some(TestDatabase {
+        url: replace_database(&admin_url, &name),
+        admin_url,
+        name,
+    })
+}
+
+fn replace_database(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let host_part = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[host_part..].find('/') {
+        Some(slash) => &base[..host_part + slash],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}
+
+fn admin_url() -> anyhow::Result<String> {
+    if let Ok(url) = std::env::var("DATABASE_URL")
+        && !url.is_empty()
+    {
+        return Ok(url);
+    }
+    static CLUSTER: OnceLock<Result<String, String>> = OnceLock::new();
+    CLUSTER
+        .get_or_init(|| start_throwaway_cluster().map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(|e| anyhow::anyhow!("DATABASE_URL is not set and no throwaway cluster: {e}"))
+}
+
+fn find_bin(name: &str) -> Option<PathBuf> {
+    let from_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    });
+    from_path.or_else(|| {
+        let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(|e| e.ok().map(|e| e.path().join("bin").join(name)))
+            .filter(|p| p.is_file())
+            .collect();
+        versions.sort();
+        versions.pop()
+    })
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Postgres refuses to run as root; as root, run its tools as `postgres`.
+fn pg_command(bin: &Path) -> Command {
+    if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(bin);
+        c
+    } else {
+        Command::new(bin)
+    }
+}
+
+fn run(mut command: Command, what: &str) -> anyhow::Result<()> {
+    let out = command
+        .output()
+        .with_context(|| format!("running {what}"))?;
+    if !out.status.success() {
+        bail!(
+            "{what} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+fn start_throwaway_cluster() -> anyhow::Result<String> {
+    let initdb = find_bin("initdb").context("initdb not found (install postgresql)")?;
+    let pg_ctl = find_bin("pg_ctl").context("pg_ctl not found")?;
+    let dir = tempfile::Builder::new()
+        .prefix("headroom-pg-")
+        .tempdir()?
+        .keep();
+    let data = dir.join("data");
+    if is_root() {
+        run(
+            {
+                let mut c = Command::new("chown");
+                c.arg("postgres:").arg(&dir);
+                c
+            },
+            "chown of the cluster folder",
+        )?;
+    }
+    let mut init = pg_command(&initdb);
+    init.arg("-D")
+        .arg(&data)
+        .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"]);
+    run(init, "initdb")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut start = pg_command(&pg_ctl);
+    start
+        .arg("-D")
+        .arg(&data)
+        .arg("-l")
+        .arg(dir.join("postgres.log"))
+        .arg("-w")
+        .arg("-o")
+        .arg(format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c max_connections=200",
+            dir.display()
+        ))
+        .arg("start");
+    run(start, "pg_ctl start")?;
+    // Stops the cluster and removes its folder once this test process exits.
+    let stop = format!(
+        "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {runas}{pg_ctl} -D {data} -m immediate stop >/dev/null 2>&1; rm -rf {dir}",
+        pid = std::process::id(),
+        runas = if is_root() {
+            "runuser -u postgres -- "
+        } else {
+            ""
+        },
+        pg_ctl = pg_ctl.display(),
+        data = data.display(),
+        dir = dir.display(),
+    );
+    Command::new("setsid")
+        .args(["sh", "-c", &stop])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("starting the cluster's reaper")?;
+    Ok(format!("postgres://postgres@127.0.0.1:{port}/postgres"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_name_is_swapped_keeping_options() {
+        assert_eq!(
+            replace_database("postgres://u@h:5/test?sslmode=disable", "x"),
+            "postgres://u@h:5/x?sslmode=disable"
+        );
+        assert_eq!(
+            replace_database("postgres://u@h:5", "x"),
+            "postgres://u@h:5/x"
+        );
+    }
+}

@@ -1,0 +1,260 @@
+//! One suite, both backends: every case runs against SQLite and against a
+//! real Postgres (see `headroom_tests::postgres`).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::sync::Arc;
+
+use headroom_collector::ingest::validate::{self, Limits};
+use headroom_collector::model::{NodeSession, WriteOutcome};
+use headroom_collector::store::{SqliteStore, Store};
+use headroom_proto::v1 as pb;
+use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, GPU1, GPU2, MIG_A, MIG_B, NODE, now_ms};
+use headroom_tests::postgres;
+
+async fn register(store: &dyn Store, req: &pb::RegisterRequest) -> NodeSession {
+    let reg = validate::registration(req, &Limits::default()).unwrap();
+    store.register(&reg, now_ms()).await.unwrap()
+}
+
+async fn write(store: &dyn Store, session: &NodeSession, batch: &pb::Batch) -> WriteOutcome {
+    let rows = validate::batch(batch, session, now_ms(), &Limits::default()).unwrap();
+    store.write_batch(&rows).await.unwrap()
+}
+
+async fn registration_assigns_ids_and_keeps_them(store: Arc<dyn Store>) {
+    let first = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    assert_eq!(first.committed_seq, 0);
+    assert_eq!(first.device_ids.len(), 5, "3 GPUs and 2 MIG instances");
+    let again = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    assert_eq!(again.device_ids, first.device_ids);
+    let loaded = store.session(NODE, BOOT).await.unwrap().unwrap();
+    assert_eq!(loaded.device_ids, first.device_ids);
+    assert!(store.session(NODE, "other-boot").await.unwrap().is_none());
+    assert!(store.session("nobody", BOOT).await.unwrap().is_none());
+
+    let nodes = store.nodes().await.unwrap();
+    assert_eq!(nodes.len(), 1);
+    assert_eq!((nodes[0].gpu_count, nodes[0].mig_instance_count), (3, 2));
+    assert_eq!(nodes[0].driver_version, "550.54.15");
+}
+
+async fn mig_reconfiguration_hides_removed_instances(store: Arc<dyn Store>) {
+    register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let mut req = fixtures::register(NODE, BOOT);
+    req.gpus[2].mig_instances = vec![fixtures::mig(MIG_A, 1)];
+    let session = register(&*store, &req).await;
+    assert!(!session.device_ids.contains_key(MIG_B));
+    let devices = store.latest_devices().await.unwrap();
+    let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
+    assert_eq!(uuids, vec![GPU0, GPU1, GPU2, MIG_A]);
+    let mig = &devices[3];
+    assert_eq!(mig.kind, "mig");
+    assert_eq!(mig.parent_uuid.as_deref(), Some(GPU2));
+    assert_eq!(mig.mig_profile.as_deref(), Some("3g.40gb"));
+    assert_eq!(mig.memory_total_bytes, (40 * GIB) as i64);
+}
+
+async fn batch_shows_up_in_latest_series_and_processes(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let ts = now_ms() - 5_000;
+    assert_eq!(
+        write(&*store, &session, &fixtures::batch(1, ts)).await,
+        WriteOutcome::Committed
+    );
+
+    let devices = store.latest_devices().await.unwrap();
+    let gpu0 = devices.iter().find(|d| d.uuid == GPU0).unwrap();
+    let latest = gpu0.latest.as_ref().unwrap();
+    assert_eq!(latest.timestamp_ms, ts);
+    assert_eq!(latest.memory_used_bytes, (40 * GIB) as i64);
+    assert_eq!(latest.memory_used_max_bytes, (41 * GIB) as i64);
+    // 80 GiB total − 40 GiB used − 0.5 GiB reserved.
+    assert_eq!(latest.headroom_bytes, (39 * GIB + GIB / 2) as i64);
+    assert!(
+        (latest.headroom_pct - 49.4).abs() < 0.05,
+        "{}",
+        latest.headroom_pct
+    );
+    assert_eq!(latest.peak_headroom_bytes, (38 * GIB + GIB / 2) as i64);
+    assert_eq!(latest.utilization_pct, Some(70));
+    assert_eq!(latest.pcie_rx_bytes_per_s, Some(2_000_000));
+    let gpu2 = devices.iter().find(|d| d.uuid == GPU2).unwrap();
+    assert!(gpu2.latest.is_none(), "no sample for GPU2 yet");
+
+    let series = store
+        .device_series(GPU1, ts - 1000, ts + 1000, 100)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(series.len(), 1);
+    assert_eq!(series[0].samples, 1);
+    assert_eq!(series[0].memory_used_bytes, (10 * GIB) as i64);
+    assert!(
+        store
+            .device_series("GPU-unknown", 0, 1, 10)
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let procs = store.processes(ts - 1).await.unwrap();
+    assert_eq!(procs.len(), 1);
+    let p = &procs[0];
+    assert_eq!(
+        (p.pid, p.user.as_str(), p.slurm_job_id.as_str()),
+        (777, "alice", "4242")
+    );
+    assert_eq!(p.device_uuid, GPU0);
+    assert_eq!(p.node, NODE);
+    assert_eq!(p.memory_used_bytes, (39 * GIB) as i64);
+    assert!(
+        store.processes(ts + 1).await.unwrap().is_empty(),
+        "not seen since ts+1"
+    );
+
+    let nodes = store.nodes().await.unwrap();
+    assert_eq!(nodes[0].last_seen_ms.max(ts), nodes[0].last_seen_ms);
+}
+
+async fn replayed_batch_is_stored_once(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let ts = now_ms() - 10_000;
+    assert_eq!(
+        write(&*store, &session, &fixtures::batch(1, ts)).await,
+        WriteOutcome::Committed
+    );
+    assert_eq!(
+        write(&*store, &session, &fixtures::batch(2, ts + 1000)).await,
+        WriteOutcome::Committed
+    );
+    assert_eq!(
+        write(&*store, &session, &fixtures::batch(1, ts)).await,
+        WriteOutcome::Duplicate { committed_seq: 2 }
+    );
+    assert_eq!(
+        write(&*store, &session, &fixtures::batch(2, ts + 1000)).await,
+        WriteOutcome::Duplicate { committed_seq: 2 }
+    );
+    let series = store
+        .device_series(GPU0, ts - 1, ts + 2000, 1000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        series.iter().map(|p| p.samples).collect::<Vec<_>>(),
+        vec![1, 1]
+    );
+    // The committed seq survives re-registration, so the agent knows what to drop.
+    let again = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    assert_eq!(again.committed_seq, 2);
+    // A new boot of the node starts its own sequence.
+    let new_boot = register(&*store, &fixtures::register(NODE, "boot-b")).await;
+    assert_eq!(new_boot.committed_seq, 0);
+    let mut b = fixtures::batch(1, ts + 2000);
+    b.boot_id = "boot-b".into();
+    assert_eq!(write(&*store, &new_boot, &b).await, WriteOutcome::Committed);
+}
+
+async fn latest_never_goes_back_in_time(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let ts = now_ms() - 10_000;
+    write(&*store, &session, &fixtures::batch(1, ts + 5000)).await;
+    // A later batch carrying an older interval (a replay from another spool).
+    write(&*store, &session, &fixtures::batch(2, ts)).await;
+    let devices = store.latest_devices().await.unwrap();
+    let gpu0 = devices.iter().find(|d| d.uuid == GPU0).unwrap();
+    assert_eq!(gpu0.latest.as_ref().unwrap().timestamp_ms, ts + 5000);
+}
+
+async fn series_folds_buckets_keeping_extremes(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let start = (now_ms() - 60_000) / 10_000 * 10_000;
+    for i in 0..10u64 {
+        let mut b = fixtures::batch(i + 1, start + i as i64 * 1000);
+        b.gpu_samples[0] = fixtures::gpu_sample(GPU0, start + i as i64 * 1000, (10 + i) * GIB);
+        write(&*store, &session, &b).await;
+    }
+    let series = store
+        .device_series(GPU0, start, start + 9_999, 5)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(series.len(), 5);
+    assert!(series.iter().all(|p| p.samples == 2));
+    // First bucket: used 10 and 11 GiB, min 9, max 12.
+    assert_eq!(series[0].memory_used_min_bytes, (9 * GIB) as i64);
+    assert_eq!(series[0].memory_used_max_bytes, (12 * GIB) as i64);
+    assert_eq!(series[0].memory_used_bytes, (10 * GIB + GIB / 2) as i64);
+    assert_eq!(series[4].memory_used_max_bytes, (20 * GIB) as i64);
+    assert_eq!(series[0].timestamp_ms, start + 1000);
+}
+
+async fn process_keeps_its_peak_and_latest(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let ts = now_ms() - 10_000;
+    let mut b1 = fixtures::batch(1, ts);
+    b1.process_samples[0] = fixtures::process_sample(GPU0, ts, 777, 30 * GIB);
+    b1.process_samples[0].start_time_ms = ts - 1000;
+    let mut b2 = fixtures::batch(2, ts + 1000);
+    b2.process_samples[0] = fixtures::process_sample(GPU0, ts + 1000, 777, 20 * GIB);
+    b2.process_samples[0].start_time_ms = ts - 1000;
+    // Same pid, new start time: a different process (pid reuse).
+    b2.process_samples.push({
+        let mut p = fixtures::process_sample(GPU1, ts + 1000, 777, 5 * GIB);
+        p.start_time_ms = ts + 500;
+        p.user = "bob".into();
+        p
+    });
+    write(&*store, &session, &b1).await;
+    write(&*store, &session, &b2).await;
+    let procs = store.processes(ts).await.unwrap();
+    assert_eq!(procs.len(), 2);
+    let alice = procs.iter().find(|p| p.user == "alice").unwrap();
+    assert_eq!(alice.memory_used_bytes, (20 * GIB) as i64);
+    assert_eq!(alice.memory_peak_bytes, (30 * GIB + GIB / 4) as i64);
+    assert_eq!(alice.first_seen_ms, ts);
+    assert_eq!(alice.last_seen_ms, ts + 1000);
+    let bob = procs.iter().find(|p| p.user == "bob").unwrap();
+    assert_eq!(bob.device_uuid, GPU1);
+}
+
+async fn sqlite_store() -> (Arc<dyn Store>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("conformance.db").display());
+    (Arc::new(SqliteStore::connect(&url).await.unwrap()), dir)
+}
+
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod on_sqlite {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let (store, _dir) = super::sqlite_store().await;
+                    super::$case(store).await;
+                }
+            )*
+        }
+        mod on_postgres {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let Some(db) = super::postgres::fresh_database().await else { return };
+                    let store = headroom_collector::store::connect(&db.url).await.unwrap();
+                    super::$case(store).await;
+                    db.drop_database().await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    registration_assigns_ids_and_keeps_them,
+    mig_reconfiguration_hides_removed_instances,
+    batch_shows_up_in_latest_series_and_processes,
+    replayed_batch_is_stored_once,
+    latest_never_goes_back_in_time,
+    series_folds_buckets_keeping_extremes,
+    process_keeps_its_peak_and_latest,
+);
