@@ -8,6 +8,8 @@ use anyhow::Context;
 use headroom_agent::AgentSettings;
 use headroom_agent::source::SimSource;
 use headroom_collector::Collector;
+use headroom_collector::clock::Clock;
+use headroom_collector::rules::config::RulesConfig;
 use headroom_collector::store;
 use headroom_sim::Scenario;
 use tokio::net::TcpListener;
@@ -53,7 +55,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     })?;
     let http_addr = http.local_addr()?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let collector = tokio::spawn(Collector::new(store).serve(grpc, http, async move {
+    let collector = Collector::with_rules(store, RulesConfig::default(), Clock::System).await?;
+    let collector = tokio::spawn(collector.serve(grpc, http, async move {
         let _ = stopped.await;
     }));
 

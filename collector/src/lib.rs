@@ -1,11 +1,14 @@
 //! `headroom-collector`: receives samples from agents over gRPC, stores them
 //! (Postgres, or SQLite on one machine) and serves the JSON API and dashboard.
 
+pub mod alerts;
+pub mod backtest;
 pub mod clock;
 pub mod config;
 pub mod http;
 pub mod ingest;
 pub mod model;
+pub mod rules;
 pub mod server;
 pub mod store;
 

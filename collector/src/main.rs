@@ -7,7 +7,10 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use headroom_collector::Collector;
+use headroom_collector::alerts::Alerting;
+use headroom_collector::clock::Clock;
 use headroom_collector::config::{CollectorConfig, Overrides};
+use headroom_collector::rules::config::RulesConfig;
 use headroom_collector::store::{self, redact_url};
 use tokio::net::TcpListener;
 
@@ -37,6 +40,19 @@ enum Command {
         /// postgres://… or sqlite://… (prefer the environment: flags show in `ps`).
         #[arg(long, env = "HEADROOM_DATABASE_URL", hide_env_values = true)]
         database_url: Option<String>,
+        /// Rules file (TOML); built-in defaults without one. Reloaded on SIGHUP.
+        #[arg(long, env = "HEADROOM_RULES")]
+        rules: Option<PathBuf>,
+    },
+    /// Replay a memory trace (CSV) through the rules and print the alerts
+    /// they would raise, one JSON object per line.
+    Backtest {
+        /// Rules file (TOML); built-in defaults without one.
+        #[arg(long)]
+        rules: Option<PathBuf>,
+        /// Trace: `timestamp_ms,node,gpu,pid,used_bytes,total_bytes` with a header.
+        #[arg(long)]
+        trace: PathBuf,
     },
     /// Run the whole system on this machine: the collector on SQLite and one
     /// simulated agent per node of a scenario, streaming over gRPC on loopback.
@@ -65,6 +81,7 @@ fn main() -> ExitCode {
                 grpc_listen,
                 http_listen,
                 database_url,
+                rules,
             } => {
                 let config = CollectorConfig::load(
                     config.as_deref(),
@@ -74,8 +91,9 @@ fn main() -> ExitCode {
                         database_url,
                     },
                 )?;
-                serve(config).await
+                serve(config, rules).await
             }
+            Command::Backtest { rules, trace } => backtest(rules.as_deref(), &trace),
             Command::Demo(args) => demo::run(args).await,
         }
     });
@@ -88,7 +106,36 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(config: CollectorConfig) -> anyhow::Result<()> {
+fn load_rules(path: Option<&std::path::Path>) -> anyhow::Result<RulesConfig> {
+    Ok(match path {
+        Some(path) => RulesConfig::load(path)?,
+        None => RulesConfig::default(),
+    })
+}
+
+fn backtest(rules: Option<&std::path::Path>, trace: &std::path::Path) -> anyhow::Result<()> {
+    let rules = load_rules(rules)?;
+    let file = std::fs::File::open(trace)
+        .with_context(|| format!("cannot open trace {}", trace.display()))?;
+    let (alerts, errors) = headroom_collector::backtest::run(rules, std::io::BufReader::new(file));
+    for alert in &alerts {
+        println!("{}", serde_json::to_string(alert)?);
+    }
+    for error in &errors {
+        eprintln!("{}: {error}", trace.display());
+    }
+    if !errors.is_empty() {
+        anyhow::bail!(
+            "{} bad line(s) in {} were skipped",
+            errors.len(),
+            trace.display()
+        );
+    }
+    Ok(())
+}
+
+async fn serve(config: CollectorConfig, rules_path: Option<PathBuf>) -> anyhow::Result<()> {
+    let rules = load_rules(rules_path.as_deref())?;
     let store = store::connect(&config.database_url)
         .await
         .with_context(|| format!("opening {}", redact_url(&config.database_url)))?;
@@ -100,10 +147,28 @@ async fn serve(config: CollectorConfig) -> anyhow::Result<()> {
         .with_context(|| format!("binding HTTP to {}", config.http_listen))?;
     tracing::info!(grpc = %config.grpc_listen, http = %config.http_listen,
         database = %redact_url(&config.database_url), "collector listening");
-    Collector::new(store)
-        .serve(grpc, http, shutdown_signal())
-        .await?;
+    let collector = Collector::with_rules(store, rules, Clock::System).await?;
+    if let (Some(alerting), Some(path)) = (collector.alerting.clone(), rules_path) {
+        tokio::spawn(reload_on_sighup(alerting, path));
+    }
+    collector.serve(grpc, http, shutdown_signal()).await?;
     Ok(())
+}
+
+/// Re-reads the rules file on SIGHUP; a bad file is reported and the running
+/// rules stay in force.
+async fn reload_on_sighup(alerting: std::sync::Arc<Alerting>, path: PathBuf) {
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        return;
+    };
+    while hup.recv().await.is_some() {
+        let result = RulesConfig::load(&path)
+            .map_err(anyhow::Error::from)
+            .and_then(|rules| alerting.reload(rules).map_err(anyhow::Error::from));
+        if let Err(error) = result {
+            tracing::error!(error = %format!("{error:#}"), "rules reload failed; keeping the running rules");
+        }
+    }
 }
 
 pub(crate) async fn shutdown_signal() {

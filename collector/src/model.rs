@@ -46,6 +46,17 @@ pub struct NodeSession {
     pub boot_id: String,
     pub committed_seq: u64,
     pub device_ids: HashMap<String, i64>,
+    pub devices: HashMap<i64, DeviceMeta>,
+}
+
+/// What rules and notifications say about a device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceMeta {
+    pub uuid: String,
+    pub gpu_index: u32,
+    pub mig_profile: Option<String>,
+    /// The GPU a MIG instance lives in.
+    pub parent_id: Option<i64>,
 }
 
 /// One validated batch with device UUIDs resolved to ids.

@@ -9,10 +9,12 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 
+use crate::alerts::{Alerting, AlertingError};
 use crate::clock::Clock;
 use crate::http::{self, AppState};
 use crate::ingest::IngestService;
 use crate::ingest::validate::Limits;
+use crate::rules::config::RulesConfig;
 use crate::store::Store;
 
 /// Largest gRPC message accepted: a batch of a 16-GPU node with hundreds of
@@ -32,15 +34,34 @@ pub struct Collector {
     pub store: Arc<dyn Store>,
     pub limits: Limits,
     pub clock: Clock,
+    /// Rules and notifications; `None` stores samples without judging them.
+    pub alerting: Option<Arc<Alerting>>,
 }
 
 impl Collector {
+    /// A collector that stores samples and runs no rules.
     pub fn new(store: Arc<dyn Store>) -> Self {
         Self {
             store,
             limits: Limits::default(),
             clock: Clock::System,
+            alerting: None,
         }
+    }
+
+    /// A collector that runs `rules` on every batch it stores.
+    pub async fn with_rules(
+        store: Arc<dyn Store>,
+        rules: RulesConfig,
+        clock: Clock,
+    ) -> Result<Self, AlertingError> {
+        let alerting = Alerting::new(store.clone(), rules, clock.clone()).await?;
+        Ok(Self {
+            store,
+            limits: Limits::default(),
+            clock,
+            alerting: Some(alerting),
+        })
     }
 
     /// Serves until `shutdown` resolves, then drains both servers.
@@ -54,8 +75,15 @@ impl Collector {
         let wait = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
-        let ingest =
-            IngestService::new(self.store.clone(), self.limits.clone(), self.clock.clone());
+        if let Some(alerting) = &self.alerting {
+            alerting.spawn_background(stopped.clone());
+        }
+        let ingest = IngestService::new(
+            self.store.clone(),
+            self.limits.clone(),
+            self.clock.clone(),
+            self.alerting.clone(),
+        );
         let grpc_server = tonic::transport::Server::builder()
             .add_service(
                 IngestServer::new(ingest).max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES),
@@ -70,9 +98,11 @@ impl Collector {
             shutdown.await;
             let _ = stop.send(true);
         });
-        let (grpc_result, http_result) = tokio::join!(grpc_server, http_server.into_future());
-        grpc_result?;
-        http_result?;
+        // If either server fails, stop serving altogether rather than run half a collector.
+        tokio::try_join!(
+            async { grpc_server.await.map_err(ServeError::from) },
+            async { http_server.await.map_err(ServeError::from) },
+        )?;
         Ok(())
     }
 }

@@ -132,7 +132,7 @@ fn parse_size(input: &str, kind: &'static str) -> Result<u64, ParseBytesError> {
 
 /// Renders a byte count for error messages, e.g. `80 GiB` or `79.5 GiB`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct HumanBytes(pub u64);
+pub struct HumanBytes(pub u64);
 
 impl fmt::Display for HumanBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -157,9 +157,10 @@ impl fmt::Display for HumanBytes {
     }
 }
 
-/// A byte count read from a scenario: an integer or a string with a unit.
+/// A byte count read from a configuration file: an integer or a string with
+/// a unit (`"80GiB"`, `"512 MiB"`, `"1.5GB"`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct ByteSize(pub u64);
+pub struct ByteSize(pub u64);
 
 /// A rate in bytes per second read from a scenario: an integer or a string
 /// such as `"2GB/s"`.

@@ -26,6 +26,7 @@ mod spec;
 mod state;
 mod validate;
 
+pub use bytes::{ByteSize, HumanBytes};
 pub use model::NodeSpec;
 pub use scenario::{Scenario, ScenarioError};
 pub use state::{GpuInfo, GpuState, MigInfo, MigState, ProcessState};

@@ -27,11 +27,21 @@ impl RunningCollector {
 
     /// Starts on an already bound gRPC listener (to come up on a known port).
     pub async fn start_on(store: Arc<dyn Store>, grpc: TcpListener) -> Self {
+        Self::run(Collector::new(store), grpc).await
+    }
+
+    /// Runs a collector built by the caller (rules, clock) on a free port.
+    pub async fn start_collector(collector: Collector) -> Self {
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::run(collector, grpc).await
+    }
+
+    async fn run(collector: Collector, grpc: TcpListener) -> Self {
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let grpc_addr = grpc.local_addr().unwrap();
         let http_addr = http.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(Collector::new(store).serve(grpc, http, async move {
+        let task = tokio::spawn(collector.serve(grpc, http, async move {
             let _ = stopped.await;
         }));
         Self {
@@ -63,6 +73,12 @@ impl RunningCollector {
     pub async fn stop(self) {
         let _ = self.stop.send(());
         self.task.await.unwrap().unwrap();
+    }
+
+    /// Ends the collector abruptly, as a crash would: no graceful shutdown.
+    pub async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
     }
 }
 

@@ -5,3 +5,4 @@
 pub mod fixtures;
 pub mod harness;
 pub mod postgres;
+pub mod receiver;

@@ -6,6 +6,9 @@ use std::sync::Arc;
 
 use headroom_collector::ingest::validate::{self, Limits};
 use headroom_collector::model::{NodeSession, WriteOutcome};
+use headroom_collector::store::alerts::{
+    AlertFilter, AlertUpdate, NewNotification, NewSilence, UpdateKind,
+};
 use headroom_collector::store::{SqliteStore, Store};
 use headroom_proto::v1 as pb;
 use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, GPU1, GPU2, MIG_A, MIG_B, NODE, now_ms};
@@ -218,6 +221,173 @@ async fn process_keeps_its_peak_and_latest(store: Arc<dyn Store>) {
     assert_eq!(bob.device_uuid, GPU1);
 }
 
+fn update(kind: UpdateKind, at_ms: i64, channels: &[&str]) -> AlertUpdate {
+    AlertUpdate {
+        fingerprint: "fp-1".into(),
+        rule: "watermark".into(),
+        severity: "warning".into(),
+        kind,
+        at_ms,
+        labels: r#"{"node":"n1","gpu":"0"}"#.into(),
+        summary: format!("summary at {at_ms}"),
+        details: r#"{"used_fraction":0.93}"#.into(),
+        notifications: channels
+            .iter()
+            .map(|c| NewNotification {
+                channel: (*c).into(),
+                idempotency_key: format!("fp-1:{at_ms}:{c}"),
+                payload: format!("{{\"at\":{at_ms}}}"),
+            })
+            .collect(),
+    }
+}
+
+async fn alert_lifecycle_notifies_once_per_change(store: Arc<dyn Store>) {
+    let s = &*store;
+    let pending = s
+        .apply_alert(&update(UpdateKind::Pending, 1000, &["hook"]))
+        .await
+        .unwrap();
+    assert!(!pending.notified);
+    let fired = s
+        .apply_alert(&update(
+            UpdateKind::Firing { escalated: false },
+            2000,
+            &["hook", "slack"],
+        ))
+        .await
+        .unwrap();
+    assert!(fired.notified);
+    assert_eq!(
+        fired.alert_id, pending.alert_id,
+        "one row from pending to firing"
+    );
+    let again = s
+        .apply_alert(&update(
+            UpdateKind::Firing { escalated: false },
+            3000,
+            &["hook"],
+        ))
+        .await
+        .unwrap();
+    assert!(!again.notified, "already firing: not news");
+    assert_eq!(s.undelivered_notifications().await.unwrap(), 2);
+
+    let active = s.alerts(AlertFilter::Active, 10).await.unwrap();
+    assert_eq!(active.len(), 1);
+    assert_eq!(active[0].state, "firing");
+    assert_eq!(active[0].fired_at_ms, Some(2000));
+    assert_eq!(active[0].started_at_ms, 1000);
+    assert_eq!(active[0].labels["node"], "n1");
+    assert_eq!(active[0].details["used_fraction"], 0.93);
+
+    // Acknowledged: an escalation is recorded but not announced.
+    assert!(
+        s.acknowledge_alert(active[0].id, "alice", 3500)
+            .await
+            .unwrap()
+    );
+    assert!(!s.acknowledge_alert(9999, "alice", 3500).await.unwrap());
+    let escalated = s
+        .apply_alert(&update(
+            UpdateKind::Firing { escalated: true },
+            4000,
+            &["hook"],
+        ))
+        .await
+        .unwrap();
+    assert!(!escalated.notified);
+    let resolved = s
+        .apply_alert(&update(UpdateKind::Resolved, 5000, &["hook"]))
+        .await
+        .unwrap();
+    assert!(resolved.notified);
+    let done = s.alerts(AlertFilter::Resolved, 10).await.unwrap();
+    assert_eq!(done[0].resolved_at_ms, Some(5000));
+    assert_eq!(
+        done[0].summary, "summary at 4000",
+        "the resolution keeps what fired"
+    );
+    assert_eq!(done[0].acknowledged_by.as_deref(), Some("alice"));
+    assert!(s.alerts(AlertFilter::Active, 10).await.unwrap().is_empty());
+    // Resolving again is nothing.
+    assert!(
+        s.apply_alert(&update(UpdateKind::Resolved, 6000, &["hook"]))
+            .await
+            .unwrap()
+            .alert_id
+            .is_none()
+    );
+}
+
+async fn outbox_leases_retries_and_delivers(store: Arc<dyn Store>) {
+    let s = &*store;
+    s.apply_alert(&update(
+        UpdateKind::Firing { escalated: false },
+        1000,
+        &["a", "b"],
+    ))
+    .await
+    .unwrap();
+    let claimed = s.claim_notifications(1000, 60_000, 10).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    assert_eq!(claimed[0].attempts, 1);
+    assert!(
+        s.claim_notifications(2000, 60_000, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "leased"
+    );
+    s.notification_delivered(claimed[0].id, 2000).await.unwrap();
+    s.notification_failed(claimed[1].id, 5000, "HTTP 503")
+        .await
+        .unwrap();
+    assert_eq!(s.undelivered_notifications().await.unwrap(), 1);
+    assert!(
+        s.claim_notifications(4999, 60_000, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let retry = s.claim_notifications(5000, 60_000, 10).await.unwrap();
+    assert_eq!(retry.len(), 1);
+    assert_eq!(retry[0].channel, "b");
+    assert_eq!(retry[0].attempts, 2);
+    // An expired lease (a collector died mid-send) makes it due again.
+    assert_eq!(
+        s.claim_notifications(70_000, 60_000, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+async fn silences_match_until_they_expire(store: Arc<dyn Store>) {
+    let s = &*store;
+    let silence = NewSilence {
+        matchers: [("node".to_owned(), "n1".to_owned())].into(),
+        comment: "maintenance".into(),
+        created_by: "bob".into(),
+        ends_at_ms: 10_000,
+    };
+    let id = s.create_silence(&silence, 1000).await.unwrap();
+    let active = s.silences(5000).await.unwrap();
+    assert_eq!(active.len(), 1);
+    let labels = serde_json::json!({"node": "n1", "gpu": "3"});
+    assert!(active[0].matches(labels.as_object().unwrap()));
+    let other = serde_json::json!({"node": "n2"});
+    assert!(!active[0].matches(other.as_object().unwrap()));
+    assert!(
+        s.silences(10_000).await.unwrap().is_empty(),
+        "expired at ends_at_ms"
+    );
+    assert!(s.expire_silence(id, 6000).await.unwrap());
+    assert!(s.silences(6000).await.unwrap().is_empty());
+    assert!(!s.expire_silence(id, 7000).await.unwrap());
+}
+
 async fn sqlite_store() -> (Arc<dyn Store>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("conformance.db").display());
@@ -257,4 +427,7 @@ conformance!(
     latest_never_goes_back_in_time,
     series_folds_buckets_keeping_extremes,
     process_keeps_its_peak_and_latest,
+    alert_lifecycle_notifies_once_per_change,
+    outbox_leases_retries_and_delivers,
+    silences_match_until_they_expire,
 );

@@ -1,5 +1,6 @@
 //! The HTTP side: JSON API and the fleet page, on axum.
 
+mod alerts;
 mod api;
 
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::header;
 use axum::response::{Html, IntoResponse};
-use axum::routing::get;
+use axum::routing::{delete, get, post};
 use tower_http::timeout::TimeoutLayer;
 
 use crate::clock::Clock;
@@ -30,6 +31,13 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/gpus", get(api::gpus))
         .route("/api/v1/gpus/{uuid}/series", get(api::series))
         .route("/api/v1/processes", get(api::processes))
+        .route("/api/v1/alerts", get(alerts::list))
+        .route("/api/v1/alerts/{id}/ack", post(alerts::acknowledge))
+        .route(
+            "/api/v1/silences",
+            get(alerts::silences).post(alerts::create_silence),
+        )
+        .route("/api/v1/silences/{id}", delete(alerts::expire_silence))
         .fallback(api::not_found)
         .layer(TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,

@@ -16,6 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::validate::{self, Limits};
+use crate::alerts::Alerting;
 use crate::clock::Clock;
 use crate::model::{NodeSession, WriteOutcome};
 use crate::store::Store;
@@ -27,6 +28,7 @@ struct Inner {
     store: Arc<dyn Store>,
     limits: Limits,
     clock: Clock,
+    alerting: Option<Arc<Alerting>>,
     sessions: RwLock<HashMap<SessionKey, Arc<NodeSession>>>,
 }
 
@@ -36,12 +38,18 @@ pub struct IngestService {
 }
 
 impl IngestService {
-    pub fn new(store: Arc<dyn Store>, limits: Limits, clock: Clock) -> Self {
+    pub fn new(
+        store: Arc<dyn Store>,
+        limits: Limits,
+        clock: Clock,
+        alerting: Option<Arc<Alerting>>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
                 limits,
                 clock,
+                alerting,
                 sessions: RwLock::new(HashMap::new()),
             }),
         }
@@ -114,9 +122,16 @@ impl Inner {
             },
         )?;
         match self.store.write_batch(&rows).await {
-            Ok(WriteOutcome::Committed) => Ok(pb::Ack {
-                committed_seq: batch.seq,
-            }),
+            Ok(WriteOutcome::Committed) => {
+                // Rules see a batch once, after it is safely stored; replays
+                // are not judged twice.
+                if let Some(alerting) = &self.alerting {
+                    alerting.observe_batch(&session, &rows).await;
+                }
+                Ok(pb::Ack {
+                    committed_seq: batch.seq,
+                })
+            }
             Ok(WriteOutcome::Duplicate { committed_seq }) => {
                 tracing::debug!(
                     node,
@@ -165,6 +180,9 @@ impl Ingest for IngestService {
         tracing::info!(node = %session.node, boot_id = %session.boot_id, devices = session.device_ids.len(),
             committed_seq = session.committed_seq, "agent registered");
         let committed_seq = session.committed_seq;
+        if let Some(alerting) = &self.inner.alerting {
+            alerting.node_registered(&session.node, registration.sample_interval_ms);
+        }
         self.inner.remember(session);
         Ok(Response::new(pb::RegisterResponse { committed_seq }))
     }

@@ -2,6 +2,7 @@
 //! a SQLite one for a single machine and the demo. Both pass one conformance
 //! suite (`tests/tests/store_conformance.rs`).
 
+pub mod alerts;
 mod postgres;
 mod sqlite;
 
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::Serialize;
 
+pub use alerts::AlertStore;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
@@ -26,7 +28,7 @@ pub enum StoreError {
 }
 
 #[async_trait]
-pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+pub trait Store: AlertStore + Send + Sync + std::fmt::Debug + 'static {
     /// Records a node's (re)registration and its current inventory; devices the
     /// node no longer reports are marked absent, not deleted.
     async fn register(

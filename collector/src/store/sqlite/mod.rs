@@ -12,10 +12,12 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, Sqlite, Transaction};
 
-use super::{
+mod alerts;
+
+use crate::model::{DeviceMeta, NodeSession, Registration, StoreBatch, WriteOutcome};
+use crate::store::{
     DeviceRow, DeviceView, NodeView, ProcessView, SeriesPoint, Store, StoreError, bucket_width_ms,
 };
-use crate::model::{NodeSession, Registration, StoreBatch, WriteOutcome};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 
@@ -55,16 +57,27 @@ async fn load_session(
     boot_id: &str,
     committed_seq: i64,
 ) -> Result<NodeSession, StoreError> {
-    let rows = sqlx::query("SELECT id, uuid FROM devices WHERE node_id = ? AND present")
+    let rows = sqlx::query(
+        "SELECT id, uuid, gpu_index, mig_profile, parent_id FROM devices WHERE node_id = ? AND present",
+    )
         .bind(node_id)
         .fetch_all(&mut **tx)
         .await?;
     let mut device_ids = HashMap::with_capacity(rows.len());
+    let mut devices = HashMap::with_capacity(rows.len());
     for row in rows {
-        device_ids.insert(
-            row.try_get::<String, _>("uuid")?,
-            row.try_get::<i64, _>("id")?,
+        let id: i64 = row.try_get("id")?;
+        let uuid: String = row.try_get("uuid")?;
+        devices.insert(
+            id,
+            DeviceMeta {
+                uuid: uuid.clone(),
+                gpu_index: u32::try_from(row.try_get::<i64, _>("gpu_index")?).unwrap_or(0),
+                mig_profile: row.try_get("mig_profile")?,
+                parent_id: row.try_get("parent_id")?,
+            },
         );
+        device_ids.insert(uuid, id);
     }
     Ok(NodeSession {
         node_id,
@@ -72,6 +85,7 @@ async fn load_session(
         boot_id: boot_id.to_owned(),
         committed_seq: u64::try_from(committed_seq).unwrap_or(0),
         device_ids,
+        devices,
     })
 }
 

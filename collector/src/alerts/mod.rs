@@ -1,0 +1,297 @@
+//! From rule transitions to people: persists each alert's lifecycle, applies
+//! silences and acknowledgements, and hands notifications to a durable outbox
+//! that a background task delivers with retries.
+
+pub mod channels;
+mod outbox;
+pub mod render;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+
+use crate::clock::Clock;
+use crate::model::{NodeSession, StoreBatch};
+use crate::rules::config::{RulesConfig, Severity};
+use crate::rules::engine::{
+    AlertChange, DeviceObservation, Engine, ProcessObservation, RestoredAlert,
+};
+use crate::rules::lifecycle::Transition;
+use crate::store::alerts::{AlertFilter, AlertUpdate, NewNotification, UpdateKind};
+use crate::store::{Store, StoreError};
+use channels::{Channel, Sender};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AlertingError {
+    #[error(transparent)]
+    Secret(#[from] channels::SecretError),
+    #[error("restoring alerts: {0}")]
+    Store(#[from] StoreError),
+}
+
+#[derive(Debug)]
+pub struct Alerting {
+    store: Arc<dyn Store>,
+    engine: Mutex<Engine>,
+    channels: RwLock<Vec<Channel>>,
+    sender: RwLock<Sender>,
+    clock: Clock,
+    wake_outbox: Notify,
+}
+
+fn parse_severity(s: &str) -> Severity {
+    match s {
+        "critical" => Severity::Critical,
+        "info" => Severity::Info,
+        _ => Severity::Warning,
+    }
+}
+
+impl Alerting {
+    /// Builds the engine and restores the alerts the store holds as active,
+    /// so a restart neither forgets a firing alert nor announces it again.
+    pub async fn new(
+        store: Arc<dyn Store>,
+        config: RulesConfig,
+        clock: Clock,
+    ) -> Result<Arc<Self>, AlertingError> {
+        let channels = channels::from_config(&config.notify)?;
+        let active = store.alerts(AlertFilter::Active, 100_000).await?;
+        let restored: Vec<RestoredAlert> = active
+            .into_iter()
+            .map(|a| RestoredAlert {
+                fingerprint: a.fingerprint,
+                rule: a.rule,
+                severity: parse_severity(&a.severity),
+                firing: a.state == "firing",
+                since_ms: a.fired_at_ms.unwrap_or(a.started_at_ms),
+                labels: serde_json::from_value(a.labels).unwrap_or_default(),
+            })
+            .collect();
+        if !restored.is_empty() {
+            tracing::info!(alerts = restored.len(), "restored active alerts");
+        }
+        let mut engine = Engine::new(config);
+        engine.restore(restored, clock.now_ms());
+        Ok(Arc::new(Self {
+            store,
+            engine: Mutex::new(engine),
+            sender: RwLock::new(Sender::new(channels.clone())),
+            channels: RwLock::new(channels),
+            clock,
+            wake_outbox: Notify::new(),
+        }))
+    }
+
+    /// Swaps in new rules and channels; alert state carries over.
+    pub fn reload(&self, config: RulesConfig) -> Result<(), AlertingError> {
+        let channels = channels::from_config(&config.notify)?;
+        if let Ok(mut sender) = self.sender.write() {
+            *sender = Sender::new(channels.clone());
+        }
+        if let Ok(mut c) = self.channels.write() {
+            *c = channels;
+        }
+        if let Ok(mut engine) = self.engine.lock() {
+            engine.set_config(config);
+        }
+        tracing::info!("rules reloaded");
+        Ok(())
+    }
+
+    /// Runs the clock-driven rules and the outbox until `stop` flips.
+    pub fn spawn_background(self: &Arc<Self>, stop: watch::Receiver<bool>) {
+        let ticker = self.clone();
+        let mut tick_stop = stop.clone();
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = interval.tick() => {
+                        let now = ticker.clock.now_ms();
+                        let changes = ticker.engine.lock().map(|mut e| e.tick(now)).unwrap_or_default();
+                        ticker.apply(changes).await;
+                    }
+                    _ = stopped(&mut tick_stop) => return,
+                }
+            }
+        });
+        tokio::spawn(outbox::deliver(self.clone(), stop));
+    }
+
+    pub fn node_registered(&self, node: &str, sample_interval_ms: u32) {
+        if let Ok(mut engine) = self.engine.lock() {
+            engine.node_registered(node, i64::from(sample_interval_ms), self.clock.now_ms());
+        }
+    }
+
+    /// Runs the rules over a committed batch and persists what changed.
+    pub async fn observe_batch(&self, session: &NodeSession, batch: &StoreBatch) {
+        // Memory the agent attributes to processes, per device; a GPU in MIG
+        // mode counts the processes of its instances.
+        let mut attributed: HashMap<(i64, i64), u64> = HashMap::new();
+        for p in &batch.process_samples {
+            let used = u64::try_from(p.used_last).unwrap_or(0);
+            *attributed.entry((p.device_id, p.timestamp_ms)).or_default() += used;
+            if let Some(parent) = session.devices.get(&p.device_id).and_then(|d| d.parent_id) {
+                *attributed.entry((parent, p.timestamp_ms)).or_default() += used;
+            }
+        }
+        let reports_processes = !batch.process_samples.is_empty();
+        let mut changes = Vec::new();
+        {
+            let Ok(mut engine) = self.engine.lock() else {
+                return;
+            };
+            for s in &batch.gpu_samples {
+                let Some(meta) = session.devices.get(&s.device_id) else {
+                    continue;
+                };
+                let as_u64 = |v: i64| u64::try_from(v).unwrap_or(0);
+                changes.extend(engine.observe_device(&DeviceObservation {
+                    node: &session.node,
+                    device_uuid: &meta.uuid,
+                    gpu_index: meta.gpu_index,
+                    mig_profile: meta.mig_profile.as_deref(),
+                    timestamp_ms: s.timestamp_ms,
+                    used_last: as_u64(s.used_last),
+                    used_max: as_u64(s.used_max),
+                    reserved: as_u64(s.reserved),
+                    total: as_u64(s.total),
+                    attributed: reports_processes.then(|| {
+                        attributed
+                            .get(&(s.device_id, s.timestamp_ms))
+                            .copied()
+                            .unwrap_or(0)
+                    }),
+                }));
+            }
+            for p in &batch.process_samples {
+                let Some(meta) = session.devices.get(&p.device_id) else {
+                    continue;
+                };
+                changes.extend(engine.observe_process(&ProcessObservation {
+                    node: &session.node,
+                    device_uuid: &meta.uuid,
+                    gpu_index: meta.gpu_index,
+                    pid: u32::try_from(p.pid).unwrap_or(0),
+                    start_time_ms: p.start_time_ms,
+                    name: &p.name,
+                    user: &p.user,
+                    slurm_job_id: &p.slurm_job_id,
+                    pod_uid: &p.pod_uid,
+                    container_id: &p.container_id,
+                    timestamp_ms: p.timestamp_ms,
+                    used_last: u64::try_from(p.used_last).unwrap_or(0),
+                    used_max: u64::try_from(p.used_max).unwrap_or(0),
+                }));
+            }
+        }
+        self.apply(changes).await;
+    }
+
+    async fn apply(&self, changes: Vec<AlertChange>) {
+        if changes.is_empty() {
+            return;
+        }
+        let silences = if changes.iter().any(|c| {
+            matches!(
+                c.transition,
+                Transition::Firing { .. } | Transition::Resolved
+            )
+        }) {
+            self.store
+                .silences(self.clock.now_ms())
+                .await
+                .unwrap_or_else(|error| {
+                    tracing::error!(%error, "reading silences failed; notifying anyway");
+                    Vec::new()
+                })
+        } else {
+            Vec::new()
+        };
+        let dashboard = self
+            .engine
+            .lock()
+            .ok()
+            .and_then(|e| e.config().notify.dashboard_url.clone());
+        for change in changes {
+            let labels = serde_json::to_value(&change.labels).unwrap_or_default();
+            let silenced = labels
+                .as_object()
+                .is_some_and(|l| silences.iter().any(|s| s.matches(l)));
+            let kind = match change.transition {
+                Transition::Pending { .. } => UpdateKind::Pending,
+                Transition::Firing { escalated, .. } => UpdateKind::Firing { escalated },
+                Transition::Withdrawn => UpdateKind::Withdrawn,
+                Transition::Resolved => UpdateKind::Resolved,
+            };
+            let notifications =
+                if silenced || matches!(kind, UpdateKind::Pending | UpdateKind::Withdrawn) {
+                    Vec::new()
+                } else {
+                    self.notifications(&change, dashboard.as_deref())
+                };
+            let update = AlertUpdate {
+                fingerprint: change.fingerprint.clone(),
+                rule: change.rule.to_owned(),
+                severity: change.severity.as_str().to_owned(),
+                kind,
+                at_ms: change.at_ms,
+                labels: labels.to_string(),
+                summary: change.summary.clone(),
+                details: change.details.to_string(),
+                notifications,
+            };
+            match self.store.apply_alert(&update).await {
+                Ok(outcome) => {
+                    tracing::info!(rule = change.rule, severity = change.severity.as_str(),
+                        transition = ?change.transition, silenced, notified = outcome.notified,
+                        summary = %change.summary, "alert");
+                    if outcome.notified {
+                        self.wake_outbox.notify_one();
+                    }
+                }
+                Err(error) => {
+                    tracing::error!(%error, fingerprint = %change.fingerprint, "storing an alert change failed");
+                }
+            }
+        }
+    }
+
+    fn notifications(&self, change: &AlertChange, dashboard: Option<&str>) -> Vec<NewNotification> {
+        let Ok(channels) = self.channels.read() else {
+            return Vec::new();
+        };
+        channels
+            .iter()
+            .filter(|c| change.severity >= c.min_severity)
+            .map(|c| {
+                let key = format!(
+                    "{}:{}:{}:{}:{}",
+                    change.fingerprint,
+                    render::status(change),
+                    change.severity.as_str(),
+                    change.at_ms,
+                    c.name
+                );
+                let payload = match c.target {
+                    channels::Target::Webhook { .. } => render::webhook(change, &key, dashboard),
+                    channels::Target::Slack { .. } => render::slack(change, dashboard),
+                };
+                NewNotification {
+                    channel: c.name.clone(),
+                    idempotency_key: key,
+                    payload,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Resolves once `stop` is set (or its sender is gone).
+pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}

@@ -1,0 +1,99 @@
+//! What a notification says, per channel. Rendered once when the alert
+//! changes and stored in the outbox, so every retry sends the same body.
+//!
+//! Generic webhook body (schema version 1):
+//! ```json
+//! { "version": 1, "status": "firing" | "resolved", "idempotency_key": "…",
+//!   "alert": { "fingerprint": "…", "rule": "watermark", "severity": "critical",
+//!              "summary": "…", "labels": { "node": "…", "gpu": "3", … },
+//!              "details": { … rule-specific values … }, "at_ms": 1700000000000 },
+//!   "dashboard_url": "https://…" | null }
+//! ```
+
+use serde_json::{Value, json};
+
+use crate::rules::engine::AlertChange;
+
+/// `firing` or `resolved`, as the receiver sees it.
+pub fn status(change: &AlertChange) -> &'static str {
+    use crate::rules::lifecycle::Transition;
+    match change.transition {
+        Transition::Resolved | Transition::Withdrawn => "resolved",
+        Transition::Pending { .. } | Transition::Firing { .. } => "firing",
+    }
+}
+
+pub fn dashboard_link(base: Option<&str>, change: &AlertChange) -> Option<String> {
+    let base = base?.trim_end_matches('/');
+    Some(match change.labels.get("device_uuid") {
+        Some(uuid) => format!(
+            "{base}/?gpu={uuid}&from={}&to={}",
+            change.at_ms - 3_600_000,
+            change.at_ms + 600_000
+        ),
+        None => format!("{base}/"),
+    })
+}
+
+pub fn webhook(change: &AlertChange, key: &str, dashboard: Option<&str>) -> String {
+    json!({
+        "version": 1,
+        "status": status(change),
+        "idempotency_key": key,
+        "alert": {
+            "fingerprint": change.fingerprint,
+            "rule": change.rule,
+            "severity": change.severity.as_str(),
+            "summary": change.summary,
+            "labels": change.labels,
+            "details": change.details,
+            "at_ms": change.at_ms,
+        },
+        "dashboard_url": dashboard_link(dashboard, change),
+    })
+    .to_string()
+}
+
+/// Slack Block Kit: what, where, who, how much, and a link.
+pub fn slack(change: &AlertChange, dashboard: Option<&str>) -> String {
+    let resolved = status(change) == "resolved";
+    let icon = match (resolved, change.severity.as_str()) {
+        (true, _) => ":white_check_mark:",
+        (false, "critical") => ":red_circle:",
+        _ => ":large_orange_circle:",
+    };
+    let title = format!(
+        "{icon} {} {} — {}",
+        if resolved { "RESOLVED" } else { "FIRING" },
+        change.severity.as_str(),
+        change.rule
+    );
+    let label = |k: &str| change.labels.get(k).map(String::as_str).unwrap_or("—");
+    let mut fields = vec![
+        json!({"type": "mrkdwn", "text": format!("*Node*\n{}", label("node"))}),
+        json!({"type": "mrkdwn", "text": format!("*GPU*\n{}{}", label("gpu"),
+            change.labels.get("mig_profile").map(|p| format!(" (MIG {p})")).unwrap_or_default())}),
+    ];
+    for (key, title) in [
+        ("user", "User"),
+        ("job", "Slurm job"),
+        ("pod", "Pod"),
+        ("pid", "PID"),
+    ] {
+        if let Some(v) = change.labels.get(key) {
+            fields.push(json!({"type": "mrkdwn", "text": format!("*{title}*\n{v}")}));
+        }
+    }
+    let mut blocks = vec![
+        json!({"type": "header", "text": {"type": "plain_text", "text": title}}),
+        json!({"type": "section", "text": {"type": "mrkdwn", "text": change.summary}}),
+        json!({"type": "section", "fields": fields}),
+    ];
+    if let Some(link) = dashboard_link(dashboard, change) {
+        blocks.push(json!({"type": "actions", "elements": [
+            {"type": "button", "text": {"type": "plain_text", "text": "Open in Headroom"}, "url": link}
+        ]}));
+    }
+    let value: Value = json!({ "text": format!("{title}: {}", change.summary), "blocks": blocks });
+    value.to_string()
+}

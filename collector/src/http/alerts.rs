@@ -1,0 +1,114 @@
+//! Alerts, acknowledgements and silences over the JSON API.
+
+use axum::Json;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::api::ApiError;
+use crate::store::alerts::{AlertFilter, AlertView, NewSilence, SilenceView};
+
+const MAX_TEXT: usize = 1024;
+
+#[derive(Debug, Deserialize)]
+pub struct AlertsQuery {
+    state: Option<AlertFilter>,
+    limit: Option<i64>,
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    query: Result<Query<AlertsQuery>, QueryRejection>,
+) -> Result<Json<Vec<AlertView>>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let limit = q.limit.unwrap_or(500);
+    if !(1..=10_000).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "`limit` = {limit} is outside 1..=10000"
+        )));
+    }
+    Ok(Json(
+        state
+            .store
+            .alerts(q.state.unwrap_or(AlertFilter::Active), limit)
+            .await?,
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AckBody {
+    by: String,
+}
+
+fn check_text(field: &str, value: &str) -> Result<(), ApiError> {
+    if value.trim().is_empty() || value.len() > MAX_TEXT {
+        return Err(ApiError::BadRequest(format!(
+            "`{field}` must be 1..={MAX_TEXT} bytes"
+        )));
+    }
+    Ok(())
+}
+
+pub async fn acknowledge(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+    body: Result<Json<AckBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(body) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    check_text("by", &body.by)?;
+    if state
+        .store
+        .acknowledge_alert(id, &body.by, state.clock.now_ms())
+        .await?
+    {
+        Ok(Json(json!({ "acknowledged": true })))
+    } else {
+        Err(ApiError::NotFound(format!("no active alert {id}")))
+    }
+}
+
+pub async fn silences(State(state): State<AppState>) -> Result<Json<Vec<SilenceView>>, ApiError> {
+    Ok(Json(state.store.silences(state.clock.now_ms()).await?))
+}
+
+pub async fn create_silence(
+    State(state): State<AppState>,
+    body: Result<Json<NewSilence>, JsonRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Json(silence) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    if silence.matchers.is_empty() {
+        return Err(ApiError::BadRequest(
+            "`matchers` is empty: a silence must name at least one label".into(),
+        ));
+    }
+    for (k, v) in &silence.matchers {
+        check_text("matchers", k)?;
+        check_text("matchers", v)?;
+    }
+    check_text("comment", &silence.comment)?;
+    check_text("created_by", &silence.created_by)?;
+    let now = state.clock.now_ms();
+    if silence.ends_at_ms <= now {
+        return Err(ApiError::BadRequest(format!(
+            "`ends_at_ms` ({}) is not in the future",
+            silence.ends_at_ms
+        )));
+    }
+    let id = state.store.create_silence(&silence, now).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
+}
+
+pub async fn expire_silence(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+) -> Result<Json<Value>, ApiError> {
+    if state.store.expire_silence(id, state.clock.now_ms()).await? {
+        Ok(Json(json!({ "expired": true })))
+    } else {
+        Err(ApiError::NotFound(format!("no active silence {id}")))
+    }
+}

@@ -1,0 +1,806 @@
+//! Evaluates every rule on every sample as it arrives, one state machine per
+//! series (GPU, MIG instance, process, node), so an alert costs one sample
+//! interval, not a scrape plus an evaluation cycle. No I/O: the caller feeds
+//! observations and persists the changes this returns.
+
+use std::collections::{BTreeMap, HashMap};
+
+use sha2::{Digest, Sha256};
+
+use super::config::{RulesConfig, Severity};
+use super::leak::LeakDetector;
+use super::lifecycle::{Lifecycle, Phase, Transition};
+use super::oom::OomPredictor;
+use headroom_sim::HumanBytes;
+
+/// A process not seen for this long has exited; its state is dropped and its
+/// alerts resolve.
+const PROCESS_GONE_MS: i64 = 5 * 60_000;
+/// Alerts restored after a restart whose series never reappears resolve
+/// after this long.
+const RESTORED_GRACE_MS: i64 = 10 * 60_000;
+
+/// One interval of one GPU or MIG instance.
+#[derive(Debug, Clone)]
+pub struct DeviceObservation<'a> {
+    pub node: &'a str,
+    pub device_uuid: &'a str,
+    pub gpu_index: u32,
+    pub mig_profile: Option<&'a str>,
+    pub timestamp_ms: i64,
+    pub used_last: u64,
+    pub used_max: u64,
+    pub reserved: u64,
+    pub total: u64,
+    /// Memory held by the processes the agent could see on this device, when
+    /// the agent reports processes for it.
+    pub attributed: Option<u64>,
+}
+
+/// One interval of one process on one device.
+#[derive(Debug, Clone)]
+pub struct ProcessObservation<'a> {
+    pub node: &'a str,
+    pub device_uuid: &'a str,
+    pub gpu_index: u32,
+    pub pid: u32,
+    pub start_time_ms: i64,
+    pub name: &'a str,
+    pub user: &'a str,
+    pub slurm_job_id: &'a str,
+    pub pod_uid: &'a str,
+    pub container_id: &'a str,
+    pub timestamp_ms: i64,
+    pub used_last: u64,
+    pub used_max: u64,
+}
+
+/// A transition of one alert, with everything a notification needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AlertChange {
+    /// Stable across restarts and collectors: rule plus the series identity.
+    pub fingerprint: String,
+    pub rule: &'static str,
+    pub transition: Transition,
+    pub severity: Severity,
+    pub at_ms: i64,
+    pub labels: BTreeMap<String, String>,
+    pub summary: String,
+    pub details: serde_json::Value,
+}
+
+/// An alert the store holds as active, handed back after a restart so the
+/// engine neither forgets it nor fires it twice.
+#[derive(Debug, Clone)]
+pub struct RestoredAlert {
+    pub fingerprint: String,
+    pub rule: String,
+    pub severity: Severity,
+    pub firing: bool,
+    pub since_ms: i64,
+    pub labels: BTreeMap<String, String>,
+}
+
+pub fn fingerprint(rule: &str, identity: &[(&str, &str)]) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(rule.as_bytes());
+    for (k, v) in identity {
+        hasher.update(b"\n");
+        hasher.update(k.as_bytes());
+        hasher.update(b"=");
+        hasher.update(v.as_bytes());
+    }
+    hasher.finalize()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[derive(Debug)]
+struct Tracked {
+    fingerprint: String,
+    lifecycle: Lifecycle,
+}
+
+impl Tracked {
+    fn new(fingerprint: String, restored: &mut HashMap<String, RestoredAlert>) -> Self {
+        let lifecycle = match restored.remove(&fingerprint) {
+            Some(r) if r.firing => Lifecycle {
+                phase: Phase::Firing {
+                    since_ms: r.since_ms,
+                    severity: r.severity,
+                },
+            },
+            Some(r) => Lifecycle {
+                phase: Phase::Pending {
+                    since_ms: r.since_ms,
+                    severity: r.severity,
+                },
+            },
+            None => Lifecycle::default(),
+        };
+        Self {
+            fingerprint,
+            lifecycle,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct DeviceState {
+    labels: BTreeMap<String, String>,
+    watermark: Tracked,
+    oom: Tracked,
+    unattributed: Tracked,
+    predictor: OomPredictor,
+}
+
+#[derive(Debug)]
+struct ProcessState {
+    labels: BTreeMap<String, String>,
+    leak: Tracked,
+    watermark: Tracked,
+    detector: LeakDetector,
+    last_seen_ms: i64,
+}
+
+#[derive(Debug)]
+struct NodeState {
+    silent: Tracked,
+    last_seen_ms: i64,
+    interval_ms: i64,
+}
+
+#[derive(Debug)]
+pub struct Engine {
+    config: RulesConfig,
+    devices: HashMap<String, DeviceState>,
+    processes: HashMap<(String, u32, i64), ProcessState>,
+    nodes: HashMap<String, NodeState>,
+    restored: HashMap<String, RestoredAlert>,
+    restored_at_ms: i64,
+}
+
+fn gib_pct(part: u64, total: u64) -> f64 {
+    if total == 0 {
+        0.0
+    } else {
+        (part as f64 * 1000.0 / total as f64).round() / 10.0
+    }
+}
+
+fn device_name(labels: &BTreeMap<String, String>) -> String {
+    let node = labels.get("node").map_or("", String::as_str);
+    let gpu = labels.get("gpu").map_or("", String::as_str);
+    match labels.get("mig_profile") {
+        Some(profile) => format!("GPU {gpu} (MIG {profile}) on {node}"),
+        None => format!("GPU {gpu} on {node}"),
+    }
+}
+
+fn process_name(labels: &BTreeMap<String, String>) -> String {
+    let mut who = format!(
+        "pid {} ({})",
+        labels.get("pid").map_or("", String::as_str),
+        labels.get("process").map_or("", String::as_str)
+    );
+    if let Some(user) = labels.get("user") {
+        who.push_str(&format!(" of {user}"));
+    }
+    if let Some(job) = labels.get("job") {
+        who.push_str(&format!(", Slurm job {job}"));
+    }
+    if let Some(pod) = labels.get("pod") {
+        who.push_str(&format!(", pod {pod}"));
+    }
+    who
+}
+
+fn minutes(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    if s < 120 {
+        format!("{s} s")
+    } else if s < 7200 {
+        format!("{} min", s / 60)
+    } else {
+        format!("{:.1} h", s as f64 / 3600.0)
+    }
+}
+
+impl Engine {
+    pub fn new(config: RulesConfig) -> Self {
+        Self {
+            config,
+            devices: HashMap::new(),
+            processes: HashMap::new(),
+            nodes: HashMap::new(),
+            restored: HashMap::new(),
+            restored_at_ms: 0,
+        }
+    }
+
+    /// Replaces the rules (a reload) while keeping every series' state.
+    pub fn set_config(&mut self, config: RulesConfig) {
+        self.config = config;
+    }
+
+    pub fn config(&self) -> &RulesConfig {
+        &self.config
+    }
+
+    /// Hands over the alerts the store holds as active (after a restart).
+    pub fn restore(&mut self, alerts: Vec<RestoredAlert>, now_ms: i64) {
+        self.restored_at_ms = now_ms;
+        for a in alerts {
+            self.restored.insert(a.fingerprint.clone(), a);
+        }
+    }
+
+    fn change(
+        tracked: &mut Tracked,
+        rule: &'static str,
+        at_ms: i64,
+        condition: Option<Severity>,
+        for_ms: i64,
+        labels: &BTreeMap<String, String>,
+        summary: impl FnOnce() -> (String, serde_json::Value),
+    ) -> Option<AlertChange> {
+        let transition = tracked.lifecycle.step(at_ms, condition, for_ms)?;
+        let severity = match tracked.lifecycle.phase {
+            Phase::Pending { severity, .. } | Phase::Firing { severity, .. } => severity,
+            Phase::Inactive => condition.unwrap_or(Severity::Info),
+        };
+        let (summary, details) = summary();
+        Some(AlertChange {
+            fingerprint: tracked.fingerprint.clone(),
+            rule,
+            transition,
+            severity,
+            at_ms,
+            labels: labels.clone(),
+            summary,
+            details,
+        })
+    }
+
+    pub fn observe_device(&mut self, o: &DeviceObservation<'_>) -> Vec<AlertChange> {
+        let mut out = Vec::new();
+        self.note_node(o.node, o.timestamp_ms, &mut out);
+        let restored = &mut self.restored;
+        let oom_config = self.config.time_to_oom.oom_config();
+        let state = self
+            .devices
+            .entry(o.device_uuid.to_owned())
+            .or_insert_with(|| {
+                let mut labels = BTreeMap::new();
+                labels.insert("node".to_owned(), o.node.to_owned());
+                labels.insert("gpu".to_owned(), o.gpu_index.to_string());
+                labels.insert("device_uuid".to_owned(), o.device_uuid.to_owned());
+                if let Some(p) = o.mig_profile {
+                    labels.insert("mig_profile".to_owned(), p.to_owned());
+                }
+                let id = [("node", o.node), ("device", o.device_uuid)];
+                DeviceState {
+                    watermark: Tracked::new(fingerprint("watermark", &id), restored),
+                    oom: Tracked::new(fingerprint("time_to_oom", &id), restored),
+                    unattributed: Tracked::new(fingerprint("unattributed", &id), restored),
+                    // Sized for the configured window; a reload to a longer
+                    // window takes effect for series seen after it.
+                    predictor: OomPredictor::with_config(&oom_config),
+                    labels,
+                }
+            });
+        let total = o.total;
+        let used = o.used_last.saturating_add(o.reserved);
+        let peak = o.used_max.saturating_add(o.reserved);
+        let frac = if total == 0 {
+            0.0
+        } else {
+            peak as f64 / total as f64
+        };
+        let labels = &state.labels;
+
+        let w = &self.config.watermark;
+        if w.enabled {
+            let held = state.watermark.lifecycle.is_active();
+            let condition = if frac >= w.critical {
+                Some(Severity::Critical)
+            } else if frac >= w.warning || (held && frac >= w.clear_below) {
+                Some(Severity::Warning)
+            } else {
+                None
+            };
+            out.extend(Self::change(
+                &mut state.watermark,
+                "watermark",
+                o.timestamp_ms,
+                condition,
+                w.for_.ms(),
+                labels,
+                || {
+                    (
+                        format!(
+                            "{} at {:.1} % of {} (peak {:.1} %, {} free)",
+                            device_name(labels),
+                            gib_pct(used, total),
+                            HumanBytes(total),
+                            gib_pct(peak, total),
+                            HumanBytes(total.saturating_sub(used))
+                        ),
+                        serde_json::json!({
+                            "used_bytes": o.used_last, "peak_bytes": o.used_max, "reserved_bytes": o.reserved,
+                            "total_bytes": total, "used_fraction": frac,
+                        }),
+                    )
+                },
+            ));
+        }
+
+        state.predictor.observe(o.timestamp_ms, o.used_max);
+        let t = &self.config.time_to_oom;
+        if t.enabled {
+            let limit = total.saturating_sub(o.reserved);
+            let prediction = state
+                .predictor
+                .evaluate(&t.oom_config(), limit, o.timestamp_ms);
+            let condition = prediction.as_ref().map(|p| {
+                if p.predicted_oom_at_ms - o.timestamp_ms <= t.horizon.ms() / 3 {
+                    Severity::Critical
+                } else {
+                    Severity::Warning
+                }
+            });
+            out.extend(Self::change(
+                &mut state.oom,
+                "time_to_oom",
+                o.timestamp_ms,
+                condition,
+                0,
+                labels,
+                || match &prediction {
+                    Some(p) => (
+                        format!(
+                            "{} will run out of memory in about {} (between {} and {}), growing {}/min; {} used of {}",
+                            device_name(labels),
+                            minutes(p.predicted_oom_at_ms - o.timestamp_ms),
+                            minutes(p.earliest_ms - o.timestamp_ms),
+                            if p.latest_ms == i64::MAX { "never".to_owned() } else { minutes(p.latest_ms - o.timestamp_ms) },
+                            HumanBytes((p.growth_bytes_per_s * 60.0).max(0.0) as u64),
+                            HumanBytes(used),
+                            HumanBytes(total),
+                        ),
+                        serde_json::json!({
+                            "predicted_oom_at_ms": p.predicted_oom_at_ms, "earliest_ms": p.earliest_ms,
+                            "latest_ms": if p.latest_ms == i64::MAX { serde_json::Value::Null } else { p.latest_ms.into() },
+                            "growth_bytes_per_s": p.growth_bytes_per_s, "confidence": p.confidence,
+                            "used_bytes": o.used_last, "total_bytes": total,
+                        }),
+                    ),
+                    None => (
+                        format!("{} no longer trends towards OOM", device_name(labels)),
+                        serde_json::json!({ "used_bytes": o.used_last, "total_bytes": total }),
+                    ),
+                },
+            ));
+        }
+
+        let u = &self.config.unattributed;
+        if u.enabled
+            && let Some(attributed) = o.attributed
+        {
+            let unexplained = o.used_last.saturating_sub(attributed);
+            let held = state.unattributed.lifecycle.is_active();
+            let threshold = u.threshold.0;
+            let condition = (unexplained >= threshold || (held && unexplained >= threshold / 2))
+                .then_some(Severity::Warning);
+            out.extend(Self::change(
+                &mut state.unattributed,
+                "unattributed",
+                o.timestamp_ms,
+                condition,
+                u.for_.ms(),
+                labels,
+                || {
+                    (
+                        format!(
+                            "{}: {} in use by no visible process (zombie context, or a process in another PID namespace)",
+                            device_name(labels),
+                            HumanBytes(unexplained)
+                        ),
+                        serde_json::json!({ "unattributed_bytes": unexplained, "used_bytes": o.used_last }),
+                    )
+                },
+            ));
+        }
+        out
+    }
+
+    pub fn observe_process(&mut self, o: &ProcessObservation<'_>) -> Vec<AlertChange> {
+        let mut out = Vec::new();
+        let key = (o.device_uuid.to_owned(), o.pid, o.start_time_ms);
+        let restored = &mut self.restored;
+        let leak_config = self.config.leak.leak_config();
+        let state = self.processes.entry(key).or_insert_with(|| {
+            let mut labels = BTreeMap::new();
+            labels.insert("node".to_owned(), o.node.to_owned());
+            labels.insert("gpu".to_owned(), o.gpu_index.to_string());
+            labels.insert("device_uuid".to_owned(), o.device_uuid.to_owned());
+            labels.insert("pid".to_owned(), o.pid.to_string());
+            labels.insert("process".to_owned(), o.name.chars().take(120).collect());
+            for (k, v) in [
+                ("user", o.user),
+                ("job", o.slurm_job_id),
+                ("pod", o.pod_uid),
+                ("container", o.container_id),
+            ] {
+                if !v.is_empty() {
+                    labels.insert(k.to_owned(), v.to_owned());
+                }
+            }
+            let start = o.start_time_ms.to_string();
+            let pid = o.pid.to_string();
+            let id = [
+                ("node", o.node),
+                ("device", o.device_uuid),
+                ("pid", pid.as_str()),
+                ("start", start.as_str()),
+            ];
+            ProcessState {
+                leak: Tracked::new(fingerprint("leak", &id), restored),
+                watermark: Tracked::new(fingerprint("process_watermark", &id), restored),
+                detector: LeakDetector::with_config(o.start_time_ms, &leak_config),
+                last_seen_ms: o.timestamp_ms,
+                labels,
+            }
+        });
+        state.last_seen_ms = state.last_seen_ms.max(o.timestamp_ms);
+        state.detector.observe(o.timestamp_ms, o.used_last);
+        let labels = &state.labels;
+
+        let l = &self.config.leak;
+        if l.enabled {
+            let finding = state.detector.evaluate(&l.leak_config());
+            out.extend(Self::change(
+                &mut state.leak,
+                "leak",
+                o.timestamp_ms,
+                finding.as_ref().map(|_| Severity::Warning),
+                0,
+                labels,
+                || match &finding {
+                    Some(f) => (
+                        format!(
+                            "{} on {} leaks: +{}/min for {} (p = {:.1e}); now {}",
+                            process_name(labels),
+                            device_name(labels),
+                            HumanBytes(f.rate_bytes_per_min.max(0.0) as u64),
+                            minutes(o.timestamp_ms - f.since_ms),
+                            f.p_value,
+                            HumanBytes(o.used_last),
+                        ),
+                        serde_json::json!({
+                            "growth_bytes_per_min": f.rate_bytes_per_min, "since_ms": f.since_ms,
+                            "p_value": f.p_value, "used_bytes": o.used_last, "peak_bytes": o.used_max,
+                        }),
+                    ),
+                    None => (
+                        format!("{} stopped growing", process_name(labels)),
+                        serde_json::json!({ "used_bytes": o.used_last }),
+                    ),
+                },
+            ));
+        }
+
+        let w = &self.config.watermark;
+        if w.enabled
+            && let Some(limit) = w.process_bytes
+        {
+            let held = state.watermark.lifecycle.is_active();
+            let clear = (limit.0 as f64 * w.clear_below / w.warning) as u64;
+            let condition = (o.used_max >= limit.0 || (held && o.used_max >= clear))
+                .then_some(Severity::Warning);
+            out.extend(Self::change(
+                &mut state.watermark,
+                "process_watermark",
+                o.timestamp_ms,
+                condition,
+                w.for_.ms(),
+                labels,
+                || {
+                    (
+                        format!(
+                            "{} on {} holds {} (limit {})",
+                            process_name(labels),
+                            device_name(labels),
+                            HumanBytes(o.used_max),
+                            HumanBytes(limit.0)
+                        ),
+                        serde_json::json!({ "used_bytes": o.used_last, "peak_bytes": o.used_max, "limit_bytes": limit.0 }),
+                    )
+                },
+            ));
+        }
+        out
+    }
+
+    /// Records a node's sample interval (from its registration).
+    pub fn node_registered(&mut self, node: &str, interval_ms: i64, now_ms: i64) {
+        let restored = &mut self.restored;
+        let state = self
+            .nodes
+            .entry(node.to_owned())
+            .or_insert_with(|| NodeState {
+                silent: Tracked::new(fingerprint("agent_silent", &[("node", node)]), restored),
+                last_seen_ms: now_ms,
+                interval_ms,
+            });
+        state.interval_ms = interval_ms.max(1);
+        state.last_seen_ms = state.last_seen_ms.max(now_ms);
+    }
+
+    fn note_node(&mut self, node: &str, ts_ms: i64, out: &mut Vec<AlertChange>) {
+        let restored = &mut self.restored;
+        let state = self
+            .nodes
+            .entry(node.to_owned())
+            .or_insert_with(|| NodeState {
+                silent: Tracked::new(fingerprint("agent_silent", &[("node", node)]), restored),
+                last_seen_ms: ts_ms,
+                interval_ms: 1000,
+            });
+        state.last_seen_ms = state.last_seen_ms.max(ts_ms);
+        if state.silent.lifecycle.is_active() {
+            let labels = BTreeMap::from([("node".to_owned(), node.to_owned())]);
+            out.extend(Self::change(
+                &mut state.silent,
+                "agent_silent",
+                ts_ms,
+                None,
+                0,
+                &labels,
+                || (format!("{node} reports again"), serde_json::json!({})),
+            ));
+        }
+    }
+
+    /// Time-driven rules: silent agents, exited processes, restored alerts
+    /// whose series never came back. Call about once a second.
+    pub fn tick(&mut self, now_ms: i64) -> Vec<AlertChange> {
+        let mut out = Vec::new();
+        let s = &self.config.agent_silent;
+        if s.enabled {
+            for (node, state) in &mut self.nodes {
+                let quiet_ms = now_ms - state.last_seen_ms;
+                let limit = state.interval_ms * i64::from(s.intervals);
+                let condition = (quiet_ms > limit).then_some(Severity::Critical);
+                let labels = BTreeMap::from([("node".to_owned(), node.clone())]);
+                out.extend(Self::change(
+                    &mut state.silent,
+                    "agent_silent",
+                    now_ms,
+                    condition,
+                    0,
+                    &labels,
+                    || {
+                        (
+                            format!("{node} has sent nothing for {}", minutes(quiet_ms)),
+                            serde_json::json!({ "last_seen_ms": state.last_seen_ms }),
+                        )
+                    },
+                ));
+            }
+        }
+        let gone: Vec<_> = self
+            .processes
+            .iter()
+            .filter(|(_, p)| now_ms - p.last_seen_ms > PROCESS_GONE_MS)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in gone {
+            if let Some(mut p) = self.processes.remove(&key) {
+                for (tracked, rule) in [
+                    (&mut p.leak, "leak"),
+                    (&mut p.watermark, "process_watermark"),
+                ] {
+                    let labels = &p.labels;
+                    out.extend(Self::change(tracked, rule, now_ms, None, 0, labels, || {
+                        (
+                            format!("{} exited", process_name(labels)),
+                            serde_json::json!({}),
+                        )
+                    }));
+                }
+            }
+        }
+        if !self.restored.is_empty() && now_ms - self.restored_at_ms > RESTORED_GRACE_MS {
+            for (_, r) in self.restored.drain() {
+                let rule: &'static str = match r.rule.as_str() {
+                    "watermark" => "watermark",
+                    "time_to_oom" => "time_to_oom",
+                    "unattributed" => "unattributed",
+                    "leak" => "leak",
+                    "process_watermark" => "process_watermark",
+                    "agent_silent" => "agent_silent",
+                    _ => "unknown",
+                };
+                out.push(AlertChange {
+                    fingerprint: r.fingerprint,
+                    rule,
+                    transition: if r.firing {
+                        Transition::Resolved
+                    } else {
+                        Transition::Withdrawn
+                    },
+                    severity: r.severity,
+                    at_ms: now_ms,
+                    labels: r.labels,
+                    summary: "no data for this series since the collector restarted".into(),
+                    details: serde_json::json!({}),
+                });
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn device(ts: i64, used: u64, attributed: Option<u64>) -> DeviceObservation<'static> {
+        DeviceObservation {
+            node: "n1",
+            device_uuid: "GPU-1",
+            gpu_index: 1,
+            mig_profile: None,
+            timestamp_ms: ts,
+            used_last: used,
+            used_max: used,
+            reserved: 0,
+            total: 100 * GIB,
+            attributed,
+        }
+    }
+
+    fn rules(text: &str) -> RulesConfig {
+        RulesConfig::parse(text, std::path::Path::new("t.toml")).unwrap()
+    }
+
+    fn transitions(changes: &[AlertChange], rule: &str) -> Vec<Transition> {
+        changes
+            .iter()
+            .filter(|c| c.rule == rule)
+            .map(|c| c.transition)
+            .collect()
+    }
+
+    #[test]
+    fn watermark_uses_hysteresis_and_escalates() {
+        let mut e = Engine::new(rules(""));
+        let mut all = Vec::new();
+        for (i, used) in [80, 91, 88, 86, 96, 89, 84, 91].iter().enumerate() {
+            all.extend(e.observe_device(&device(i as i64 * 1000, used * GIB, None)));
+        }
+        assert_eq!(
+            transitions(&all, "watermark"),
+            vec![
+                Transition::Firing {
+                    severity: Severity::Warning,
+                    escalated: false
+                },
+                Transition::Firing {
+                    severity: Severity::Critical,
+                    escalated: true
+                },
+                Transition::Resolved,
+                Transition::Firing {
+                    severity: Severity::Warning,
+                    escalated: false
+                },
+            ],
+            "88 % and 86 % stay firing (above clear_below 85 %); 84 % resolves"
+        );
+        let fired = all.iter().find(|c| c.rule == "watermark").unwrap();
+        assert_eq!(fired.labels["node"], "n1");
+        assert_eq!(fired.labels["gpu"], "1");
+        assert!(
+            fired.summary.contains("GPU 1 on n1 at 91.0 %"),
+            "{}",
+            fired.summary
+        );
+    }
+
+    #[test]
+    fn unattributed_memory_needs_its_for_and_names_the_amount() {
+        let mut e = Engine::new(rules(
+            "[unattributed]\nthreshold = \"2GiB\"\nfor = \"10s\"\n",
+        ));
+        let mut all = Vec::new();
+        for s in 0..15 {
+            all.extend(e.observe_device(&device(s * 1000, 20 * GIB, Some(17 * GIB))));
+        }
+        assert_eq!(
+            transitions(&all, "unattributed"),
+            vec![
+                Transition::Pending {
+                    severity: Severity::Warning
+                },
+                Transition::Firing {
+                    severity: Severity::Warning,
+                    escalated: false
+                },
+            ]
+        );
+        assert!(
+            all.iter()
+                .any(|c| c.summary.contains("3 GiB in use by no visible process"))
+        );
+        // Without process reports the rule cannot judge, and stays quiet.
+        let mut e = Engine::new(rules(""));
+        let quiet: Vec<_> = (0..300)
+            .flat_map(|s| e.observe_device(&device(s * 1000, 20 * GIB, None)))
+            .collect();
+        assert!(transitions(&quiet, "unattributed").is_empty());
+    }
+
+    #[test]
+    fn silent_agent_fires_then_resolves_when_it_reports() {
+        let mut e = Engine::new(rules("[agent_silent]\nintervals = 5\n"));
+        e.node_registered("n1", 1000, 0);
+        e.observe_device(&device(1000, GIB, None));
+        assert!(e.tick(5000).is_empty());
+        let fired = e.tick(7000);
+        assert_eq!(
+            transitions(&fired, "agent_silent"),
+            vec![Transition::Firing {
+                severity: Severity::Critical,
+                escalated: false
+            }]
+        );
+        assert!(
+            fired[0].summary.contains("n1 has sent nothing for 6 s"),
+            "{}",
+            fired[0].summary
+        );
+        let back = e.observe_device(&device(8000, GIB, None));
+        assert_eq!(
+            transitions(&back, "agent_silent"),
+            vec![Transition::Resolved]
+        );
+    }
+
+    #[test]
+    fn restored_firing_alert_is_not_announced_again_and_resolves_later() {
+        let id = [("node", "n1"), ("device", "GPU-1")];
+        let mut e = Engine::new(rules(""));
+        e.restore(
+            vec![RestoredAlert {
+                fingerprint: fingerprint("watermark", &id),
+                rule: "watermark".into(),
+                severity: Severity::Warning,
+                firing: true,
+                since_ms: 0,
+                labels: BTreeMap::new(),
+            }],
+            0,
+        );
+        let still = e.observe_device(&device(1000, 92 * GIB, None));
+        assert!(transitions(&still, "watermark").is_empty(), "{still:?}");
+        let cleared = e.observe_device(&device(2000, 50 * GIB, None));
+        assert_eq!(
+            transitions(&cleared, "watermark"),
+            vec![Transition::Resolved]
+        );
+    }
+
+    #[test]
+    fn fingerprints_are_stable_and_distinct() {
+        let a = fingerprint("leak", &[("node", "n1"), ("pid", "5")]);
+        assert_eq!(a, fingerprint("leak", &[("node", "n1"), ("pid", "5")]));
+        assert_ne!(a, fingerprint("leak", &[("node", "n1"), ("pid", "6")]));
+        assert_ne!(a, fingerprint("watermark", &[("node", "n1"), ("pid", "5")]));
+        assert_eq!(a.len(), 24);
+    }
+}

@@ -1,0 +1,8 @@
+//! Memory rules, evaluated on ingest as small per-series state machines.
+
+pub mod config;
+pub mod engine;
+pub mod leak;
+pub mod lifecycle;
+pub mod oom;
+pub mod trend;
