@@ -33,6 +33,9 @@ pub struct AgentConfig {
     pub sample_interval_ms: u64,
     /// Intervals kept while the collector is unreachable (1 h at 1 s).
     pub max_pending_batches: usize,
+    /// Ship a short interval at once when a device's used + reserved memory
+    /// crosses this fraction of its total (match the collector's watermark).
+    pub flush_above: f64,
 }
 
 impl Default for AgentConfig {
@@ -46,6 +49,7 @@ impl Default for AgentConfig {
             poll_interval_ms: 100,
             sample_interval_ms: 1000,
             max_pending_batches: 3600,
+            flush_above: 0.90,
         }
     }
 }
@@ -145,6 +149,12 @@ impl AgentConfig {
             return invalid(format!(
                 "sample_interval_ms = {} must be at least poll_interval_ms ({}) and at most 60000",
                 self.sample_interval_ms, self.poll_interval_ms
+            ));
+        }
+        if !(self.flush_above > 0.0 && self.flush_above <= 1.5) {
+            return invalid(format!(
+                "flush_above = {} must be a fraction of total memory in (0, 1.5] (above 1 turns it off)",
+                self.flush_above
             ));
         }
         if self.max_pending_batches == 0 {

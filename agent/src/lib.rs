@@ -4,6 +4,7 @@
 
 pub mod backoff;
 pub mod config;
+pub mod flush;
 pub mod identity;
 pub mod sampler;
 pub mod source;
@@ -30,6 +31,9 @@ pub struct AgentSettings {
     pub poll_interval: Duration,
     pub sample_interval: Duration,
     pub max_pending_batches: usize,
+    /// Ship at once when a device crosses this fraction of its memory, so
+    /// the collector's watermark rule need not wait for the interval.
+    pub flush_above: f64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +86,7 @@ pub fn start(
         SamplerTiming {
             poll_interval: settings.poll_interval,
             sample_interval: settings.sample_interval,
+            flush_above: settings.flush_above,
         },
         intervals_tx,
         stop_sampler.clone(),

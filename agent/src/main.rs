@@ -103,6 +103,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         poll_interval: Duration::from_millis(config.poll_interval_ms),
         sample_interval: Duration::from_millis(config.sample_interval_ms),
         max_pending_batches: config.max_pending_batches,
+        flush_above: config.flush_above,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use crate::flush::CrossingDetector;
 use crate::source::GpuSource;
 use crate::time::epoch_ms_now;
 use crate::window::{IntervalSamples, SampleWindow};
@@ -17,6 +18,8 @@ use crate::window::{IntervalSamples, SampleWindow};
 pub struct SamplerTiming {
     pub poll_interval: Duration,
     pub sample_interval: Duration,
+    /// Ship at once when a device crosses this fraction of its memory.
+    pub flush_above: f64,
 }
 
 /// Runs until `stop` is set or the uplink goes away.
@@ -29,14 +32,19 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("headroom-sampler".into())
         .spawn(move || {
-            let interval_ms = u32::try_from(timing.sample_interval.as_millis()).unwrap_or(u32::MAX);
-            let mut window = SampleWindow::new(interval_ms);
+            let mut window = SampleWindow::new();
+            let mut crossings = CrossingDetector::new(timing.flush_above);
             let mut next_poll = Instant::now();
+            let mut interval_start = next_poll;
             let mut interval_end = next_poll + timing.sample_interval;
             let mut failed_polls: u64 = 0;
             while !stop.load(Ordering::Relaxed) {
+                let mut flush_now = false;
                 match source.poll() {
-                    Ok(poll) => window.observe(&poll),
+                    Ok(poll) => {
+                        window.observe(&poll);
+                        flush_now = crossings.crossed(&poll);
+                    }
                     Err(error) => {
                         failed_polls += 1;
                         tracing::warn!(%error, failed_polls, "GPU poll failed");
@@ -44,8 +52,24 @@ pub fn spawn(
                 }
                 next_poll += timing.poll_interval;
                 let now = Instant::now();
-                if now >= interval_end {
-                    let samples = window.finish(epoch_ms_now());
+                if flush_now && now < interval_end {
+                    // A short interval now; the regular schedule carries on.
+                    let elapsed = u32::try_from(now.duration_since(interval_start).as_millis())
+                        .unwrap_or(u32::MAX)
+                        .max(1);
+                    interval_start = now;
+                    if intervals
+                        .blocking_send(window.finish(epoch_ms_now(), elapsed))
+                        .is_err()
+                    {
+                        break;
+                    }
+                } else if now >= interval_end {
+                    let elapsed = u32::try_from(now.duration_since(interval_start).as_millis())
+                        .unwrap_or(u32::MAX)
+                        .max(1);
+                    let samples = window.finish(epoch_ms_now(), elapsed);
+                    interval_start = now;
                     interval_end += timing.sample_interval;
                     // After a long stall, realign instead of emitting a burst
                     // of empty intervals.

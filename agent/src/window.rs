@@ -78,20 +78,15 @@ impl MeanFold {
 
 type ProcessKey = (String, u32, i64);
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct SampleWindow {
-    interval_ms: u32,
     devices: BTreeMap<String, DeviceFold>,
     processes: HashMap<ProcessKey, (ProcessReading, u64)>,
 }
 
 impl SampleWindow {
-    pub fn new(interval_ms: u32) -> Self {
-        Self {
-            interval_ms,
-            devices: BTreeMap::new(),
-            processes: HashMap::new(),
-        }
+    pub fn new() -> Self {
+        Self::default()
     }
 
     pub fn observe(&mut self, poll: &Poll) {
@@ -139,15 +134,16 @@ impl SampleWindow {
         self.devices.is_empty() && self.processes.is_empty()
     }
 
-    /// Closes the interval ending at `end_ms` and starts a new one. A process
-    /// that exited during the interval is still reported with what it held.
-    pub fn finish(&mut self, end_ms: i64) -> IntervalSamples {
+    /// Closes the interval of `interval_ms` ending at `end_ms` and starts a
+    /// new one. A process that exited during the interval is still reported
+    /// with what it held.
+    pub fn finish(&mut self, end_ms: i64, interval_ms: u32) -> IntervalSamples {
         let gpus = std::mem::take(&mut self.devices)
             .into_iter()
             .map(|(uuid, f)| GpuSample {
                 uuid,
                 timestamp_ms: end_ms,
-                interval_ms: self.interval_ms,
+                interval_ms,
                 poll_count: f.polls,
                 memory_used_last: f.used_last,
                 memory_used_min: f.used_min,
@@ -212,14 +208,14 @@ mod tests {
 
     #[test]
     fn spike_between_shipments_survives_as_max() {
-        let mut w = SampleWindow::new(1000);
+        let mut w = SampleWindow::new();
         for used in [100, 900, 120] {
             w.observe(&Poll {
                 devices: vec![device(used, Some(50))],
                 processes: vec![],
             });
         }
-        let s = w.finish(42);
+        let s = w.finish(42, 1000);
         assert_eq!(s.gpus.len(), 1);
         let g = &s.gpus[0];
         assert_eq!(
@@ -234,19 +230,19 @@ mod tests {
 
     #[test]
     fn utilisation_is_the_mean_of_the_polls() {
-        let mut w = SampleWindow::new(1000);
+        let mut w = SampleWindow::new();
         for util in [Some(10), None, Some(31)] {
             w.observe(&Poll {
                 devices: vec![device(1, util)],
                 processes: vec![],
             });
         }
-        assert_eq!(w.finish(1).gpus[0].utilization_pct, Some(21));
+        assert_eq!(w.finish(1, 1000).gpus[0].utilization_pct, Some(21));
     }
 
     #[test]
     fn process_that_exits_mid_interval_is_still_reported_with_its_peak() {
-        let mut w = SampleWindow::new(1000);
+        let mut w = SampleWindow::new();
         w.observe(&Poll {
             devices: vec![],
             processes: vec![process(1, 300), process(2, 5)],
@@ -255,7 +251,7 @@ mod tests {
             devices: vec![],
             processes: vec![process(1, 200)],
         });
-        let s = w.finish(9);
+        let s = w.finish(9, 1000);
         assert_eq!(s.processes.len(), 2);
         assert_eq!(s.processes[0].last.memory_used, 200);
         assert_eq!(s.processes[0].memory_used_max, 300);
@@ -264,18 +260,18 @@ mod tests {
 
     #[test]
     fn finish_starts_a_fresh_interval() {
-        let mut w = SampleWindow::new(1000);
+        let mut w = SampleWindow::new();
         w.observe(&Poll {
             devices: vec![device(500, None)],
             processes: vec![process(1, 1)],
         });
-        w.finish(1);
+        w.finish(1, 1000);
         assert!(w.is_empty());
         w.observe(&Poll {
             devices: vec![device(7, None)],
             processes: vec![],
         });
-        let s = w.finish(2);
+        let s = w.finish(2, 1000);
         assert_eq!(s.gpus[0].memory_used_max, 7);
         assert!(s.processes.is_empty());
     }

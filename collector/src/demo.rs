@@ -71,6 +71,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             poll_interval: Duration::from_millis(100),
             sample_interval: Duration::from_secs(1),
             max_pending_batches: 3600,
+            flush_above: 0.90,
         };
         agents.push(headroom_agent::start(settings, Box::new(source))?);
     }

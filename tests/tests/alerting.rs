@@ -78,6 +78,7 @@ fn start_agent(collector: &RunningCollector, scenario: &str) -> AgentHandle {
             poll_interval: Duration::from_millis(20),
             sample_interval: Duration::from_millis(200),
             max_pending_batches: 1000,
+            flush_above: 0.90,
         },
         Box::new(SimSource::new(&scenario, "oom-node").unwrap()),
     )

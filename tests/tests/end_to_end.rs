@@ -67,6 +67,7 @@ fn settings(collector_url: String) -> AgentSettings {
         poll_interval: Duration::from_millis(20),
         sample_interval: Duration::from_millis(200),
         max_pending_batches: 1000,
+        flush_above: 0.90,
     }
 }
 

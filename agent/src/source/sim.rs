@@ -35,6 +35,11 @@ impl SimSource {
         &self.node.name
     }
 
+    /// Wall-clock time (epoch ms) of the scenario's t = 0.
+    pub fn started_epoch_ms(&self) -> i64 {
+        self.started_epoch_ms
+    }
+
     fn process(&self, device_uuid: &str, p: &ProcessState) -> ProcessReading {
         ProcessReading {
             device_uuid: device_uuid.to_owned(),
