@@ -82,15 +82,20 @@ async fn main() {
     let app = Router::new()
         .route(
             "/hook",
-            post(|State(arrivals): State<Arc<Mutex<Vec<(String, i64)>>>>, body: Bytes| async move {
-                let at = now_ms();
-                let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-                if v["status"] == "firing" && v["alert"]["rule"] == "watermark" {
-                    let node = v["alert"]["labels"]["node"].as_str().unwrap_or("").to_owned();
-                    arrivals.lock().unwrap().push((node, at));
-                }
-                "ok"
-            }),
+            post(
+                |State(arrivals): State<Arc<Mutex<Vec<(String, i64)>>>>, body: Bytes| async move {
+                    let at = now_ms();
+                    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                    if v["status"] == "firing" && v["alert"]["rule"] == "watermark" {
+                        let node = v["alert"]["labels"]["node"]
+                            .as_str()
+                            .unwrap_or("")
+                            .to_owned();
+                        arrivals.lock().unwrap().push((node, at));
+                    }
+                    "ok"
+                },
+            ),
         )
         .with_state(arrivals.clone());
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -100,7 +105,10 @@ async fn main() {
         Ok(url) if !url.is_empty() => (store::connect(&url).await.unwrap(), "postgres"),
         _ => {
             let url = format!("sqlite://{}", dir.path().join("bench.db").display());
-            (Arc::new(SqliteStore::connect(&url).await.unwrap()), "sqlite")
+            (
+                Arc::new(SqliteStore::connect(&url).await.unwrap()),
+                "sqlite",
+            )
         }
     };
     let rules = RulesConfig::parse(
@@ -108,8 +116,12 @@ async fn main() {
         Path::new("bench-rules.toml"),
     )
     .unwrap();
-    let collector =
-        RunningCollector::start_collector(Collector::with_rules(store, rules, Clock::System).await.unwrap()).await;
+    let collector = RunningCollector::start_collector(
+        Collector::with_rules(store, rules, Clock::System)
+            .await
+            .unwrap(),
+    )
+    .await;
 
     let scenario = Scenario::from_toml_str(&scenario(agents)).unwrap();
     let mut handles = Vec::new();
@@ -133,7 +145,9 @@ async fn main() {
             .unwrap(),
         );
     }
-    eprintln!("{agents} agents × 8 GPUs streaming to the collector on {backend}; measuring for {seconds} s …");
+    eprintln!(
+        "{agents} agents × 8 GPUs streaming to the collector on {backend}; measuring for {seconds} s …"
+    );
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     for h in handles {
         h.stop().await;
@@ -144,7 +158,9 @@ async fn main() {
     let mut latencies: Vec<i64> = Vec::new();
     let mut per_node_spike: HashMap<(String, i64), usize> = HashMap::new();
     for (node, at) in arrivals.lock().unwrap().iter() {
-        let Some(start) = started.get(node) else { continue };
+        let Some(start) = started.get(node) else {
+            continue;
+        };
         let k = (at - start) / (PERIOD_S * 1000);
         if k < 1 {
             continue;

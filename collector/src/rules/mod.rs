@@ -5,4 +5,6 @@ pub mod engine;
 pub mod leak;
 pub mod lifecycle;
 pub mod oom;
+#[cfg(test)]
+mod trace_fixtures;
 pub mod trend;
