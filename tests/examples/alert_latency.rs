@@ -33,6 +33,9 @@ use headroom_tests::fixtures::now_ms;
 use headroom_tests::harness::RunningCollector;
 
 const PERIOD_S: i64 = 30;
+
+/// (node, arrival time) of every firing watermark webhook.
+type Arrivals = Arc<Mutex<Vec<(String, i64)>>>;
 const SPIKE_S: i64 = 10;
 
 fn scenario(agents: usize) -> String {
@@ -76,26 +79,24 @@ async fn main() {
     let seconds: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(95);
 
     // The receiver records (node, arrival time) of every firing watermark webhook.
-    let arrivals: Arc<Mutex<Vec<(String, i64)>>> = Arc::default();
+    let arrivals: Arrivals = Arc::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let hook = format!("http://{}/hook", listener.local_addr().unwrap());
     let app = Router::new()
         .route(
             "/hook",
-            post(
-                |State(arrivals): State<Arc<Mutex<Vec<(String, i64)>>>>, body: Bytes| async move {
-                    let at = now_ms();
-                    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-                    if v["status"] == "firing" && v["alert"]["rule"] == "watermark" {
-                        let node = v["alert"]["labels"]["node"]
-                            .as_str()
-                            .unwrap_or("")
-                            .to_owned();
-                        arrivals.lock().unwrap().push((node, at));
-                    }
-                    "ok"
-                },
-            ),
+            post(|State(arrivals): State<Arrivals>, body: Bytes| async move {
+                let at = now_ms();
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                if v["status"] == "firing" && v["alert"]["rule"] == "watermark" {
+                    let node = v["alert"]["labels"]["node"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_owned();
+                    arrivals.lock().unwrap().push((node, at));
+                }
+                "ok"
+            }),
         )
         .with_state(arrivals.clone());
     tokio::spawn(async move { axum::serve(listener, app).await });
