@@ -796,6 +796,28 @@ mod tests {
     }
 
     #[test]
+    fn reloading_rules_keeps_alert_state() {
+        let mut e = Engine::new(rules(""));
+        let fired = e.observe_device(&device(0, 92 * GIB, None));
+        assert_eq!(transitions(&fired, "watermark").len(), 1);
+        e.set_config(rules(
+            "[watermark]\nwarning = 0.8\ncritical = 0.97\nclear_below = 0.7\n",
+        ));
+        let after = e.observe_device(&device(1000, 92 * GIB, None));
+        assert!(
+            transitions(&after, "watermark").is_empty(),
+            "not announced again: {after:?}"
+        );
+        // The new hysteresis applies: 75 % no longer clears.
+        assert!(e.observe_device(&device(2000, 75 * GIB, None)).is_empty());
+        let cleared = e.observe_device(&device(3000, 60 * GIB, None));
+        assert_eq!(
+            transitions(&cleared, "watermark"),
+            vec![Transition::Resolved]
+        );
+    }
+
+    #[test]
     fn fingerprints_are_stable_and_distinct() {
         let a = fingerprint("leak", &[("node", "n1"), ("pid", "5")]);
         assert_eq!(a, fingerprint("leak", &[("node", "n1"), ("pid", "5")]));
