@@ -3,6 +3,7 @@
 //! environment and the flags; this module owns the defaults, the file and the
 //! checks).
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -36,6 +37,8 @@ pub struct AgentConfig {
     /// Ship a short interval at once when a device's used + reserved memory
     /// crosses this fraction of its total (match the collector's watermark).
     pub flush_above: f64,
+    /// Prometheus `/metrics` and `/healthz`.
+    pub metrics_listen: SocketAddr,
 }
 
 impl Default for AgentConfig {
@@ -50,6 +53,7 @@ impl Default for AgentConfig {
             sample_interval_ms: 1000,
             max_pending_batches: 3600,
             flush_above: 0.90,
+            metrics_listen: SocketAddr::from(([0, 0, 0, 0], 9401)),
         }
     }
 }
@@ -78,6 +82,7 @@ pub struct Overrides {
     pub sim_node: Option<String>,
     pub poll_interval_ms: Option<u64>,
     pub sample_interval_ms: Option<u64>,
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl AgentConfig {
@@ -126,6 +131,9 @@ impl AgentConfig {
         }
         if let Some(v) = o.sample_interval_ms {
             self.sample_interval_ms = v;
+        }
+        if let Some(v) = o.metrics_listen {
+            self.metrics_listen = v;
         }
     }
 

@@ -6,18 +6,21 @@ pub mod backoff;
 pub mod config;
 pub mod flush;
 pub mod identity;
+pub mod metrics;
 pub mod sampler;
 pub mod source;
 pub mod time;
 pub mod uplink;
 pub mod window;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
+use crate::metrics::AgentMetrics;
 use crate::sampler::SamplerTiming;
 use crate::source::{GpuSource, SourceError};
 use crate::uplink::{Uplink, UplinkConfig};
@@ -34,6 +37,8 @@ pub struct AgentSettings {
     /// Ship at once when a device crosses this fraction of its memory, so
     /// the collector's watermark rule need not wait for the interval.
     pub flush_above: f64,
+    /// Where to serve Prometheus `/metrics` and `/healthz`; `None` for none.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +47,11 @@ pub enum StartError {
     Inventory(#[from] SourceError),
     #[error("cannot start the sampler thread: {0}")]
     Thread(#[from] std::io::Error),
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// A running agent; [`AgentHandle::stop`] ends it.
@@ -51,12 +61,22 @@ pub struct AgentHandle {
     shutdown: watch::Sender<bool>,
     sampler: Option<std::thread::JoinHandle<()>>,
     uplink: tokio::task::JoinHandle<()>,
+    metrics_server: Option<tokio::task::JoinHandle<()>>,
+    metrics_addr: Option<SocketAddr>,
 }
 
 impl AgentHandle {
     /// Stops polling and shipping at once; unacknowledged batches are lost
     /// (the disk spool keeps them across restarts).
+    /// Where `/metrics` is served (the bound port when configured with port 0).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
     pub async fn stop(mut self) {
+        if let Some(server) = self.metrics_server.take() {
+            server.abort();
+        }
         self.stop_sampler.store(true, Ordering::Relaxed);
         let _ = self.shutdown.send(true);
         let _ = (&mut self.uplink).await;
@@ -79,6 +99,18 @@ pub fn start(
 ) -> Result<AgentHandle, StartError> {
     let inventory = source.inventory()?;
     tracing::info!(node = %settings.node, gpus = inventory.gpus.len(), driver = %inventory.driver_version, "inventory read");
+    let metrics = AgentMetrics::new(&settings.node, &inventory);
+    let (metrics_addr, metrics_server) = match settings.metrics_listen {
+        Some(addr) => {
+            let listener = std::net::TcpListener::bind(addr)
+                .map_err(|source| StartError::Metrics { addr, source })?;
+            let (bound, task) = metrics::serve(metrics.clone(), listener)
+                .map_err(|source| StartError::Metrics { addr, source })?;
+            tracing::info!(%bound, "serving /metrics");
+            (Some(bound), Some(task))
+        }
+        None => (None, None),
+    };
     let (intervals_tx, intervals_rx) = mpsc::channel(16);
     let stop_sampler = Arc::new(AtomicBool::new(false));
     let sampler = sampler::spawn(
@@ -89,6 +121,7 @@ pub fn start(
             flush_above: settings.flush_above,
         },
         intervals_tx,
+        metrics.clone(),
         stop_sampler.clone(),
     )?;
     let (shutdown, shutdown_rx) = watch::channel(false);
@@ -105,6 +138,7 @@ pub fn start(
             backoff_max: Duration::from_secs(30),
         },
         inventory,
+        metrics,
     );
     let uplink = tokio::spawn(uplink.run(intervals_rx, shutdown_rx));
     Ok(AgentHandle {
@@ -112,5 +146,7 @@ pub fn start(
         shutdown,
         sampler: Some(sampler),
         uplink,
+        metrics_server,
+        metrics_addr,
     })
 }

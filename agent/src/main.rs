@@ -40,6 +40,9 @@ struct Cli {
     /// Interval one shipped sample covers, in milliseconds.
     #[arg(long, env = "HEADROOM_SAMPLE_INTERVAL_MS")]
     sample_interval_ms: Option<u64>,
+    /// Address for Prometheus /metrics and /healthz (default 0.0.0.0:9401).
+    #[arg(long, env = "HEADROOM_METRICS_LISTEN")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 fn main() -> ExitCode {
@@ -70,6 +73,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             sim_node: cli.sim_node,
             poll_interval_ms: cli.poll_interval_ms,
             sample_interval_ms: cli.sample_interval_ms,
+            metrics_listen: cli.metrics_listen,
         },
     )?;
     let (source, node): (Box<dyn GpuSource>, String) = match config.source {
@@ -104,6 +108,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         sample_interval: Duration::from_millis(config.sample_interval_ms),
         max_pending_batches: config.max_pending_batches,
         flush_above: config.flush_above,
+        metrics_listen: Some(config.metrics_listen),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::flush::CrossingDetector;
+use crate::metrics::AgentMetrics;
 use crate::source::GpuSource;
 use crate::time::epoch_ms_now;
 use crate::window::{IntervalSamples, SampleWindow};
@@ -27,6 +28,7 @@ pub fn spawn(
     mut source: Box<dyn GpuSource>,
     timing: SamplerTiming,
     intervals: mpsc::Sender<IntervalSamples>,
+    metrics: Arc<AgentMetrics>,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
@@ -40,12 +42,15 @@ pub fn spawn(
             let mut failed_polls: u64 = 0;
             while !stop.load(Ordering::Relaxed) {
                 let mut flush_now = false;
+                let poll_started = Instant::now();
                 match source.poll() {
                     Ok(poll) => {
+                        metrics.record_poll(&poll, poll_started.elapsed());
                         window.observe(&poll);
                         flush_now = crossings.crossed(&poll);
                     }
                     Err(error) => {
+                        metrics.record_poll_failure();
                         failed_polls += 1;
                         tracing::warn!(%error, failed_polls, "GPU poll failed");
                     }

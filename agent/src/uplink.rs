@@ -8,6 +8,7 @@
 //! away; past the bound the oldest are dropped and counted.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use headroom_proto::v1 as pb;
@@ -18,6 +19,7 @@ use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::backoff::Backoff;
+use crate::metrics::AgentMetrics;
 use crate::source::Inventory;
 use crate::window::IntervalSamples;
 
@@ -62,10 +64,11 @@ pub struct Uplink {
     next_seq: u64,
     dropped_batches: u64,
     input_open: bool,
+    metrics: Arc<AgentMetrics>,
 }
 
 impl Uplink {
-    pub fn new(config: UplinkConfig, inventory: Inventory) -> Self {
+    pub fn new(config: UplinkConfig, inventory: Inventory, metrics: Arc<AgentMetrics>) -> Self {
         Self {
             config,
             inventory,
@@ -73,6 +76,7 @@ impl Uplink {
             next_seq: 1,
             dropped_batches: 0,
             input_open: true,
+            metrics,
         }
     }
 
@@ -140,6 +144,7 @@ impl Uplink {
         }
         self.pending
             .push_back(to_batch(&self.config.node, &self.config.boot_id, interval));
+        self.report_queue();
     }
 
     async fn session(
@@ -206,6 +211,11 @@ impl Uplink {
         }
     }
 
+    fn report_queue(&self) {
+        self.metrics
+            .set_queue(self.pending.len(), self.dropped_batches);
+    }
+
     /// Drops batches the collector holds; returns how many.
     fn forget_committed(&mut self, committed: u64) -> usize {
         let mut forgotten = 0;
@@ -217,6 +227,7 @@ impl Uplink {
             self.pending.pop_front();
             forgotten += 1;
         }
+        self.report_queue();
         forgotten
     }
 }

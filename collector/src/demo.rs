@@ -72,6 +72,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             sample_interval: Duration::from_secs(1),
             max_pending_batches: 3600,
             flush_above: 0.90,
+            metrics_listen: None,
         };
         agents.push(headroom_agent::start(settings, Box::new(source))?);
     }

@@ -79,6 +79,7 @@ fn start_agent(collector: &RunningCollector, scenario: &str) -> AgentHandle {
             sample_interval: Duration::from_millis(200),
             max_pending_batches: 1000,
             flush_above: 0.90,
+            metrics_listen: None,
         },
         Box::new(SimSource::new(&scenario, "oom-node").unwrap()),
     )

@@ -59,6 +59,50 @@ container_id = "3b1f0c2d9e8a"
 memory = { shape = "steady", level = "5GiB" }
 "#;
 
+fn settings_with_metrics(collector_url: String) -> AgentSettings {
+    AgentSettings {
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        ..settings(collector_url)
+    }
+}
+
+/// Runs `promtool check metrics` on an exposition. Under CI promtool must be
+/// there (`.ci/run` installs it); elsewhere its absence skips the check.
+fn promtool_check(exposition: &str) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) => {
+            assert!(
+                std::env::var("CI").is_err(),
+                "CI=true and promtool is missing: {e}"
+            );
+            eprintln!("SKIPPING promtool check: {e}");
+            return;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(exposition.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn settings(collector_url: String) -> AgentSettings {
     AgentSettings {
         collector_url,
@@ -68,6 +112,7 @@ fn settings(collector_url: String) -> AgentSettings {
         sample_interval: Duration::from_millis(200),
         max_pending_batches: 1000,
         flush_above: 0.90,
+        metrics_listen: None,
     }
 }
 
@@ -89,7 +134,11 @@ async fn simulated_agent_to_postgres_collector_api_returns_scenario_values() {
     let collector = RunningCollector::start(store::connect(&db.url).await.unwrap()).await;
     let scenario = Scenario::from_toml_str(SCENARIO).unwrap();
     let source = SimSource::new(&scenario, "e2e-node").unwrap();
-    let agent = headroom_agent::start(settings(collector.grpc_url()), Box::new(source)).unwrap();
+    let agent = headroom_agent::start(
+        settings_with_metrics(collector.grpc_url()),
+        Box::new(source),
+    )
+    .unwrap();
 
     let gpus = eventually("every device to report", Duration::from_secs(30), || {
         all_devices_sampled(&collector)
@@ -132,6 +181,27 @@ async fn simulated_agent_to_postgres_collector_api_returns_scenario_values() {
     let bob = device(&procs, |p| p["pid"] == 5150);
     assert_eq!(bob["device_uuid"], mig["uuid"]);
     assert_eq!(bob["pod_uid"], "0f0e0d0c-1111-2222-3333-444455556666");
+
+    // The agent's own Prometheus endpoint shows the same GPU, valid by promtool.
+    let metrics_url = format!("http://{}/metrics", agent.metrics_addr().unwrap());
+    let exposition = reqwest::get(&metrics_url)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let gpu0_uuid = gpu0["uuid"].as_str().unwrap();
+    assert!(
+        exposition.contains(&format!(
+            "headroom_gpu_memory_used_bytes{{node=\"e2e-node\",gpu=\"0\",uuid=\"{gpu0_uuid}\",model=\"NVIDIA H100 80GB HBM3\",mig_profile=\"\"}} {}",
+            13 * GIB
+        )),
+        "{exposition}"
+    );
+    assert!(
+        exposition.contains("pid=\"4242\",process=\"python train.py\",user=\"alice\",job=\"99\"")
+    );
+    promtool_check(&exposition);
 
     // Samples keep arriving, one per interval, each stored once.
     let uuid = gpu0["uuid"].as_str().unwrap().to_owned();

@@ -1,0 +1,342 @@
+//! The agent's Prometheus endpoint: the latest fast poll of every GPU, MIG
+//! instance and process, and the agent's own health (polls, failures, queue).
+//! Gauges show the newest poll, so a scrape never returns a stale cache.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+
+use crate::source::{Inventory, Poll};
+
+#[derive(Debug, Clone)]
+struct DeviceLabels {
+    gpu: String,
+    model: String,
+    mig_profile: String,
+}
+
+#[derive(Debug, Default)]
+struct LastPoll {
+    poll: Poll,
+    duration: Duration,
+}
+
+#[derive(Debug)]
+pub struct AgentMetrics {
+    node: String,
+    devices: HashMap<String, DeviceLabels>,
+    last: Mutex<LastPoll>,
+    polls: AtomicU64,
+    poll_failures: AtomicU64,
+    pending_batches: AtomicU64,
+    dropped_batches: AtomicU64,
+}
+
+/// Prometheus label values escape backslash, double quote and newline.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl AgentMetrics {
+    pub fn new(node: &str, inventory: &Inventory) -> Arc<Self> {
+        let mut devices = HashMap::new();
+        for gpu in &inventory.gpus {
+            devices.insert(
+                gpu.uuid.clone(),
+                DeviceLabels {
+                    gpu: gpu.index.to_string(),
+                    model: gpu.name.clone(),
+                    mig_profile: String::new(),
+                },
+            );
+            for mig in &gpu.mig_instances {
+                devices.insert(
+                    mig.uuid.clone(),
+                    DeviceLabels {
+                        gpu: gpu.index.to_string(),
+                        model: gpu.name.clone(),
+                        mig_profile: mig.profile.clone(),
+                    },
+                );
+            }
+        }
+        Arc::new(Self {
+            node: node.to_owned(),
+            devices,
+            last: Mutex::default(),
+            polls: AtomicU64::new(0),
+            poll_failures: AtomicU64::new(0),
+            pending_batches: AtomicU64::new(0),
+            dropped_batches: AtomicU64::new(0),
+        })
+    }
+
+    pub fn record_poll(&self, poll: &Poll, duration: Duration) {
+        self.polls.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut last) = self.last.lock() {
+            last.poll.clone_from(poll);
+            last.duration = duration;
+        }
+    }
+
+    pub fn record_poll_failure(&self) {
+        self.poll_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn set_queue(&self, pending: usize, dropped_total: u64) {
+        self.pending_batches.store(
+            u64::try_from(pending).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        self.dropped_batches.store(dropped_total, Ordering::Relaxed);
+    }
+
+    fn device_labels(&self, uuid: &str) -> String {
+        let d = self.devices.get(uuid);
+        format!(
+            "node=\"{}\",gpu=\"{}\",uuid=\"{}\",model=\"{}\",mig_profile=\"{}\"",
+            escape(&self.node),
+            d.map_or("", |d| d.gpu.as_str()),
+            escape(uuid),
+            escape(d.map_or("", |d| d.model.as_str())),
+            escape(d.map_or("", |d| d.mig_profile.as_str())),
+        )
+    }
+
+    /// The Prometheus text exposition format, version 0.0.4.
+    pub fn render(&self) -> String {
+        let (poll, duration) = match self.last.lock() {
+            Ok(last) => (last.poll.clone(), last.duration),
+            Err(_) => (Poll::default(), Duration::ZERO),
+        };
+        let mut out = String::with_capacity(4096);
+        let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, String)>| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (labels, value) in rows {
+                if labels.is_empty() {
+                    let _ = writeln!(out, "{name} {value}");
+                } else {
+                    let _ = writeln!(out, "{name}{{{labels}}} {value}");
+                }
+            }
+        };
+        let per_device = |f: &dyn Fn(&crate::source::DeviceReading) -> Option<String>| {
+            poll.devices
+                .iter()
+                .filter_map(|d| f(d).map(|v| (self.device_labels(&d.uuid), v)))
+                .collect::<Vec<_>>()
+        };
+        family(
+            "headroom_gpu_memory_used_bytes",
+            "gauge",
+            "Memory in use at the latest poll, per GPU or MIG instance (excludes reserved).",
+            per_device(&|d| Some(d.memory_used.to_string())),
+        );
+        family(
+            "headroom_gpu_memory_reserved_bytes",
+            "gauge",
+            "Memory the driver reserves, per GPU.",
+            per_device(&|d| Some(d.memory_reserved.to_string())),
+        );
+        family(
+            "headroom_gpu_memory_total_bytes",
+            "gauge",
+            "Total memory, per GPU or MIG instance.",
+            per_device(&|d| Some(d.memory_total.to_string())),
+        );
+        family(
+            "headroom_gpu_utilization_ratio",
+            "gauge",
+            "Compute utilisation at the latest poll, 0 to 1 (absent on MIG instances).",
+            per_device(&|d| {
+                d.utilization_pct
+                    .map(|u| format!("{}", f64::from(u) / 100.0))
+            }),
+        );
+        family(
+            "headroom_gpu_pcie_tx_bytes_per_second",
+            "gauge",
+            "PCIe transmit rate.",
+            per_device(&|d| d.pcie_tx_bytes_per_s.map(|v| v.to_string())),
+        );
+        family(
+            "headroom_gpu_pcie_rx_bytes_per_second",
+            "gauge",
+            "PCIe receive rate.",
+            per_device(&|d| d.pcie_rx_bytes_per_s.map(|v| v.to_string())),
+        );
+        family(
+            "headroom_process_memory_used_bytes",
+            "gauge",
+            "Memory a process holds on a GPU or MIG instance at the latest poll.",
+            poll.processes
+                .iter()
+                .map(|p| {
+                    (
+                        format!(
+                            "{},pid=\"{}\",process=\"{}\",user=\"{}\",job=\"{}\",pod=\"{}\",container=\"{}\"",
+                            self.device_labels(&p.device_uuid),
+                            p.pid,
+                            escape(&p.name.chars().take(120).collect::<String>()),
+                            escape(&p.user),
+                            escape(&p.slurm_job_id),
+                            escape(&p.pod_uid),
+                            escape(&p.container_id),
+                        ),
+                        p.memory_used.to_string(),
+                    )
+                })
+                .collect(),
+        );
+        let node = format!("node=\"{}\"", escape(&self.node));
+        family(
+            "headroom_agent_polls_total",
+            "counter",
+            "GPU polls completed.",
+            vec![(node.clone(), self.polls.load(Ordering::Relaxed).to_string())],
+        );
+        family(
+            "headroom_agent_poll_failures_total",
+            "counter",
+            "GPU polls that failed.",
+            vec![(
+                node.clone(),
+                self.poll_failures.load(Ordering::Relaxed).to_string(),
+            )],
+        );
+        family(
+            "headroom_agent_poll_duration_seconds",
+            "gauge",
+            "How long the latest poll took.",
+            vec![(node.clone(), format!("{}", duration.as_secs_f64()))],
+        );
+        family(
+            "headroom_agent_pending_batches",
+            "gauge",
+            "Batches waiting for the collector's acknowledgement.",
+            vec![(
+                node.clone(),
+                self.pending_batches.load(Ordering::Relaxed).to_string(),
+            )],
+        );
+        family(
+            "headroom_agent_dropped_batches_total",
+            "counter",
+            "Batches dropped: queue full while the collector was away, or rejected by it.",
+            vec![(
+                node,
+                self.dropped_batches.load(Ordering::Relaxed).to_string(),
+            )],
+        );
+        out
+    }
+}
+
+/// Serves `/metrics` and `/healthz` on `listener` until the task is dropped.
+pub fn serve(
+    metrics: Arc<AgentMetrics>,
+    listener: std::net::TcpListener,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        metrics.render(),
+                    )
+                        .into_response()
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }));
+    let task = tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::error!(%error, "metrics endpoint failed");
+        }
+    });
+    Ok((addr, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::{DeviceReading, GpuDevice, ProcessReading};
+
+    #[test]
+    fn renders_the_latest_poll_with_escaped_labels() {
+        let inventory = Inventory {
+            driver_version: "550".into(),
+            gpus: vec![GpuDevice {
+                index: 3,
+                uuid: "GPU-a".into(),
+                name: "H100".into(),
+                memory_total: 100,
+                pcie_generation: 5,
+                pcie_width: 16,
+                mig_instances: vec![],
+            }],
+        };
+        let m = AgentMetrics::new("node-1", &inventory);
+        m.record_poll(
+            &Poll {
+                devices: vec![DeviceReading {
+                    uuid: "GPU-a".into(),
+                    memory_used: 42,
+                    memory_reserved: 1,
+                    memory_total: 100,
+                    utilization_pct: Some(50),
+                    pcie_tx_bytes_per_s: None,
+                    pcie_rx_bytes_per_s: Some(7),
+                }],
+                processes: vec![ProcessReading {
+                    device_uuid: "GPU-a".into(),
+                    pid: 9,
+                    start_time_ms: 0,
+                    memory_used: 40,
+                    name: "python \"train\".py".into(),
+                    uid: 0,
+                    user: "alice".into(),
+                    container_id: String::new(),
+                    pod_uid: String::new(),
+                    slurm_job_id: "7".into(),
+                }],
+            },
+            Duration::from_millis(2),
+        );
+        let text = m.render();
+        assert!(text.contains(
+            "headroom_gpu_memory_used_bytes{node=\"node-1\",gpu=\"3\",uuid=\"GPU-a\",model=\"H100\",mig_profile=\"\"} 42"
+        ), "{text}");
+        assert!(text.contains("headroom_gpu_utilization_ratio{node=\"node-1\",gpu=\"3\",uuid=\"GPU-a\",model=\"H100\",mig_profile=\"\"} 0.5"));
+        assert!(
+            !text.contains("headroom_gpu_pcie_tx_bytes_per_second{"),
+            "absent, not zero"
+        );
+        assert!(
+            text.contains("process=\"python \\\"train\\\".py\""),
+            "{text}"
+        );
+        assert!(text.contains("headroom_agent_polls_total{node=\"node-1\"} 1"));
+    }
+}
