@@ -241,3 +241,61 @@ async fn outbox_survives_a_crash_and_delivers_exactly_once() {
     collector.stop().await;
     db.drop_database().await;
 }
+
+#[tokio::test]
+async fn an_xid_event_becomes_an_alert_that_names_its_meaning() {
+    use headroom_proto::v1 as pb;
+    use headroom_tests::fixtures::{self, BOOT, GPU1, NODE};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("xid.db").display());
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::connect(&url).await.unwrap());
+    let collector = RunningCollector::start_collector(
+        Collector::with_rules(store, RulesConfig::default(), Clock::System)
+            .await
+            .unwrap(),
+    )
+    .await;
+    let mut client = pb::ingest_client::IngestClient::connect(collector.grpc_url())
+        .await
+        .unwrap();
+    client
+        .register(fixtures::register(NODE, BOOT))
+        .await
+        .unwrap();
+    let mut batch = fixtures::batch(1, fixtures::now_ms() - 1000);
+    batch.events.push(pb::Event {
+        kind: pb::EventKind::Xid as i32,
+        timestamp_ms: fixtures::now_ms() - 1000,
+        uuid: GPU1.into(),
+        code: 48,
+        pid: 777,
+        detail: "DBE (double bit error) detected".into(),
+    });
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(batch).await.unwrap();
+    let mut acks = client
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(acks.message().await.unwrap().unwrap().committed_seq, 1);
+    let alerts = collector.get_json("/api/v1/alerts?state=firing").await;
+    let xid = alerts
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["rule"] == "xid")
+        .unwrap_or_else(|| panic!("no XID alert in {alerts}"));
+    assert_eq!(xid["severity"], "critical");
+    assert_eq!(xid["labels"]["gpu"], "1");
+    assert_eq!(xid["labels"]["xid"], "48");
+    assert!(
+        xid["summary"]
+            .as_str()
+            .unwrap()
+            .contains("double-bit ECC error"),
+        "{xid}"
+    );
+    drop(tx);
+    collector.stop().await;
+}

@@ -16,7 +16,7 @@ use crate::clock::Clock;
 use crate::model::{NodeSession, StoreBatch};
 use crate::rules::config::{RulesConfig, Severity};
 use crate::rules::engine::{
-    AlertChange, DeviceObservation, Engine, ProcessObservation, RestoredAlert,
+    AlertChange, DeviceObservation, Engine, EventObservation, ProcessObservation, RestoredAlert,
 };
 use crate::rules::lifecycle::Transition;
 use crate::store::alerts::{AlertFilter, AlertUpdate, NewNotification, UpdateKind};
@@ -186,6 +186,18 @@ impl Alerting {
                     timestamp_ms: p.timestamp_ms,
                     used_last: u64::try_from(p.used_last).unwrap_or(0),
                     used_max: u64::try_from(p.used_max).unwrap_or(0),
+                }));
+            }
+            for e in &batch.events {
+                let meta = e.device_id.and_then(|id| session.devices.get(&id));
+                changes.extend(engine.observe_event(&EventObservation {
+                    node: &session.node,
+                    device_uuid: meta.map(|m| m.uuid.as_str()),
+                    gpu_index: meta.map(|m| m.gpu_index),
+                    kind: e.kind,
+                    code: e.code,
+                    detail: &e.detail,
+                    timestamp_ms: e.timestamp_ms,
                 }));
             }
         }

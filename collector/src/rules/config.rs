@@ -216,6 +216,24 @@ impl Default for AgentSilentRule {
     }
 }
 
+/// Events the agent reports: XID errors, lost GPUs, hung NVML calls.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventsRule {
+    pub enabled: bool,
+    /// An XID alert resolves once its code has not recurred on that GPU for this long.
+    pub xid_resolve_after: Span,
+}
+
+impl Default for EventsRule {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            xid_resolve_after: Span(30 * 60_000),
+        }
+    }
+}
+
 /// A generic JSON webhook, signed with HMAC-SHA256.
 #[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -282,6 +300,7 @@ pub struct RulesConfig {
     pub leak: LeakRule,
     pub unattributed: UnattributedRule,
     pub agent_silent: AgentSilentRule,
+    pub events: EventsRule,
     pub notify: NotifyConfig,
 }
 
@@ -352,6 +371,7 @@ impl RulesConfig {
             ("leak.window", self.leak.window),
             ("leak.warmup", self.leak.warmup),
             ("unattributed.for", self.unattributed.for_),
+            ("events.xid_resolve_after", self.events.xid_resolve_after),
         ];
         for (key, span) in spans {
             if span.ms() < 0 || span.ms() > 30 * 86_400_000 {

@@ -55,6 +55,19 @@ pub struct ProcessObservation<'a> {
     pub used_max: u64,
 }
 
+/// An event the agent reported (XID, lost GPU, hung NVML call, …).
+#[derive(Debug, Clone)]
+pub struct EventObservation<'a> {
+    pub node: &'a str,
+    pub device_uuid: Option<&'a str>,
+    pub gpu_index: Option<u32>,
+    /// The event kind as stored: `xid`, `gpu_lost`, `nvml_hung`, …
+    pub kind: &'a str,
+    pub code: i64,
+    pub detail: &'a str,
+    pub timestamp_ms: i64,
+}
+
 /// A transition of one alert, with everything a notification needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AlertChange {
@@ -144,6 +157,17 @@ struct ProcessState {
     last_seen_ms: i64,
 }
 
+/// One event-driven alert: an XID code on a GPU, or a GPU lost or stalled.
+#[derive(Debug)]
+struct EventState {
+    rule: &'static str,
+    tracked: Tracked,
+    labels: BTreeMap<String, String>,
+    last_event_ms: i64,
+}
+
+type EventKey = (String, String, &'static str, i64);
+
 #[derive(Debug)]
 struct NodeState {
     silent: Tracked,
@@ -157,6 +181,7 @@ pub struct Engine {
     devices: HashMap<String, DeviceState>,
     processes: HashMap<(String, u32, i64), ProcessState>,
     nodes: HashMap<String, NodeState>,
+    events: HashMap<EventKey, EventState>,
     restored: HashMap<String, RestoredAlert>,
     restored_at_ms: i64,
 }
@@ -214,6 +239,7 @@ impl Engine {
             devices: HashMap::new(),
             processes: HashMap::new(),
             nodes: HashMap::new(),
+            events: HashMap::new(),
             restored: HashMap::new(),
             restored_at_ms: 0,
         }
@@ -266,6 +292,7 @@ impl Engine {
     pub fn observe_device(&mut self, o: &DeviceObservation<'_>) -> Vec<AlertChange> {
         let mut out = Vec::new();
         self.note_node(o.node, o.timestamp_ms, &mut out);
+        self.device_reports_again(o.node, o.device_uuid, o.timestamp_ms, &mut out);
         let restored = &mut self.restored;
         let oom_config = self.config.time_to_oom.oom_config();
         let state = self
@@ -523,6 +550,117 @@ impl Engine {
         out
     }
 
+    /// A lost or stalled GPU whose memory is read again has recovered.
+    fn device_reports_again(
+        &mut self,
+        node: &str,
+        uuid: &str,
+        ts_ms: i64,
+        out: &mut Vec<AlertChange>,
+    ) {
+        for rule in ["gpu_lost", "nvml_hung"] {
+            let key = (node.to_owned(), uuid.to_owned(), rule, 0);
+            let Some(state) = self.events.get_mut(&key) else {
+                continue;
+            };
+            if ts_ms <= state.last_event_ms {
+                continue;
+            }
+            let labels = &state.labels;
+            out.extend(Self::change(
+                &mut state.tracked,
+                state.rule,
+                ts_ms,
+                None,
+                0,
+                labels,
+                || {
+                    (
+                        format!("{} reports again", device_name(labels)),
+                        serde_json::json!({}),
+                    )
+                },
+            ));
+            self.events.remove(&key);
+        }
+    }
+
+    pub fn observe_event(&mut self, e: &EventObservation<'_>) -> Vec<AlertChange> {
+        if !self.config.events.enabled {
+            return Vec::new();
+        }
+        let (rule, code, severity): (&'static str, i64, Severity) = match e.kind {
+            "xid" => ("xid", e.code, super::xid::severity(e.code)),
+            "gpu_lost" => ("gpu_lost", 0, Severity::Critical),
+            "nvml_hung" => ("nvml_hung", 0, Severity::Warning),
+            _ => return Vec::new(),
+        };
+        let device = e.device_uuid.unwrap_or("");
+        let key = (e.node.to_owned(), device.to_owned(), rule, code);
+        let restored = &mut self.restored;
+        let state = self.events.entry(key).or_insert_with(|| {
+            let mut labels = BTreeMap::new();
+            labels.insert("node".to_owned(), e.node.to_owned());
+            if let Some(index) = e.gpu_index {
+                labels.insert("gpu".to_owned(), index.to_string());
+            }
+            if !device.is_empty() {
+                labels.insert("device_uuid".to_owned(), device.to_owned());
+            }
+            if rule == "xid" {
+                labels.insert("xid".to_owned(), code.to_string());
+            }
+            let code_text = code.to_string();
+            let id = [
+                ("node", e.node),
+                ("device", device),
+                ("code", code_text.as_str()),
+            ];
+            EventState {
+                rule,
+                tracked: Tracked::new(fingerprint(rule, &id), restored),
+                labels,
+                last_event_ms: e.timestamp_ms,
+            }
+        });
+        state.last_event_ms = state.last_event_ms.max(e.timestamp_ms);
+        let labels = &state.labels;
+        let place = if labels.contains_key("gpu") {
+            device_name(labels)
+        } else {
+            format!("node {}", e.node)
+        };
+        let detail = if e.detail.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", e.detail.chars().take(300).collect::<String>())
+        };
+        Self::change(
+            &mut state.tracked,
+            rule,
+            e.timestamp_ms,
+            Some(severity),
+            0,
+            labels,
+            || {
+                let summary = match rule {
+                    "xid" => format!(
+                        "XID {code} on {place}: {}{detail}",
+                        super::xid::meaning(code)
+                    ),
+                    "gpu_lost" => format!("{place} is lost: NVML answers GPU_IS_LOST{detail}"),
+                    _ => format!("NVML calls hang on {place}; its readings are stale{detail}"),
+                };
+                (
+                    summary,
+                    serde_json::json!({ "code": code, "detail": e.detail }),
+                )
+            },
+        )
+        .into_iter()
+        .collect()
+    }
+
     /// Records a node's sample interval (from its registration).
     pub fn node_registered(&mut self, node: &str, interval_ms: i64, now_ms: i64) {
         let restored = &mut self.restored;
@@ -612,6 +750,36 @@ impl Engine {
                 }
             }
         }
+        let quiet_after = self.config.events.xid_resolve_after.ms();
+        let quiet: Vec<EventKey> = self
+            .events
+            .iter()
+            .filter(|(_, e)| e.rule == "xid" && now_ms - e.last_event_ms > quiet_after)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in quiet {
+            if let Some(mut e) = self.events.remove(&key) {
+                let labels = &e.labels;
+                out.extend(Self::change(
+                    &mut e.tracked,
+                    "xid",
+                    now_ms,
+                    None,
+                    0,
+                    labels,
+                    || {
+                        (
+                            format!(
+                                "XID {} has not recurred for {}",
+                                key.3,
+                                minutes(quiet_after)
+                            ),
+                            serde_json::json!({}),
+                        )
+                    },
+                ));
+            }
+        }
         if !self.restored.is_empty() && now_ms - self.restored_at_ms > RESTORED_GRACE_MS {
             for (_, r) in self.restored.drain() {
                 let rule: &'static str = match r.rule.as_str() {
@@ -621,6 +789,9 @@ impl Engine {
                     "leak" => "leak",
                     "process_watermark" => "process_watermark",
                     "agent_silent" => "agent_silent",
+                    "xid" => "xid",
+                    "gpu_lost" => "gpu_lost",
+                    "nvml_hung" => "nvml_hung",
                     _ => "unknown",
                 };
                 out.push(AlertChange {
@@ -814,6 +985,75 @@ mod tests {
         assert_eq!(
             transitions(&cleared, "watermark"),
             vec![Transition::Resolved]
+        );
+    }
+
+    fn event(kind: &'static str, code: i64, ts: i64) -> EventObservation<'static> {
+        EventObservation {
+            node: "n1",
+            device_uuid: Some("GPU-1"),
+            gpu_index: Some(1),
+            kind,
+            code,
+            detail: "",
+            timestamp_ms: ts,
+        }
+    }
+
+    #[test]
+    fn xid_fires_with_its_meaning_and_resolves_when_it_stops_recurring() {
+        let mut e = Engine::new(rules("[events]\nxid_resolve_after = \"10m\"\n"));
+        let fired = e.observe_event(&event("xid", 79, 1000));
+        assert_eq!(fired.len(), 1);
+        assert_eq!(fired[0].severity, Severity::Critical);
+        assert_eq!(fired[0].labels["xid"], "79");
+        assert!(
+            fired[0]
+                .summary
+                .contains("XID 79 on GPU 1 on n1: GPU has fallen off the bus"),
+            "{}",
+            fired[0].summary
+        );
+        assert!(
+            e.observe_event(&event("xid", 79, 60_000)).is_empty(),
+            "a recurrence is not news"
+        );
+        assert_eq!(
+            e.observe_event(&event("xid", 31, 61_000)).len(),
+            1,
+            "another code is its own alert"
+        );
+        assert!(
+            transitions(&e.tick(600_000), "xid").is_empty(),
+            "79 recurred at 60 s"
+        );
+        let resolved = e.tick(662_000);
+        assert_eq!(
+            transitions(&resolved, "xid"),
+            vec![Transition::Resolved, Transition::Resolved]
+        );
+    }
+
+    #[test]
+    fn lost_gpu_resolves_when_its_memory_is_read_again() {
+        let mut e = Engine::new(rules(""));
+        let lost = e.observe_event(&event("gpu_lost", 0, 5000));
+        assert_eq!(
+            transitions(&lost, "gpu_lost"),
+            vec![Transition::Firing {
+                severity: Severity::Critical,
+                escalated: false
+            }]
+        );
+        assert!(
+            transitions(&e.observe_device(&device(4000, GIB, None)), "gpu_lost").is_empty(),
+            "a sample from before the loss"
+        );
+        let back = e.observe_device(&device(9000, GIB, None));
+        assert_eq!(transitions(&back, "gpu_lost"), vec![Transition::Resolved]);
+        assert!(
+            e.observe_event(&event("process_started", 0, 9500))
+                .is_empty()
         );
     }
 

@@ -8,3 +8,4 @@ pub mod oom;
 #[cfg(test)]
 mod trace_fixtures;
 pub mod trend;
+pub mod xid;
