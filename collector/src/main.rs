@@ -1,4 +1,5 @@
 mod demo;
+mod status;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -54,6 +55,13 @@ enum Command {
         #[arg(long)]
         trace: PathBuf,
     },
+    /// Print the fleet's headroom (fullest GPU first) and the firing alerts,
+    /// from a running collector's API.
+    Status {
+        /// The collector's HTTP address.
+        #[arg(long, env = "HEADROOM_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
     /// Run the whole system on this machine: the collector on SQLite and one
     /// simulated agent per node of a scenario, streaming over gRPC on loopback.
     Demo(demo::DemoArgs),
@@ -94,6 +102,7 @@ fn main() -> ExitCode {
                 serve(config, rules).await
             }
             Command::Backtest { rules, trace } => backtest(rules.as_deref(), &trace),
+            Command::Status { url } => status::run(&url).await,
             Command::Demo(args) => demo::run(args).await,
         }
     });

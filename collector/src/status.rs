@@ -1,0 +1,145 @@
+//! `headroom-collector status`: the fleet's headroom and the firing alerts,
+//! read from a collector's JSON API and printed as a table.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::Value;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn gib(v: &Value) -> String {
+    v.as_i64()
+        .map_or("—".to_owned(), |b| format!("{:.1} GiB", b as f64 / GIB))
+}
+
+/// The table, fullest GPU first: headroom is what runs out.
+pub fn render(devices: &Value, alerts: &Value) -> String {
+    let mut rows: Vec<&Value> = devices
+        .as_array()
+        .map(|d| d.iter().collect())
+        .unwrap_or_default();
+    rows.sort_by(|a, b| {
+        let h = |d: &Value| {
+            d["latest"]["headroom_pct"]
+                .as_f64()
+                .unwrap_or(f64::INFINITY)
+        };
+        h(a).total_cmp(&h(b))
+    });
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<16} {:<10} {:<24} {:>10} {:>10} {:>10} {:>18}",
+        "NODE", "DEVICE", "MODEL", "USED", "PEAK", "TOTAL", "HEADROOM"
+    );
+    for d in rows {
+        let device = match d["mig_profile"].as_str() {
+            Some(profile) => format!("{} {}", d["index"], profile),
+            None => format!("{}", d["index"]),
+        };
+        let latest = &d["latest"];
+        let headroom = match latest["headroom_pct"].as_f64() {
+            Some(pct) => format!("{} {pct:>5.1} %", gib(&latest["headroom_bytes"])),
+            None => "no data".to_owned(),
+        };
+        let model: String = d["name"].as_str().unwrap_or("").chars().take(24).collect();
+        let _ = writeln!(
+            out,
+            "{:<16} {:<10} {:<24} {:>10} {:>10} {:>10} {:>18}",
+            d["node"].as_str().unwrap_or(""),
+            device,
+            model,
+            gib(&latest["memory_used_bytes"]),
+            gib(&latest["memory_used_max_bytes"]),
+            gib(&d["memory_total_bytes"]),
+            headroom
+        );
+    }
+    let firing: Vec<&Value> = alerts
+        .as_array()
+        .map(|a| a.iter().filter(|a| a["state"] == "firing").collect())
+        .unwrap_or_default();
+    let _ = writeln!(out, "\nFiring alerts: {}", firing.len());
+    for a in firing {
+        let _ = writeln!(
+            out,
+            "  {:<8} {:<16} {}{}",
+            a["severity"].as_str().unwrap_or(""),
+            a["rule"].as_str().unwrap_or(""),
+            a["summary"].as_str().unwrap_or(""),
+            a["acknowledged_by"]
+                .as_str()
+                .map(|by| format!(" [ack {by}]"))
+                .unwrap_or_default()
+        );
+    }
+    out
+}
+
+async fn get(client: &reqwest::Client, url: &str) -> anyhow::Result<Value> {
+    let response = client
+        .get(url)
+        .send()
+        .await
+        .with_context(|| format!("cannot reach the collector at {url}"))?;
+    let status = response.status();
+    if !status.is_success() {
+        anyhow::bail!("{url} answered HTTP {status}");
+    }
+    response
+        .json()
+        .await
+        .with_context(|| format!("{url} did not answer JSON"))
+}
+
+pub async fn run(base: &str) -> anyhow::Result<()> {
+    let base = base.trim_end_matches('/');
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let devices = get(&client, &format!("{base}/api/v1/gpus")).await?;
+    let alerts = get(&client, &format!("{base}/api/v1/alerts")).await?;
+    print!("{}", render(&devices, &alerts));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fullest_gpu_comes_first_and_firing_alerts_follow() {
+        let devices = serde_json::json!([
+            {"node": "n1", "index": 0, "name": "H100", "memory_total_bytes": 85899345920i64, "mig_profile": null,
+             "latest": {"memory_used_bytes": 10737418240i64, "memory_used_max_bytes": 10737418240i64,
+                        "headroom_bytes": 75161927680i64, "headroom_pct": 87.5}},
+            {"node": "n2", "index": 3, "name": "A100", "memory_total_bytes": 85899345920i64, "mig_profile": null,
+             "latest": {"memory_used_bytes": 83751862272i64, "memory_used_max_bytes": 84825604096i64,
+                        "headroom_bytes": 2147483648i64, "headroom_pct": 2.5}},
+            {"node": "n2", "index": 4, "name": "A100", "memory_total_bytes": 42949672960i64, "mig_profile": "3g.40gb",
+             "latest": null}
+        ]);
+        let alerts = serde_json::json!([
+            {"state": "firing", "severity": "critical", "rule": "watermark", "summary": "GPU 3 on n2 at 97.5 %", "acknowledged_by": "alice"},
+            {"state": "pending", "severity": "warning", "rule": "unattributed", "summary": "x"}
+        ]);
+        let text = render(&devices, &alerts);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[1].starts_with("n2") && lines[1].contains("2.0 GiB   2.5 %"),
+            "{text}"
+        );
+        assert!(lines[2].starts_with("n1"), "{text}");
+        assert!(
+            lines[3].contains("4 3g.40gb") && lines[3].contains("no data"),
+            "{text}"
+        );
+        assert!(text.contains("Firing alerts: 1"), "{text}");
+        assert!(
+            text.contains("critical watermark        GPU 3 on n2 at 97.5 % [ack alice]"),
+            "{text}"
+        );
+    }
+}
