@@ -299,3 +299,83 @@ async fn an_xid_event_becomes_an_alert_that_names_its_meaning() {
     drop(tx);
     collector.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_gets_one_message_for_the_alerts_of_one_node() {
+    const TWO_FULL_GPUS: &str = r#"
+[[node]]
+name = "full-node"
+
+[[node.gpu]]
+model = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+count = 2
+
+[[node.gpu.process]]
+pid = 7000
+name = "python train.py"
+user = "erin"
+slurm_job_id = "777"
+memory = { shape = "steady", level = "77GiB" }
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("slack.db").display());
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::connect(&url).await.unwrap());
+    let slack = Receiver::start().await;
+    let rules = RulesConfig::parse(
+        &format!(
+            "[[notify.slack]]\nname = \"gpu-alerts\"\nwebhook_url = \"{}\"\n",
+            slack.url()
+        ),
+        Path::new("slack-rules.toml"),
+    )
+    .unwrap();
+    let collector = RunningCollector::start_collector(
+        Collector::with_rules(store, rules, Clock::System)
+            .await
+            .unwrap(),
+    )
+    .await;
+    let scenario = Scenario::from_toml_str(TWO_FULL_GPUS).unwrap();
+    let agent = headroom_agent::start(
+        AgentSettings {
+            collector_url: collector.grpc_url(),
+            node: "full-node".into(),
+            boot_id: "b".into(),
+            poll_interval: Duration::from_millis(20),
+            sample_interval: Duration::from_millis(200),
+            max_pending_batches: 1000,
+            flush_above: 0.90,
+            metrics_listen: None,
+        },
+        Box::new(SimSource::new(&scenario, "full-node").unwrap()),
+    )
+    .unwrap();
+    let message = eventually("a Slack message", Duration::from_secs(30), || async {
+        slack.accepted().into_iter().next()
+    })
+    .await;
+    let body: Value = serde_json::from_str(&message.body).unwrap();
+    let text = body["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("2 alerts:"),
+        "both GPUs' watermark alerts in one message: {text}"
+    );
+    assert!(
+        text.contains("GPU 0 on full-node") && text.contains("GPU 1 on full-node"),
+        "{text}"
+    );
+    let headers = body["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["type"] == "header")
+        .count();
+    assert_eq!(headers, 2, "{body}");
+    assert!(
+        message.headers.get("x-headroom-signature").is_none(),
+        "Slack is not signed"
+    );
+    agent.stop().await;
+    collector.stop().await;
+}

@@ -237,6 +237,12 @@ fn update(kind: UpdateKind, at_ms: i64, channels: &[&str]) -> AlertUpdate {
                 channel: (*c).into(),
                 idempotency_key: format!("fp-1:{at_ms}:{c}"),
                 payload: format!("{{\"at\":{at_ms}}}"),
+                group_key: if *c == "slack" {
+                    "n1".into()
+                } else {
+                    String::new()
+                },
+                deliver_at_ms: at_ms,
             })
             .collect(),
     }
@@ -272,6 +278,12 @@ async fn alert_lifecycle_notifies_once_per_change(store: Arc<dyn Store>) {
         .unwrap();
     assert!(!again.notified, "already firing: not news");
     assert_eq!(s.undelivered_notifications().await.unwrap(), 2);
+    let due = s.claim_notifications(2000, 60_000, 10).await.unwrap();
+    let slack = due.iter().find(|d| d.channel == "slack").unwrap();
+    assert_eq!(
+        slack.group_key, "n1",
+        "the group travels with the notification"
+    );
 
     let active = s.alerts(AlertFilter::Active, 10).await.unwrap();
     assert_eq!(active.len(), 1);
@@ -331,6 +343,7 @@ async fn outbox_leases_retries_and_delivers(store: Arc<dyn Store>) {
     .unwrap();
     let claimed = s.claim_notifications(1000, 60_000, 10).await.unwrap();
     assert_eq!(claimed.len(), 2);
+    assert!(claimed.iter().all(|c| c.group_key.is_empty()));
     assert_eq!(claimed[0].attempts, 1);
     assert!(
         s.claim_notifications(2000, 60_000, 10)

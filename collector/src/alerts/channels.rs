@@ -118,6 +118,34 @@ impl Sender {
         }
     }
 
+    /// Delivers notifications of one channel; any 2xx answer counts. Slack
+    /// gets them as one message, a webhook one request each.
+    pub async fn send_group(&self, items: &[&OutboxItem], now_ms: i64) -> Result<(), String> {
+        let Some(first) = items.first() else {
+            return Ok(());
+        };
+        let channel = self
+            .channels
+            .get(&first.channel)
+            .ok_or_else(|| format!("channel {:?} is no longer configured", first.channel))?;
+        match &channel.target {
+            Target::Slack { .. } => {
+                let payloads: Vec<&str> = items.iter().map(|i| i.payload.as_str()).collect();
+                let merged = OutboxItem {
+                    payload: super::render::merge_slack(&payloads),
+                    ..(*first).clone()
+                };
+                self.send(&merged, now_ms).await
+            }
+            Target::Webhook { .. } => {
+                for item in items {
+                    self.send(item, now_ms).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// Delivers one notification; any 2xx answer counts.
     pub async fn send(&self, item: &OutboxItem, now_ms: i64) -> Result<(), String> {
         let channel = self

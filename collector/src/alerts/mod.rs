@@ -23,6 +23,9 @@ use crate::store::alerts::{AlertFilter, AlertUpdate, NewNotification, UpdateKind
 use crate::store::{Store, StoreError};
 use channels::{Channel, Sender};
 
+/// How long a Slack notification waits for companions from the same node.
+const SLACK_GROUP_WAIT_MS: i64 = 2_000;
+
 #[derive(Debug, thiserror::Error)]
 pub enum AlertingError {
     #[error(transparent)]
@@ -289,14 +292,25 @@ impl Alerting {
                     change.at_ms,
                     c.name
                 );
-                let payload = match c.target {
-                    channels::Target::Webhook { .. } => render::webhook(change, &key, dashboard),
-                    channels::Target::Slack { .. } => render::slack(change, dashboard),
+                let now = self.clock.now_ms();
+                // People read Slack: alerts of one node that fire together
+                // arrive as one message. Machines read webhooks: one each.
+                let (payload, group_key, deliver_at_ms) = match c.target {
+                    channels::Target::Webhook { .. } => {
+                        (render::webhook(change, &key, dashboard), String::new(), now)
+                    }
+                    channels::Target::Slack { .. } => (
+                        render::slack(change, dashboard),
+                        change.labels.get("node").cloned().unwrap_or_default(),
+                        now + SLACK_GROUP_WAIT_MS,
+                    ),
                 };
                 NewNotification {
                     channel: c.name.clone(),
                     idempotency_key: key,
                     payload,
+                    group_key,
+                    deliver_at_ms,
                 }
             })
             .collect()

@@ -97,3 +97,29 @@ pub fn slack(change: &AlertChange, dashboard: Option<&str>) -> String {
     let value: Value = json!({ "text": format!("{title}: {}", change.summary), "blocks": blocks });
     value.to_string()
 }
+
+/// One Slack message for several alerts of one group: their blocks one after
+/// another, separated by dividers, under a count.
+pub fn merge_slack(payloads: &[&str]) -> String {
+    if let [single] = payloads {
+        return (*single).to_owned();
+    }
+    let mut blocks: Vec<Value> = Vec::new();
+    let mut texts: Vec<String> = Vec::new();
+    for p in payloads {
+        let Ok(v) = serde_json::from_str::<Value>(p) else {
+            continue;
+        };
+        if !blocks.is_empty() {
+            blocks.push(json!({"type": "divider"}));
+        }
+        if let Some(b) = v["blocks"].as_array() {
+            blocks.extend(b.iter().cloned());
+        }
+        if let Some(t) = v["text"].as_str() {
+            texts.push(t.to_owned());
+        }
+    }
+    json!({ "text": format!("{} alerts: {}", texts.len(), texts.join(" | ")), "blocks": blocks })
+        .to_string()
+}

@@ -20,6 +20,11 @@ pub struct NewNotification {
     pub channel: String,
     pub idempotency_key: String,
     pub payload: String,
+    /// Notifications of one channel and group that are due together go out
+    /// as one message; empty for never grouped.
+    pub group_key: String,
+    /// Not sent before this time: a grouping wait lets companions arrive.
+    pub deliver_at_ms: i64,
 }
 
 /// A rule's transition, to be applied to the alert's row.
@@ -127,6 +132,7 @@ pub struct OutboxItem {
     pub idempotency_key: String,
     pub payload: String,
     pub attempts: i64,
+    pub group_key: String,
 }
 
 #[async_trait]

@@ -100,14 +100,16 @@ impl AlertStore for PostgresStore {
         if notified {
             for n in &u.notifications {
                 sqlx::query(
-                    "INSERT INTO outbox (alert_id, channel, idempotency_key, payload, created_at_ms, next_attempt_at_ms)
-                     VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (idempotency_key) DO NOTHING",
+                    "INSERT INTO outbox (alert_id, channel, idempotency_key, payload, created_at_ms, next_attempt_at_ms, group_key)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (idempotency_key) DO NOTHING",
                 )
                 .bind(alert_id)
                 .bind(&n.channel)
                 .bind(&n.idempotency_key)
                 .bind(&n.payload)
                 .bind(u.at_ms)
+                .bind(n.deliver_at_ms)
+                .bind(&n.group_key)
                 .execute(&mut *tx)
                 .await?;
             }
@@ -187,7 +189,7 @@ impl AlertStore for PostgresStore {
             "UPDATE outbox SET next_attempt_at_ms = $1 + $2, attempts = attempts + 1
              WHERE id IN (SELECT id FROM outbox WHERE delivered_at_ms IS NULL AND next_attempt_at_ms <= $1
                           ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED)
-             RETURNING id, channel, idempotency_key, payload, attempts::int8 AS attempts",
+             RETURNING id, channel, idempotency_key, payload, attempts::int8 AS attempts, group_key",
         )
         .bind(now_ms)
         .bind(lease_ms)
