@@ -156,14 +156,27 @@ async fn ramp_to_oom_sends_a_signed_webhook_that_names_the_gpu() {
             .starts_with("http://headroom.test/?gpu=GPU-")
     );
 
-    // The alert is visible through the API, firing.
-    let alerts = collector.get_json("/api/v1/alerts?state=firing").await;
+    // The job dies of OOM (the ramp reaches 80 GiB), memory falls, and the
+    // resolution is announced on the same channel, signed too.
+    let resolved = eventually("a resolved webhook", Duration::from_secs(30), || async {
+        receiver.accepted().into_iter().find(|r| {
+            let b: Value = serde_json::from_str(&r.body).unwrap();
+            b["alert"]["rule"] == "watermark" && b["status"] == "resolved"
+        })
+    })
+    .await;
+    assert_signed(&resolved);
+
+    // The alert's whole life is visible through the API.
+    let alerts = collector.get_json("/api/v1/alerts?state=resolved").await;
     assert!(
         alerts
             .as_array()
             .unwrap()
             .iter()
-            .any(|a| a["rule"] == "watermark" && a["state"] == "firing"),
+            .any(|a| a["rule"] == "watermark"
+                && a["fired_at_ms"].is_i64()
+                && a["resolved_at_ms"].as_i64() > a["fired_at_ms"].as_i64()),
         "{alerts}"
     );
     agent.stop().await;

@@ -271,10 +271,16 @@ impl Engine {
         labels: &BTreeMap<String, String>,
         summary: impl FnOnce() -> (String, serde_json::Value),
     ) -> Option<AlertChange> {
+        let before = tracked.lifecycle.phase;
         let transition = tracked.lifecycle.step(at_ms, condition, for_ms)?;
-        let severity = match tracked.lifecycle.phase {
-            Phase::Pending { severity, .. } | Phase::Firing { severity, .. } => severity,
-            Phase::Inactive => condition.unwrap_or(Severity::Info),
+        // A resolution carries the severity it fired with, so it reaches
+        // the same channels the firing did.
+        let severity = match (tracked.lifecycle.phase, before) {
+            (Phase::Pending { severity, .. } | Phase::Firing { severity, .. }, _)
+            | (Phase::Inactive, Phase::Pending { severity, .. } | Phase::Firing { severity, .. }) => {
+                severity
+            }
+            (Phase::Inactive, Phase::Inactive) => condition.unwrap_or(Severity::Info),
         };
         let (summary, details) = summary();
         Some(AlertChange {
@@ -985,6 +991,11 @@ mod tests {
         assert_eq!(
             transitions(&cleared, "watermark"),
             vec![Transition::Resolved]
+        );
+        assert_eq!(
+            cleared[0].severity,
+            Severity::Warning,
+            "resolved with the severity it fired at, so it reaches the same channels"
         );
     }
 
