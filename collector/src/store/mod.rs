@@ -6,6 +6,7 @@ pub mod alerts;
 mod postgres;
 mod sqlite;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -15,7 +16,7 @@ pub use alerts::AlertStore;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
-use crate::model::{NodeSession, Registration, StoreBatch, WriteOutcome};
+use crate::model::{DeviceMeta, NodeSession, Registration, StoreBatch, WriteOutcome};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -212,6 +213,47 @@ pub struct ProcessView {
     pub memory_peak_bytes: i64,
     pub first_seen_ms: i64,
     pub last_seen_ms: i64,
+}
+
+/// A present device of a node, as both backends read it for a session.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct SessionDevice {
+    id: i64,
+    uuid: String,
+    gpu_index: i64,
+    mig_profile: Option<String>,
+    parent_id: Option<i64>,
+}
+
+pub(crate) fn session_from(
+    node_id: i64,
+    node: &str,
+    boot_id: &str,
+    committed_seq: i64,
+    rows: Vec<SessionDevice>,
+) -> NodeSession {
+    let mut device_ids = HashMap::with_capacity(rows.len());
+    let mut devices = HashMap::with_capacity(rows.len());
+    for row in rows {
+        device_ids.insert(row.uuid.clone(), row.id);
+        devices.insert(
+            row.id,
+            DeviceMeta {
+                uuid: row.uuid,
+                gpu_index: u32::try_from(row.gpu_index).unwrap_or(0),
+                mig_profile: row.mig_profile,
+                parent_id: row.parent_id,
+            },
+        );
+    }
+    NodeSession {
+        node_id,
+        node: node.to_owned(),
+        boot_id: boot_id.to_owned(),
+        committed_seq: u64::try_from(committed_seq).unwrap_or(0),
+        device_ids,
+        devices,
+    }
 }
 
 /// Row shape shared by both backends for `latest_devices`.

@@ -14,9 +14,10 @@ use sqlx::{Row, Sqlite, Transaction};
 
 mod alerts;
 
-use crate::model::{DeviceMeta, NodeSession, Registration, StoreBatch, WriteOutcome};
+use crate::model::{NodeSession, Registration, StoreBatch, WriteOutcome};
 use crate::store::{
-    DeviceRow, DeviceView, NodeView, ProcessView, SeriesPoint, Store, StoreError, bucket_width_ms,
+    DeviceRow, DeviceView, NodeView, ProcessView, SeriesPoint, SessionDevice, Store, StoreError,
+    bucket_width_ms, session_from,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -57,36 +58,13 @@ async fn load_session(
     boot_id: &str,
     committed_seq: i64,
 ) -> Result<NodeSession, StoreError> {
-    let rows = sqlx::query(
+    let rows = sqlx::query_as::<_, SessionDevice>(
         "SELECT id, uuid, gpu_index, mig_profile, parent_id FROM devices WHERE node_id = ? AND present",
     )
-        .bind(node_id)
-        .fetch_all(&mut **tx)
-        .await?;
-    let mut device_ids = HashMap::with_capacity(rows.len());
-    let mut devices = HashMap::with_capacity(rows.len());
-    for row in rows {
-        let id: i64 = row.try_get("id")?;
-        let uuid: String = row.try_get("uuid")?;
-        devices.insert(
-            id,
-            DeviceMeta {
-                uuid: uuid.clone(),
-                gpu_index: u32::try_from(row.try_get::<i64, _>("gpu_index")?).unwrap_or(0),
-                mig_profile: row.try_get("mig_profile")?,
-                parent_id: row.try_get("parent_id")?,
-            },
-        );
-        device_ids.insert(uuid, id);
-    }
-    Ok(NodeSession {
-        node_id,
-        node: node.to_owned(),
-        boot_id: boot_id.to_owned(),
-        committed_seq: u64::try_from(committed_seq).unwrap_or(0),
-        device_ids,
-        devices,
-    })
+    .bind(node_id)
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(session_from(node_id, node, boot_id, committed_seq, rows))
 }
 
 #[async_trait]
