@@ -8,9 +8,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum SourceKind {
+    /// The GPUs of this host, through NVIDIA's management library.
+    #[default]
+    Nvml,
     /// Simulated GPUs driven by a scenario file.
     Sim,
 }
@@ -23,9 +26,23 @@ pub struct AgentConfig {
     /// Name of this node in the fleet; defaults to the host name (for the
     /// simulated source: the scenario node it serves).
     pub node_name: Option<String>,
-    /// Where readings come from. There is deliberately no default: an agent
-    /// must never report simulated data unless told to.
-    pub source: Option<SourceKind>,
+    /// Where readings come from: the real GPUs unless told otherwise. When
+    /// NVML cannot be loaded the agent stops with an error; it never falls
+    /// back to simulated data on its own.
+    pub source: SourceKind,
+    /// libnvidia-ml to load; the driver's `libnvidia-ml.so.1` from the
+    /// loader's search path when absent.
+    pub nvml_library: Option<PathBuf>,
+    /// The host's `/proc`, for attributing processes to users, containers,
+    /// pods and Slurm jobs (in a container: the host's, mounted).
+    pub procfs_root: PathBuf,
+    /// An NVML call running longer than this is reported as hung and its
+    /// GPU as stalled.
+    pub nvml_call_timeout_ms: u64,
+    /// How often each GPU's MIG layout is re-read.
+    pub mig_check_interval_ms: u64,
+    /// Cadence of the PCIe throughput fallback on GPUs without byte counters.
+    pub pcie_fallback_interval_ms: u64,
     /// Scenario for `source = "sim"`; the built-in demo fleet when absent.
     pub scenario: Option<PathBuf>,
     /// Which node of the scenario to serve; defaults to `node_name`, else the first.
@@ -46,7 +63,12 @@ impl Default for AgentConfig {
         Self {
             collector_url: "http://127.0.0.1:50051".into(),
             node_name: None,
-            source: None,
+            source: SourceKind::Nvml,
+            nvml_library: None,
+            procfs_root: PathBuf::from("/proc"),
+            nvml_call_timeout_ms: 5_000,
+            mig_check_interval_ms: 10_000,
+            pcie_fallback_interval_ms: 1_000,
             scenario: None,
             sim_node: None,
             poll_interval_ms: 100,
@@ -78,6 +100,10 @@ pub struct Overrides {
     pub collector_url: Option<String>,
     pub node_name: Option<String>,
     pub source: Option<SourceKind>,
+    pub nvml_library: Option<PathBuf>,
+    pub procfs_root: Option<PathBuf>,
+    pub nvml_call_timeout_ms: Option<u64>,
+    pub mig_check_interval_ms: Option<u64>,
     pub scenario: Option<PathBuf>,
     pub sim_node: Option<String>,
     pub poll_interval_ms: Option<u64>,
@@ -117,8 +143,20 @@ impl AgentConfig {
         if o.node_name.is_some() {
             self.node_name = o.node_name;
         }
-        if o.source.is_some() {
-            self.source = o.source;
+        if let Some(v) = o.source {
+            self.source = v;
+        }
+        if o.nvml_library.is_some() {
+            self.nvml_library = o.nvml_library;
+        }
+        if let Some(v) = o.procfs_root {
+            self.procfs_root = v;
+        }
+        if let Some(v) = o.nvml_call_timeout_ms {
+            self.nvml_call_timeout_ms = v;
+        }
+        if let Some(v) = o.mig_check_interval_ms {
+            self.mig_check_interval_ms = v;
         }
         if o.scenario.is_some() {
             self.scenario = o.scenario;
@@ -165,6 +203,24 @@ impl AgentConfig {
                 self.flush_above
             ));
         }
+        if !(100..=600_000).contains(&self.nvml_call_timeout_ms) {
+            return invalid(format!(
+                "nvml_call_timeout_ms = {} is outside 100..=600000",
+                self.nvml_call_timeout_ms
+            ));
+        }
+        if !(100..=3_600_000).contains(&self.mig_check_interval_ms) {
+            return invalid(format!(
+                "mig_check_interval_ms = {} is outside 100..=3600000",
+                self.mig_check_interval_ms
+            ));
+        }
+        if !(100..=60_000).contains(&self.pcie_fallback_interval_ms) {
+            return invalid(format!(
+                "pcie_fallback_interval_ms = {} is outside 100..=60000",
+                self.pcie_fallback_interval_ms
+            ));
+        }
         if self.max_pending_batches == 0 {
             return invalid("max_pending_batches must be at least 1".into());
         }
@@ -201,8 +257,15 @@ mod tests {
         .unwrap();
         assert_eq!(config.collector_url, "http://collector:50051");
         assert_eq!(config.poll_interval_ms, 200);
-        assert_eq!(config.source, Some(SourceKind::Sim));
+        assert_eq!(config.source, SourceKind::Sim);
         assert_eq!(config.sample_interval_ms, 1000);
+    }
+
+    #[test]
+    fn real_gpus_are_the_default_source() {
+        let config = AgentConfig::load(None, Overrides::default()).unwrap();
+        assert_eq!(config.source, SourceKind::Nvml);
+        assert_eq!(config.procfs_root, PathBuf::from("/proc"));
     }
 
     #[test]

@@ -61,6 +61,7 @@ mod tests {
                 })
                 .collect(),
             processes: vec![],
+            ..Poll::default()
         }
     }
 

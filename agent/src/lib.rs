@@ -2,6 +2,7 @@
 //! on its own thread, folds the fast polls into per-interval samples
 //! ([`window`]) and streams them to the collector ([`uplink`]).
 
+pub mod attribution;
 pub mod backoff;
 pub mod config;
 pub mod flush;

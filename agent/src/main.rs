@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use headroom_agent::config::{AgentConfig, Overrides, SourceKind};
-use headroom_agent::source::{GpuSource, SimSource};
+use headroom_agent::source::{GpuSource, NvmlOptions, NvmlSource, SimSource};
 use headroom_agent::{AgentSettings, identity};
 use headroom_sim::Scenario;
 
@@ -25,9 +25,21 @@ struct Cli {
     /// Name of this node in the fleet (default: host name).
     #[arg(long, env = "HEADROOM_NODE_NAME")]
     node_name: Option<String>,
-    /// Where readings come from.
+    /// Where readings come from (default: nvml, the real GPUs).
     #[arg(long, env = "HEADROOM_SOURCE", value_enum)]
     source: Option<SourceKind>,
+    /// Path of libnvidia-ml (default: libnvidia-ml.so.1 from the loader's search path).
+    #[arg(long, env = "HEADROOM_NVML_LIBRARY")]
+    nvml_library: Option<PathBuf>,
+    /// The host's /proc, for attributing processes to users, containers, pods and jobs.
+    #[arg(long, env = "HEADROOM_PROCFS_ROOT")]
+    procfs_root: Option<PathBuf>,
+    /// Report an NVML call as hung (and its GPU as stalled) after this many milliseconds.
+    #[arg(long, env = "HEADROOM_NVML_CALL_TIMEOUT_MS")]
+    nvml_call_timeout_ms: Option<u64>,
+    /// Re-read MIG layouts this often, in milliseconds.
+    #[arg(long, env = "HEADROOM_MIG_CHECK_INTERVAL_MS")]
+    mig_check_interval_ms: Option<u64>,
     /// Scenario file for --source sim (default: the built-in demo fleet).
     #[arg(long, env = "HEADROOM_SCENARIO")]
     scenario: Option<PathBuf>,
@@ -69,6 +81,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             collector_url: cli.collector_url,
             node_name: cli.node_name,
             source: cli.source,
+            nvml_library: cli.nvml_library,
+            procfs_root: cli.procfs_root,
+            nvml_call_timeout_ms: cli.nvml_call_timeout_ms,
+            mig_check_interval_ms: cli.mig_check_interval_ms,
             scenario: cli.scenario,
             sim_node: cli.sim_node,
             poll_interval_ms: cli.poll_interval_ms,
@@ -77,10 +93,24 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         },
     )?;
     let (source, node): (Box<dyn GpuSource>, String) = match config.source {
-        None => anyhow::bail!(
-            "no GPU source configured: set `source` in the config file, HEADROOM_SOURCE, or --source (only `sim` exists in this build)"
-        ),
-        Some(SourceKind::Sim) => {
+        SourceKind::Nvml => {
+            let source = NvmlSource::new(NvmlOptions {
+                library: config.nvml_library.clone(),
+                procfs_root: config.procfs_root.clone(),
+                call_timeout: Duration::from_millis(config.nvml_call_timeout_ms),
+                poll_wait: Duration::from_millis(config.poll_interval_ms * 4 / 5),
+                layout_check: Duration::from_millis(config.mig_check_interval_ms),
+                pcie_fallback_interval: Duration::from_millis(config.pcie_fallback_interval_ms),
+                ..NvmlOptions::default()
+            })?;
+            let node = match &config.node_name {
+                Some(name) => name.clone(),
+                None => identity::hostname()
+                    .context("cannot read this host's name; set node_name (HEADROOM_NODE_NAME)")?,
+            };
+            (Box::new(source), node)
+        }
+        SourceKind::Sim => {
             let scenario = match &config.scenario {
                 Some(path) => Scenario::load(path)?,
                 None => Scenario::demo(),

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -14,7 +14,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-use crate::source::{Inventory, Poll};
+use crate::source::{EventKind, Inventory, Poll};
 
 #[derive(Debug, Clone)]
 struct DeviceLabels {
@@ -32,8 +32,10 @@ struct LastPoll {
 #[derive(Debug)]
 pub struct AgentMetrics {
     node: String,
-    devices: HashMap<String, DeviceLabels>,
+    /// Replaced when the inventory changes (a MIG reconfiguration).
+    devices: RwLock<HashMap<String, DeviceLabels>>,
     last: Mutex<LastPoll>,
+    events: Mutex<HashMap<EventKind, u64>>,
     polls: AtomicU64,
     poll_failures: AtomicU64,
     pending_batches: AtomicU64,
@@ -50,31 +52,11 @@ fn escape(value: &str) -> String {
 
 impl AgentMetrics {
     pub fn new(node: &str, inventory: &Inventory) -> Arc<Self> {
-        let mut devices = HashMap::new();
-        for gpu in &inventory.gpus {
-            devices.insert(
-                gpu.uuid.clone(),
-                DeviceLabels {
-                    gpu: gpu.index.to_string(),
-                    model: gpu.name.clone(),
-                    mig_profile: String::new(),
-                },
-            );
-            for mig in &gpu.mig_instances {
-                devices.insert(
-                    mig.uuid.clone(),
-                    DeviceLabels {
-                        gpu: gpu.index.to_string(),
-                        model: gpu.name.clone(),
-                        mig_profile: mig.profile.clone(),
-                    },
-                );
-            }
-        }
         Arc::new(Self {
             node: node.to_owned(),
-            devices,
+            devices: RwLock::new(labels_of(inventory)),
             last: Mutex::default(),
+            events: Mutex::default(),
             polls: AtomicU64::new(0),
             poll_failures: AtomicU64::new(0),
             pending_batches: AtomicU64::new(0),
@@ -84,6 +66,18 @@ impl AgentMetrics {
 
     pub fn record_poll(&self, poll: &Poll, duration: Duration) {
         self.polls.fetch_add(1, Ordering::Relaxed);
+        if let Some(inventory) = &poll.inventory
+            && let Ok(mut devices) = self.devices.write()
+        {
+            *devices = labels_of(inventory);
+        }
+        if !poll.events.is_empty()
+            && let Ok(mut events) = self.events.lock()
+        {
+            for event in &poll.events {
+                *events.entry(event.kind).or_default() += 1;
+            }
+        }
         if let Ok(mut last) = self.last.lock() {
             last.poll.clone_from(poll);
             last.duration = duration;
@@ -102,8 +96,8 @@ impl AgentMetrics {
         self.dropped_batches.store(dropped_total, Ordering::Relaxed);
     }
 
-    fn device_labels(&self, uuid: &str) -> String {
-        let d = self.devices.get(uuid);
+    fn device_labels(&self, devices: &HashMap<String, DeviceLabels>, uuid: &str) -> String {
+        let d = devices.get(uuid);
         format!(
             "node=\"{}\",gpu=\"{}\",uuid=\"{}\",model=\"{}\",mig_profile=\"{}\"",
             escape(&self.node),
@@ -120,6 +114,8 @@ impl AgentMetrics {
             Ok(last) => (last.poll.clone(), last.duration),
             Err(_) => (Poll::default(), Duration::ZERO),
         };
+        let devices = self.devices.read().map(|d| d.clone()).unwrap_or_default();
+        let devices = &devices;
         let mut out = String::with_capacity(4096);
         let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, String)>| {
             let _ = writeln!(out, "# HELP {name} {help}");
@@ -135,7 +131,7 @@ impl AgentMetrics {
         let per_device = |f: &dyn Fn(&crate::source::DeviceReading) -> Option<String>| {
             poll.devices
                 .iter()
-                .filter_map(|d| f(d).map(|v| (self.device_labels(&d.uuid), v)))
+                .filter_map(|d| f(d).map(|v| (self.device_labels(devices, &d.uuid), v)))
                 .collect::<Vec<_>>()
         };
         family(
@@ -187,7 +183,7 @@ impl AgentMetrics {
                     (
                         format!(
                             "{},pid=\"{}\",process=\"{}\",user=\"{}\",job=\"{}\",pod=\"{}\",container=\"{}\"",
-                            self.device_labels(&p.device_uuid),
+                            self.device_labels(devices, &p.device_uuid),
                             p.pid,
                             escape(&p.name.chars().take(120).collect::<String>()),
                             escape(&p.user),
@@ -200,7 +196,33 @@ impl AgentMetrics {
                 })
                 .collect(),
         );
+        family(
+            "headroom_gpu_stalled",
+            "gauge",
+            "1 while an NVML call for this GPU has not returned within the watchdog's limit; its other gauges are then missing.",
+            poll.stalled
+                .iter()
+                .map(|uuid| (self.device_labels(devices, uuid), "1".to_owned()))
+                .collect(),
+        );
         let node = format!("node=\"{}\"", escape(&self.node));
+        let events = self.events.lock().map(|e| e.clone()).unwrap_or_default();
+        let mut events: Vec<(String, String)> = events
+            .into_iter()
+            .map(|(kind, count)| {
+                (
+                    format!("{node},kind=\"{}\"", event_kind_label(kind)),
+                    count.to_string(),
+                )
+            })
+            .collect();
+        events.sort();
+        family(
+            "headroom_agent_events_total",
+            "counter",
+            "Hardware events seen: XID errors, lost GPUs, hung NVML calls, MIG reconfigurations, impossible NVML data.",
+            events,
+        );
         family(
             "headroom_agent_polls_total",
             "counter",
@@ -241,6 +263,41 @@ impl AgentMetrics {
             )],
         );
         out
+    }
+}
+
+fn labels_of(inventory: &Inventory) -> HashMap<String, DeviceLabels> {
+    let mut devices = HashMap::new();
+    for gpu in &inventory.gpus {
+        devices.insert(
+            gpu.uuid.clone(),
+            DeviceLabels {
+                gpu: gpu.index.to_string(),
+                model: gpu.name.clone(),
+                mig_profile: String::new(),
+            },
+        );
+        for mig in &gpu.mig_instances {
+            devices.insert(
+                mig.uuid.clone(),
+                DeviceLabels {
+                    gpu: gpu.index.to_string(),
+                    model: gpu.name.clone(),
+                    mig_profile: mig.profile.clone(),
+                },
+            );
+        }
+    }
+    devices
+}
+
+fn event_kind_label(kind: EventKind) -> &'static str {
+    match kind {
+        EventKind::Xid => "xid",
+        EventKind::GpuLost => "gpu_lost",
+        EventKind::MigReconfigured => "mig_reconfigured",
+        EventKind::NvmlHung => "nvml_hung",
+        EventKind::NvmlInvalidData => "nvml_invalid_data",
     }
 }
 
@@ -321,6 +378,7 @@ mod tests {
                     pod_uid: String::new(),
                     slurm_job_id: "7".into(),
                 }],
+                ..Poll::default()
             },
             Duration::from_millis(2),
         );

@@ -20,7 +20,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::backoff::Backoff;
 use crate::metrics::AgentMetrics;
-use crate::source::Inventory;
+use crate::source::{EventKind, Inventory, SourceEvent};
 use crate::window::IntervalSamples;
 
 #[derive(Debug, Clone)]
@@ -53,6 +53,8 @@ enum SessionError {
 enum SessionEnd {
     Shutdown,
     Drained,
+    /// The inventory changed: register it before sending anything newer.
+    Reregister,
 }
 
 #[derive(Debug)]
@@ -64,6 +66,9 @@ pub struct Uplink {
     next_seq: u64,
     dropped_batches: u64,
     input_open: bool,
+    /// Set when an interval brought a new inventory the collector has not
+    /// been told about yet.
+    reregister: bool,
     metrics: Arc<AgentMetrics>,
 }
 
@@ -76,6 +81,7 @@ impl Uplink {
             next_seq: 1,
             dropped_batches: 0,
             input_open: true,
+            reregister: false,
             metrics,
         }
     }
@@ -97,6 +103,7 @@ impl Uplink {
                 .await
             {
                 Ok(SessionEnd::Shutdown | SessionEnd::Drained) => return,
+                Ok(SessionEnd::Reregister) => continue,
                 Err(error) => error,
             };
             // The collector processes a stream in order, so the batch it
@@ -130,10 +137,18 @@ impl Uplink {
     }
 
     fn accept(&mut self, interval: Option<IntervalSamples>) {
-        let Some(interval) = interval else {
+        let Some(mut interval) = interval else {
             self.input_open = false;
             return;
         };
+        if let Some(inventory) = interval.inventory.take() {
+            tracing::info!(
+                gpus = inventory.gpus.len(),
+                "inventory changed; registering it again"
+            );
+            self.inventory = inventory;
+            self.reregister = true;
+        }
         if self.pending.len() >= self.config.max_pending_batches {
             self.pending.pop_front();
             self.dropped_batches += 1;
@@ -167,6 +182,7 @@ impl Uplink {
             .await?
             .into_inner()
             .committed_seq;
+        self.reregister = false;
         self.forget_committed(committed);
         self.next_seq = self.next_seq.max(committed + 1);
         backoff.reset();
@@ -205,6 +221,11 @@ impl Uplink {
                     self.accept(interval);
                     if was_full && in_flight > 0 {
                         in_flight -= 1;
+                    }
+                    // Batches already sent are replayed after the new
+                    // registration and stored once by their seq.
+                    if self.reregister {
+                        return Ok(SessionEnd::Reregister);
                     }
                 }
             }
@@ -306,6 +327,24 @@ fn to_batch(node: &str, boot_id: &str, interval: IntervalSamples) -> pb::Batch {
                 slurm_job_id: p.last.slurm_job_id,
             })
             .collect(),
-        events: vec![],
+        events: interval.events.into_iter().map(to_event).collect(),
+    }
+}
+
+fn to_event(e: SourceEvent) -> pb::Event {
+    let kind = match e.kind {
+        EventKind::Xid => pb::EventKind::Xid,
+        EventKind::GpuLost => pb::EventKind::GpuLost,
+        EventKind::MigReconfigured => pb::EventKind::MigReconfigured,
+        EventKind::NvmlHung => pb::EventKind::NvmlHung,
+        EventKind::NvmlInvalidData => pb::EventKind::NvmlInvalidData,
+    };
+    pb::Event {
+        kind: kind.into(),
+        timestamp_ms: e.timestamp_ms,
+        uuid: e.device_uuid,
+        code: e.code,
+        pid: e.pid,
+        detail: e.detail,
     }
 }

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::source::{Poll, ProcessReading};
+use crate::source::{Inventory, Poll, ProcessReading, SourceEvent};
 
 /// One interval of one GPU or MIG instance.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,6 +37,9 @@ pub struct ProcessSample {
 pub struct IntervalSamples {
     pub gpus: Vec<GpuSample>,
     pub processes: Vec<ProcessSample>,
+    pub events: Vec<SourceEvent>,
+    /// The node's new inventory, when it changed during the interval.
+    pub inventory: Option<Inventory>,
 }
 
 #[derive(Debug)]
@@ -82,6 +85,8 @@ type ProcessKey = (String, u32, i64);
 pub struct SampleWindow {
     devices: BTreeMap<String, DeviceFold>,
     processes: HashMap<ProcessKey, (ProcessReading, u64)>,
+    events: Vec<SourceEvent>,
+    inventory: Option<Inventory>,
 }
 
 impl SampleWindow {
@@ -90,6 +95,10 @@ impl SampleWindow {
     }
 
     pub fn observe(&mut self, poll: &Poll) {
+        self.events.extend(poll.events.iter().cloned());
+        if let Some(inventory) = &poll.inventory {
+            self.inventory = Some(inventory.clone());
+        }
         for d in &poll.devices {
             let fold = self
                 .devices
@@ -131,7 +140,10 @@ impl SampleWindow {
 
     /// True when no poll landed in the current interval.
     pub fn is_empty(&self) -> bool {
-        self.devices.is_empty() && self.processes.is_empty()
+        self.devices.is_empty()
+            && self.processes.is_empty()
+            && self.events.is_empty()
+            && self.inventory.is_none()
     }
 
     /// Closes the interval of `interval_ms` ending at `end_ms` and starts a
@@ -169,7 +181,12 @@ impl SampleWindow {
         processes.sort_by(|a, b| {
             (&a.last.device_uuid, a.last.pid).cmp(&(&b.last.device_uuid, b.last.pid))
         });
-        IntervalSamples { gpus, processes }
+        IntervalSamples {
+            gpus,
+            processes,
+            events: std::mem::take(&mut self.events),
+            inventory: self.inventory.take(),
+        }
     }
 }
 
@@ -213,6 +230,7 @@ mod tests {
             w.observe(&Poll {
                 devices: vec![device(used, Some(50))],
                 processes: vec![],
+                ..Poll::default()
             });
         }
         let s = w.finish(42, 1000);
@@ -235,6 +253,7 @@ mod tests {
             w.observe(&Poll {
                 devices: vec![device(1, util)],
                 processes: vec![],
+                ..Poll::default()
             });
         }
         assert_eq!(w.finish(1, 1000).gpus[0].utilization_pct, Some(21));
@@ -246,10 +265,12 @@ mod tests {
         w.observe(&Poll {
             devices: vec![],
             processes: vec![process(1, 300), process(2, 5)],
+            ..Poll::default()
         });
         w.observe(&Poll {
             devices: vec![],
             processes: vec![process(1, 200)],
+            ..Poll::default()
         });
         let s = w.finish(9, 1000);
         assert_eq!(s.processes.len(), 2);
@@ -264,12 +285,14 @@ mod tests {
         w.observe(&Poll {
             devices: vec![device(500, None)],
             processes: vec![process(1, 1)],
+            ..Poll::default()
         });
         w.finish(1, 1000);
         assert!(w.is_empty());
         w.observe(&Poll {
             devices: vec![device(7, None)],
             processes: vec![],
+            ..Poll::default()
         });
         let s = w.finish(2, 1000);
         assert_eq!(s.gpus[0].memory_used_max, 7);

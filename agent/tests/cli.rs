@@ -41,10 +41,19 @@ fn garbage_scenario_file_is_named_and_exits_non_zero() {
 }
 
 #[test]
-fn no_source_means_no_simulated_data() {
-    let (code, stderr) = stderr_of(agent());
-    assert_eq!(code, 78);
-    assert!(stderr.contains("no GPU source configured"), "{stderr}");
+fn without_nvml_the_agent_stops_instead_of_simulating() {
+    // The default source is the real GPUs; a library that cannot be loaded
+    // is an error that names it, never a silent switch to simulated data.
+    let mut c = agent();
+    c.args(["--nvml-library", "/nonexistent/libnvidia-ml.so.1"]);
+    let (code, stderr) = stderr_of(c);
+    assert_eq!(code, 78, "{stderr}");
+    assert!(
+        stderr.contains("cannot load the NVIDIA management library")
+            && stderr.contains("/nonexistent/libnvidia-ml.so.1"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("SIMULATED"), "{stderr}");
 }
 
 #[test]

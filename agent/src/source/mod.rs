@@ -2,8 +2,10 @@
 //! and the hardware: the real NVML source and the simulated one are equals
 //! behind it.
 
+mod nvml;
 mod sim;
 
+pub use nvml::{NvmlOptions, NvmlSource};
 pub use sim::SimSource;
 
 /// What a node has: GPUs and, for those in MIG mode, their instances.
@@ -39,6 +41,42 @@ pub struct Poll {
     /// GPUs and MIG instances alike, keyed by their UUID.
     pub devices: Vec<DeviceReading>,
     pub processes: Vec<ProcessReading>,
+    /// What happened since the previous poll (XID errors, lost or stalled
+    /// GPUs, MIG layout changes).
+    pub events: Vec<SourceEvent>,
+    /// The node's new inventory when it changed since the last one handed
+    /// out (a MIG reconfiguration); the collector must hear it before any
+    /// sample of a new instance.
+    pub inventory: Option<Inventory>,
+    /// GPUs whose NVML calls have not returned within the watchdog's limit;
+    /// they are missing from `devices` until they answer again.
+    pub stalled: Vec<String>,
+}
+
+/// Something the hardware did, as opposed to a reading.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceEvent {
+    pub kind: EventKind,
+    pub timestamp_ms: i64,
+    /// The GPU or MIG instance concerned; empty for the node as a whole.
+    pub device_uuid: String,
+    /// The XID for `Xid`; 0 otherwise.
+    pub code: u32,
+    pub pid: u32,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    Xid,
+    GpuLost,
+    MigReconfigured,
+    /// An NVML call has not returned within the watchdog's limit.
+    NvmlHung,
+    /// NVML returned something impossible (a process holding more memory
+    /// than its GPU has, pid 0); it was reported here and not stored as a
+    /// reading.
+    NvmlInvalidData,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -72,6 +110,14 @@ pub struct ProcessReading {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
+    #[error(
+        "cannot load the NVIDIA management library ({library}): {reason}. Is the NVIDIA driver installed? Point `nvml_library` (HEADROOM_NVML_LIBRARY) at libnvidia-ml.so.1 if it lives elsewhere; use --source sim only for a simulated fleet"
+    )]
+    NvmlLoad { library: String, reason: String },
+    #[error("NVML call {call} failed: {reason}")]
+    Nvml { call: &'static str, reason: String },
+    #[error("cannot start an NVML thread: {0}")]
+    Thread(#[from] std::io::Error),
     #[error("node {0:?} is not in the scenario (it has: {1})")]
     UnknownSimNode(String, String),
     #[error("{0}")]

@@ -344,6 +344,7 @@ pub fn batch(
             Ok(pb::EventKind::ProcessStarted) => "process_started",
             Ok(pb::EventKind::ProcessExited) => "process_exited",
             Ok(pb::EventKind::NvmlHung) => "nvml_hung",
+            Ok(pb::EventKind::NvmlInvalidData) => "nvml_invalid_data",
             Ok(pb::EventKind::Unspecified) | Err(_) => {
                 return invalid(format!("event kind {} is not known", e.kind));
             }

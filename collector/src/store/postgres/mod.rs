@@ -41,6 +41,9 @@ impl PostgresStore {
     }
 }
 
+/// Every device the node ever registered, present or not: a batch sampled
+/// before a MIG reconfiguration may arrive after it and still names the old
+/// instances.
 async fn load_session(
     tx: &mut Transaction<'_, Postgres>,
     node_id: i64,
@@ -50,7 +53,7 @@ async fn load_session(
 ) -> Result<NodeSession, StoreError> {
     let rows = sqlx::query_as::<_, SessionDevice>(
         "SELECT id::int8 AS id, uuid, gpu_index::int8 AS gpu_index, mig_profile, parent_id::int8 AS parent_id
-             FROM devices WHERE node_id = $1 AND present",
+             FROM devices WHERE node_id = $1",
     )
     .bind(node_id)
     .fetch_all(&mut **tx)

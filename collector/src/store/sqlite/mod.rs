@@ -51,6 +51,9 @@ impl SqliteStore {
     }
 }
 
+/// Every device the node ever registered, present or not: a batch sampled
+/// before a MIG reconfiguration may arrive after it and still names the old
+/// instances.
 async fn load_session(
     tx: &mut Transaction<'_, Sqlite>,
     node_id: i64,
@@ -59,7 +62,7 @@ async fn load_session(
     committed_seq: i64,
 ) -> Result<NodeSession, StoreError> {
     let rows = sqlx::query_as::<_, SessionDevice>(
-        "SELECT id, uuid, gpu_index, mig_profile, parent_id FROM devices WHERE node_id = ? AND present",
+        "SELECT id, uuid, gpu_index, mig_profile, parent_id FROM devices WHERE node_id = ?",
     )
     .bind(node_id)
     .fetch_all(&mut **tx)

@@ -1,0 +1,488 @@
+//! The real source: NVIDIA's management library, loaded at run time through
+//! nvml-wrapper.
+//!
+//! Every GPU gets a thread of its own ([`worker`]) that makes all NVML calls
+//! for that GPU and its MIG instances under a [`watchdog`]. A poll asks
+//! every idle GPU for a reading and waits a bounded time for the answers: a
+//! GPU whose call hangs is reported once as hung and then as stalled, a lost
+//! GPU once as lost, and the other GPUs go on being read. XID errors come
+//! from an event set on their own thread ([`events`]), PCIe fallback
+//! sampling likewise ([`pcie`]). Processes are attributed to users,
+//! containers, pods and Slurm jobs from `/proc` ([`crate::attribution`]).
+
+mod events;
+mod mig;
+mod pcie;
+mod watchdog;
+mod worker;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::time::{Duration, Instant};
+
+use nvml_wrapper::Nvml;
+
+use crate::attribution::{Attribution, Attributor};
+use crate::time::epoch_ms_now;
+
+use super::{
+    EventKind, GpuDevice, GpuSource, Inventory, Poll, ProcessReading, SourceError, SourceEvent,
+};
+use pcie::ThroughputBoard;
+use watchdog::Watchdog;
+use worker::{GpuReading, Outcome, RawProcess, WorkerReply, WorkerTiming};
+
+/// The system's NVML, as the driver installs it.
+pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
+
+#[derive(Debug, Clone)]
+pub struct NvmlOptions {
+    /// The libnvidia-ml to load; [`DEFAULT_LIBRARY`] from the loader's
+    /// search path when `None`.
+    pub library: Option<PathBuf>,
+    /// Where to read processes' owners from (the host's `/proc`).
+    pub procfs_root: PathBuf,
+    /// An NVML call running longer than this is reported as hung.
+    pub call_timeout: Duration,
+    /// How long one poll waits for the GPUs' answers; an answer that comes
+    /// later counts towards the next poll.
+    pub poll_wait: Duration,
+    /// How often each GPU's layout (MIG instances) is re-read.
+    pub layout_check: Duration,
+    /// Cadence of `nvmlDeviceGetPcieThroughput` on GPUs without PCIe byte
+    /// counters.
+    pub pcie_fallback_interval: Duration,
+    /// How long a process's owner is trusted before `/proc` is read again.
+    pub attribution_refresh: Duration,
+}
+
+impl Default for NvmlOptions {
+    fn default() -> Self {
+        Self {
+            library: None,
+            procfs_root: PathBuf::from("/proc"),
+            call_timeout: Duration::from_secs(5),
+            poll_wait: Duration::from_millis(80),
+            layout_check: Duration::from_secs(10),
+            pcie_fallback_interval: Duration::from_secs(1),
+            attribution_refresh: Duration::from_secs(5),
+        }
+    }
+}
+
+pub struct NvmlSource {
+    driver_version: String,
+    workers: Vec<Slot>,
+    replies: Receiver<WorkerReply>,
+    xid_events: Receiver<SourceEvent>,
+    stop: Arc<AtomicBool>,
+    options: NvmlOptions,
+    attributor: Attributor,
+    owners: HashMap<u32, Owner>,
+    readings: Vec<GpuReading>,
+    events: Vec<SourceEvent>,
+    reported_invalid: HashSet<(String, u32)>,
+    inventory_changed: bool,
+}
+
+impl std::fmt::Debug for NvmlSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlSource")
+            .field("driver_version", &self.driver_version)
+            .field("gpus", &self.workers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The source's view of one GPU's thread.
+#[derive(Debug)]
+struct Slot {
+    index: u32,
+    /// `None` once the thread has ended (the GPU was lost).
+    requests: Option<SyncSender<()>>,
+    watchdog: Arc<Watchdog>,
+    /// When the outstanding request was sent; `None` when idle.
+    busy_since: Option<Instant>,
+    hung_reported: bool,
+    layout: Option<GpuDevice>,
+    failures: u64,
+}
+
+#[derive(Debug)]
+struct Owner {
+    attribution: Option<Arc<Attribution>>,
+    checked: Instant,
+}
+
+impl NvmlSource {
+    /// Loads NVML, starts a thread per GPU and reads every GPU's layout. A
+    /// library that cannot be loaded is an error: the agent never falls
+    /// back to anything else on its own.
+    pub fn new(options: NvmlOptions) -> Result<Self, SourceError> {
+        let library = options
+            .library
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_LIBRARY));
+        let nvml = Nvml::builder()
+            .lib_path(library.as_os_str())
+            .init()
+            .map_err(|e| SourceError::NvmlLoad {
+                library: library.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        let nvml = Arc::new(nvml);
+        let driver_version = nvml.sys_driver_version().map_err(|e| SourceError::Nvml {
+            call: "nvmlSystemGetDriverVersion",
+            reason: e.to_string(),
+        })?;
+        let count = nvml.device_count().map_err(|e| SourceError::Nvml {
+            call: "nvmlDeviceGetCount_v2",
+            reason: e.to_string(),
+        })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let board = Arc::new(ThroughputBoard::default());
+        let (reply_tx, replies) = mpsc::channel();
+        let timing = WorkerTiming {
+            layout_check: options.layout_check,
+        };
+        let mut workers = Vec::new();
+        for index in 0..count {
+            let (requests, requests_rx) = mpsc::sync_channel(1);
+            let watchdog = Arc::new(Watchdog::default());
+            worker::spawn(
+                nvml.clone(),
+                index,
+                requests_rx,
+                reply_tx.clone(),
+                watchdog.clone(),
+                board.clone(),
+                timing,
+            )?;
+            workers.push(Slot {
+                index,
+                requests: Some(requests),
+                watchdog,
+                busy_since: None,
+                hung_reported: false,
+                layout: None,
+                failures: 0,
+            });
+        }
+        pcie::spawn_fallback(
+            nvml.clone(),
+            board,
+            options.pcie_fallback_interval,
+            stop.clone(),
+        )?;
+        let (xid_tx, xid_events) = mpsc::channel();
+        events::spawn(nvml, (0..count).collect(), xid_tx, stop.clone())?;
+        let attributor = Attributor::new(options.procfs_root.clone());
+        let mut source = Self {
+            driver_version,
+            workers,
+            replies,
+            xid_events,
+            stop,
+            options,
+            attributor,
+            owners: HashMap::new(),
+            readings: Vec::new(),
+            events: Vec::new(),
+            reported_invalid: HashSet::new(),
+            inventory_changed: false,
+        };
+        // The first round reads every layout; give it the watchdog's limit,
+        // not a poll's, so a slow start is not mistaken for a missing GPU.
+        source.request_round();
+        source.collect_until(Instant::now() + source.options.call_timeout);
+        source.report_hung();
+        Ok(source)
+    }
+
+    fn request_round(&mut self) {
+        let now = Instant::now();
+        for slot in &mut self.workers {
+            if slot.busy_since.is_some() {
+                continue;
+            }
+            let Some(requests) = &slot.requests else {
+                continue;
+            };
+            // The channel holds one request and the slot is idle, so this
+            // only fails when the thread has ended.
+            if requests.try_send(()).is_ok() {
+                slot.busy_since = Some(now);
+            } else {
+                slot.requests = None;
+            }
+        }
+    }
+
+    /// Takes answers until every GPU that is not known to hang has answered,
+    /// or `deadline`.
+    fn collect_until(&mut self, deadline: Instant) {
+        loop {
+            while let Ok(reply) = self.replies.try_recv() {
+                self.accept(reply);
+            }
+            let waiting = self
+                .workers
+                .iter()
+                .any(|s| s.busy_since.is_some() && !s.hung_reported);
+            let now = Instant::now();
+            if !waiting || now >= deadline {
+                return;
+            }
+            match self.replies.recv_timeout(deadline - now) {
+                Ok(reply) => self.accept(reply),
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    fn accept(&mut self, reply: WorkerReply) {
+        let Some(slot) = self.workers.iter_mut().find(|s| s.index == reply.index) else {
+            return;
+        };
+        slot.busy_since = None;
+        if slot.hung_reported {
+            slot.hung_reported = false;
+            tracing::info!(gpu = slot.index, "NVML answers again after a hung call");
+        }
+        match reply.outcome {
+            Outcome::Reading(mut reading) => {
+                slot.failures = 0;
+                if let Some(layout) = reading.layout.take()
+                    && slot.layout.as_ref() != Some(&layout)
+                {
+                    if let Some(old) = &slot.layout {
+                        let detail = format!(
+                            "MIG layout changed from [{}] to [{}]",
+                            profiles(old),
+                            profiles(&layout)
+                        );
+                        tracing::warn!(gpu = %layout.uuid, %detail, "MIG reconfigured");
+                        self.events.push(SourceEvent {
+                            kind: EventKind::MigReconfigured,
+                            timestamp_ms: epoch_ms_now(),
+                            device_uuid: layout.uuid.clone(),
+                            code: 0,
+                            pid: 0,
+                            detail,
+                        });
+                    }
+                    slot.layout = Some(layout);
+                    self.inventory_changed = true;
+                }
+                self.readings.push(reading);
+            }
+            Outcome::Lost => {
+                slot.requests = None;
+                let uuid = slot
+                    .layout
+                    .as_ref()
+                    .map(|l| l.uuid.clone())
+                    .unwrap_or_default();
+                tracing::error!(gpu = slot.index, %uuid, "GPU lost (fallen off the bus); the others are still polled");
+                self.events.push(SourceEvent {
+                    kind: EventKind::GpuLost,
+                    timestamp_ms: epoch_ms_now(),
+                    device_uuid: uuid,
+                    code: 0,
+                    pid: 0,
+                    detail: format!("GPU {} is lost (NVML_ERROR_GPU_IS_LOST)", slot.index),
+                });
+            }
+            Outcome::Failed { call, reason } => {
+                slot.failures += 1;
+                // Every poll fails the same way while a GPU is unwell; say it
+                // once, then now and then.
+                if slot.failures == 1 || slot.failures % 600 == 0 {
+                    tracing::warn!(gpu = slot.index, call, %reason, failures = slot.failures, "NVML call failed");
+                }
+            }
+        }
+    }
+
+    fn report_hung(&mut self) {
+        for slot in &mut self.workers {
+            if slot.hung_reported || slot.busy_since.is_none() {
+                continue;
+            }
+            let Some((call, running)) = slot.watchdog.in_flight() else {
+                continue;
+            };
+            if running < self.options.call_timeout {
+                continue;
+            }
+            slot.hung_reported = true;
+            let uuid = slot
+                .layout
+                .as_ref()
+                .map(|l| l.uuid.clone())
+                .unwrap_or_default();
+            let detail = format!(
+                "{call} on GPU {} has not returned for {:.1} s; its readings stop until it does",
+                slot.index,
+                running.as_secs_f64()
+            );
+            tracing::error!(gpu = slot.index, %uuid, call, "NVML call hung");
+            self.events.push(SourceEvent {
+                kind: EventKind::NvmlHung,
+                timestamp_ms: epoch_ms_now(),
+                device_uuid: uuid,
+                code: 0,
+                pid: 0,
+                detail,
+            });
+        }
+    }
+
+    fn current_inventory(&self) -> Inventory {
+        Inventory {
+            driver_version: self.driver_version.clone(),
+            gpus: self
+                .workers
+                .iter()
+                .filter_map(|s| s.layout.clone())
+                .collect(),
+        }
+    }
+
+    /// Who owns `pid`. `/proc` is read for a pid NVML has not listed
+    /// before, and again every `attribution_refresh` (to catch pid reuse);
+    /// in between, the last answer stands, which keeps polling at 10 Hz off
+    /// the filesystem.
+    fn owner(&mut self, pid: u32, now: Instant) -> Option<Arc<Attribution>> {
+        if let Some(owner) = self.owners.get(&pid)
+            && now.duration_since(owner.checked) < self.options.attribution_refresh
+        {
+            return owner.attribution.clone();
+        }
+        let attribution = self.attributor.attribute(pid);
+        self.owners.insert(
+            pid,
+            Owner {
+                attribution: attribution.clone(),
+                checked: now,
+            },
+        );
+        attribution
+    }
+
+    fn process(&mut self, raw: RawProcess, now: Instant) -> ProcessReading {
+        let owner = self.owner(raw.pid, now);
+        let mut reading = ProcessReading {
+            device_uuid: raw.device_uuid,
+            pid: raw.pid,
+            start_time_ms: 0,
+            memory_used: raw.memory_used.unwrap_or(0),
+            name: String::new(),
+            uid: 0,
+            user: String::new(),
+            container_id: String::new(),
+            pod_uid: String::new(),
+            slurm_job_id: String::new(),
+        };
+        // A process gone from /proc by the time we look (or hidden by a pid
+        // namespace) is still reported, without an owner.
+        if let Some(a) = owner {
+            reading.start_time_ms = a.start_time_ms;
+            reading.name = a.command.clone();
+            reading.uid = a.uid;
+            reading.user = a.user.clone();
+            reading.container_id = a
+                .container
+                .as_ref()
+                .map(|c| c.id.clone())
+                .unwrap_or_default();
+            reading.pod_uid = a.pod.as_ref().map(|p| p.uid.clone()).unwrap_or_default();
+            reading.slurm_job_id = a.slurm_job_id.clone().unwrap_or_default();
+        }
+        reading
+    }
+}
+
+impl GpuSource for NvmlSource {
+    fn inventory(&mut self) -> Result<Inventory, SourceError> {
+        self.inventory_changed = false;
+        Ok(self.current_inventory())
+    }
+
+    fn poll(&mut self) -> Result<Poll, SourceError> {
+        self.request_round();
+        self.collect_until(Instant::now() + self.options.poll_wait);
+        self.report_hung();
+        let now = Instant::now();
+        let mut poll = Poll::default();
+        let mut live = HashSet::new();
+        for reading in std::mem::take(&mut self.readings) {
+            poll.devices.extend(reading.devices);
+            for invalid in reading.invalid {
+                // Once per device and pid: the same impossible answer at
+                // 10 Hz is one problem, not thousands.
+                if self.reported_invalid.len() > 10_000 {
+                    self.reported_invalid.clear();
+                }
+                if self
+                    .reported_invalid
+                    .insert((invalid.device_uuid.clone(), invalid.pid))
+                {
+                    tracing::warn!(gpu = %invalid.device_uuid, detail = %invalid.detail, "NVML returned impossible data; not stored");
+                    self.events.push(SourceEvent {
+                        kind: EventKind::NvmlInvalidData,
+                        timestamp_ms: epoch_ms_now(),
+                        device_uuid: invalid.device_uuid,
+                        code: 0,
+                        pid: invalid.pid,
+                        detail: invalid.detail,
+                    });
+                }
+            }
+            for raw in reading.processes {
+                live.insert(raw.pid);
+                let process = self.process(raw, now);
+                poll.processes.push(process);
+            }
+        }
+        self.owners.retain(|pid, _| live.contains(pid));
+        self.attributor.retain(live.iter().copied());
+        while let Ok(event) = self.xid_events.try_recv() {
+            self.events.push(event);
+        }
+        poll.events = std::mem::take(&mut self.events);
+        if self.inventory_changed {
+            self.inventory_changed = false;
+            poll.inventory = Some(self.current_inventory());
+        }
+        poll.stalled = self
+            .workers
+            .iter()
+            .filter(|s| s.hung_reported)
+            .filter_map(|s| s.layout.as_ref().map(|l| l.uuid.clone()))
+            .collect();
+        Ok(poll)
+    }
+}
+
+impl Drop for NvmlSource {
+    fn drop(&mut self) {
+        // Threads end when their request channel closes or on `stop`; a
+        // thread stuck in a hung call is left behind rather than joined.
+        self.stop.store(true, Ordering::Relaxed);
+        for slot in &mut self.workers {
+            slot.requests = None;
+        }
+    }
+}
+
+fn profiles(gpu: &GpuDevice) -> String {
+    gpu.mig_instances
+        .iter()
+        .map(|m| m.profile.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}

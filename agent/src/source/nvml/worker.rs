@@ -1,0 +1,395 @@
+//! One thread per GPU. Every NVML call for that GPU and its MIG instances
+//! happens here, so a call that hangs on one GPU stalls only that GPU: the
+//! source keeps polling the others and reports this one as stalled.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender};
+use std::time::{Duration, Instant};
+
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::{Device, Nvml};
+
+use crate::source::{DeviceReading, GpuDevice};
+
+use super::mig::{MigHandle, read_layout};
+use super::pcie::{CounterRate, ThroughputBoard};
+use super::watchdog::Watchdog;
+
+/// NVML field ids of the cumulative PCIe byte counters (`nvml.h`).
+const PCIE_TX_BYTES: FieldId = FieldId(197);
+const PCIE_RX_BYTES: FieldId = FieldId(198);
+
+#[derive(Debug)]
+pub(crate) struct WorkerReply {
+    pub index: u32,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    Reading(GpuReading),
+    /// The GPU fell off the bus (`NVML_ERROR_GPU_IS_LOST`); its thread ends.
+    Lost,
+    Failed {
+        call: &'static str,
+        reason: String,
+    },
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct GpuReading {
+    /// The GPU's layout when it is new or changed since the last reading.
+    pub layout: Option<GpuDevice>,
+    pub devices: Vec<DeviceReading>,
+    pub processes: Vec<RawProcess>,
+    /// Readings NVML gave that cannot be true, described for an event.
+    pub invalid: Vec<Invalid>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RawProcess {
+    pub device_uuid: String,
+    pub pid: u32,
+    /// `None` where NVML cannot tell (MIG without privileges, WDDM).
+    pub memory_used: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Invalid {
+    pub device_uuid: String,
+    pub pid: u32,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WorkerTiming {
+    /// How often the layout (MIG instances) is re-read.
+    pub layout_check: Duration,
+}
+
+/// Starts GPU `index`'s thread. It answers one reading per message on
+/// `requests` and ends when `requests` closes or the GPU is lost.
+pub(crate) fn spawn(
+    nvml: Arc<Nvml>,
+    index: u32,
+    requests: Receiver<()>,
+    replies: Sender<WorkerReply>,
+    watchdog: Arc<Watchdog>,
+    pcie: Arc<ThroughputBoard>,
+    timing: WorkerTiming,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("headroom-nvml-gpu{index}"))
+        .spawn(move || {
+            let mut gpu = Gpu {
+                nvml: &nvml,
+                index,
+                watchdog: &watchdog,
+                pcie: &pcie,
+                timing,
+                state: None,
+            };
+            while requests.recv().is_ok() {
+                let outcome = gpu.read();
+                let lost = matches!(outcome, Outcome::Lost);
+                if replies.send(WorkerReply { index, outcome }).is_err() || lost {
+                    break;
+                }
+            }
+        })
+}
+
+struct Gpu<'a> {
+    nvml: &'a Nvml,
+    index: u32,
+    watchdog: &'a Watchdog,
+    pcie: &'a ThroughputBoard,
+    timing: WorkerTiming,
+    state: Option<GpuState<'a>>,
+}
+
+struct GpuState<'a> {
+    device: Device<'a>,
+    layout: GpuDevice,
+    mig: Vec<MigHandle<'a>>,
+    layout_read: Instant,
+    /// A MIG handle stopped working: re-read the layout on the next poll.
+    layout_due: bool,
+    counters_supported: bool,
+    tx: CounterRate,
+    rx: CounterRate,
+}
+
+/// An NVML failure: lost GPUs end the thread, anything else fails one read.
+type CallError = (&'static str, NvmlError);
+
+impl<'a> Gpu<'a> {
+    fn read(&mut self) -> Outcome {
+        match self.try_read() {
+            Ok(reading) => Outcome::Reading(reading),
+            Err((_, NvmlError::GpuLost)) => Outcome::Lost,
+            Err((call, error)) => {
+                // Re-read the layout next time: a stale MIG handle or a GPU
+                // that came back answers differently.
+                self.state = None;
+                Outcome::Failed {
+                    call,
+                    reason: error.to_string(),
+                }
+            }
+        }
+    }
+
+    fn try_read(&mut self) -> Result<GpuReading, CallError> {
+        let mut reading = GpuReading::default();
+        let stale = self
+            .state
+            .as_ref()
+            .is_none_or(|s| s.layout_due || s.layout_read.elapsed() >= self.timing.layout_check);
+        if stale {
+            self.refresh_layout(&mut reading)?;
+        }
+        let Some(state) = self.state.as_mut() else {
+            return Ok(reading);
+        };
+        let watchdog = self.watchdog;
+        let memory = watchdog
+            .run("nvmlDeviceGetMemoryInfo_v2", || state.device.memory_info())
+            .map_err(|e| ("nvmlDeviceGetMemoryInfo_v2", e))?;
+        let utilization = match watchdog.run("nvmlDeviceGetUtilizationRates", || {
+            state.device.utilization_rates()
+        }) {
+            Ok(u) => Some(u.gpu.min(100)),
+            Err(NvmlError::GpuLost) => {
+                return Err(("nvmlDeviceGetUtilizationRates", NvmlError::GpuLost));
+            }
+            Err(_) => None,
+        };
+        let (tx, rx) = read_pcie(state, watchdog, self.pcie, self.index)?;
+        let uuid = state.layout.uuid.clone();
+        push_memory(
+            &mut reading,
+            DeviceReading {
+                uuid: uuid.clone(),
+                memory_used: memory.used,
+                memory_reserved: memory.reserved,
+                memory_total: memory.total,
+                utilization_pct: utilization,
+                pcie_tx_bytes_per_s: tx,
+                pcie_rx_bytes_per_s: rx,
+            },
+        );
+        if state.mig.is_empty() {
+            let processes = running_processes(&state.device, watchdog)?;
+            push_processes(&mut reading, &uuid, memory.total, processes);
+        } else {
+            let mut stale_handle = false;
+            for mig in &state.mig {
+                let memory =
+                    match watchdog.run("nvmlDeviceGetMemoryInfo_v2", || mig.device.memory_info()) {
+                        Ok(memory) => memory,
+                        Err(NvmlError::GpuLost) => {
+                            return Err(("nvmlDeviceGetMemoryInfo_v2", NvmlError::GpuLost));
+                        }
+                        Err(_) => {
+                            stale_handle = true;
+                            continue;
+                        }
+                    };
+                push_memory(
+                    &mut reading,
+                    DeviceReading {
+                        uuid: mig.uuid.clone(),
+                        memory_used: memory.used,
+                        memory_reserved: memory.reserved,
+                        memory_total: mig.memory_total,
+                        utilization_pct: None,
+                        pcie_tx_bytes_per_s: None,
+                        pcie_rx_bytes_per_s: None,
+                    },
+                );
+                match running_processes(&mig.device, watchdog) {
+                    Ok(processes) => {
+                        push_processes(&mut reading, &mig.uuid, mig.memory_total, processes);
+                    }
+                    Err((call, NvmlError::GpuLost)) => return Err((call, NvmlError::GpuLost)),
+                    Err(_) => stale_handle = true,
+                }
+            }
+            if stale_handle {
+                // The layout changed under us; read it again on the next poll.
+                state.layout_due = true;
+            }
+        }
+        Ok(reading)
+    }
+
+    fn refresh_layout(&mut self, reading: &mut GpuReading) -> Result<(), CallError> {
+        let nvml = self.nvml;
+        if let Some(state) = &mut self.state {
+            let (layout, mig) = read_layout(nvml, &state.device, self.index, self.watchdog)?;
+            if state.layout != layout {
+                reading.layout = Some(layout.clone());
+                state.layout = layout;
+            }
+            state.mig = mig;
+            state.layout_read = Instant::now();
+            state.layout_due = false;
+            return Ok(());
+        }
+        let device = self
+            .watchdog
+            .run("nvmlDeviceGetHandleByIndex_v2", || {
+                nvml.device_by_index(self.index)
+            })
+            .map_err(|e| ("nvmlDeviceGetHandleByIndex_v2", e))?;
+        let (layout, mig) = read_layout(nvml, &device, self.index, self.watchdog)?;
+        reading.layout = Some(layout.clone());
+        self.state = Some(GpuState {
+            device,
+            layout,
+            mig,
+            layout_read: Instant::now(),
+            layout_due: false,
+            counters_supported: true,
+            tx: CounterRate::default(),
+            rx: CounterRate::default(),
+        });
+        Ok(())
+    }
+}
+
+/// A device reading that cannot be true is reported, not stored.
+fn push_memory(reading: &mut GpuReading, device: DeviceReading) {
+    if device.memory_used.saturating_add(device.memory_reserved) > device.memory_total {
+        reading.invalid.push(Invalid {
+            device_uuid: device.uuid.clone(),
+            pid: 0,
+            detail: format!(
+                "NVML reported {} B used + {} B reserved on a device of {} B",
+                device.memory_used, device.memory_reserved, device.memory_total
+            ),
+        });
+        return;
+    }
+    reading.devices.push(device);
+}
+
+fn push_processes(
+    reading: &mut GpuReading,
+    device_uuid: &str,
+    device_total: u64,
+    processes: Vec<ProcessInfo>,
+) {
+    for p in processes {
+        let memory_used = match p.used_gpu_memory {
+            UsedGpuMemory::Used(bytes) => Some(bytes),
+            UsedGpuMemory::Unavailable => None,
+        };
+        let problem = if p.pid == 0 {
+            Some("NVML listed a process with pid 0".to_owned())
+        } else {
+            memory_used.filter(|m| *m > device_total).map(|m| {
+                format!(
+                    "NVML reported pid {} holding {m} B on a device of {device_total} B",
+                    p.pid
+                )
+            })
+        };
+        if let Some(detail) = problem {
+            reading.invalid.push(Invalid {
+                device_uuid: device_uuid.to_owned(),
+                pid: p.pid,
+                detail,
+            });
+            continue;
+        }
+        // A process with both a compute and a graphics context is listed
+        // twice with the same memory.
+        if reading
+            .processes
+            .iter()
+            .any(|q| q.pid == p.pid && q.device_uuid == device_uuid)
+        {
+            continue;
+        }
+        reading.processes.push(RawProcess {
+            device_uuid: device_uuid.to_owned(),
+            pid: p.pid,
+            memory_used,
+        });
+    }
+}
+
+fn running_processes(
+    device: &Device<'_>,
+    watchdog: &Watchdog,
+) -> Result<Vec<ProcessInfo>, CallError> {
+    let mut processes = watchdog
+        .run("nvmlDeviceGetComputeRunningProcesses_v3", || {
+            device.running_compute_processes()
+        })
+        .map_err(|e| ("nvmlDeviceGetComputeRunningProcesses_v3", e))?;
+    match watchdog.run("nvmlDeviceGetGraphicsRunningProcesses_v3", || {
+        device.running_graphics_processes()
+    }) {
+        Ok(graphics) => processes.extend(graphics),
+        Err(NvmlError::GpuLost) => {
+            return Err((
+                "nvmlDeviceGetGraphicsRunningProcesses_v3",
+                NvmlError::GpuLost,
+            ));
+        }
+        // Compute processes are what matters; a GPU without graphics
+        // support says so here.
+        Err(_) => {}
+    }
+    Ok(processes)
+}
+
+fn read_pcie(
+    state: &mut GpuState<'_>,
+    watchdog: &Watchdog,
+    board: &ThroughputBoard,
+    index: u32,
+) -> Result<super::pcie::Rates, CallError> {
+    if !state.counters_supported {
+        return Ok(board.latest(index));
+    }
+    let values = match watchdog.run("nvmlDeviceGetFieldValues", || {
+        state
+            .device
+            .field_values_for(&[PCIE_TX_BYTES, PCIE_RX_BYTES])
+    }) {
+        Ok(values) => values,
+        Err(NvmlError::GpuLost) => return Err(("nvmlDeviceGetFieldValues", NvmlError::GpuLost)),
+        Err(_) => Vec::new(),
+    };
+    let counter = |i: usize| -> Option<(u64, i64)> {
+        let sample = values.get(i)?.as_ref().ok()?;
+        let value = match sample.value.as_ref().ok()? {
+            nvml_wrapper::enums::device::SampleValue::U64(v) => *v,
+            nvml_wrapper::enums::device::SampleValue::U32(v) => u64::from(*v),
+            nvml_wrapper::enums::device::SampleValue::I64(v) => u64::try_from(*v).ok()?,
+            nvml_wrapper::enums::device::SampleValue::F64(_) => return None,
+        };
+        Some((value, sample.timestamp))
+    };
+    match (counter(0), counter(1)) {
+        (Some((tx, tx_at)), Some((rx, rx_at))) => {
+            Ok((state.tx.update(tx, tx_at), state.rx.update(rx, rx_at)))
+        }
+        _ => {
+            tracing::info!(
+                gpu = index,
+                "PCIe byte counters not supported; sampling nvmlDeviceGetPcieThroughput on its own thread instead"
+            );
+            state.counters_supported = false;
+            board.want(index);
+            Ok((None, None))
+        }
+    }
+}
