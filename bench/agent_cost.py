@@ -43,6 +43,20 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def thread_cpu(pid):
+    """CPU seconds per thread name (names are cut to 15 bytes by the kernel)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0) + (int(fields[11]) + int(fields[12])) / TICKS
+    return out
+
+
 def peak_rss_mib(pid):
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -87,6 +101,7 @@ def gpu_pids(python, env):
 
 def write_procfs(root, pids):
     """A procfs tree for `pids`: a mix of Slurm, Kubernetes and Docker owners."""
+    root.mkdir(parents=True, exist_ok=True)
     (root / "stat").write_text("cpu  1 2 3 4\nbtime 1700000000\n")
     for n, pid in enumerate(pids):
         d = root / str(pid)
@@ -174,10 +189,12 @@ def main():
             if p.poll() is not None:
                 raise SystemExit(f"{name} exited early with {p.returncode}")
         before = {name: cpu_seconds(p.pid) for name, p in watched.items()}
+        threads_before = thread_cpu(agent.pid)
         started = time.monotonic()
         time.sleep(args.seconds)
         elapsed = time.monotonic() - started
         after = {name: cpu_seconds(p.pid) for name, p in watched.items()}
+        threads_after = thread_cpu(agent.pid)
         rss = {name: peak_rss_mib(p.pid) for name, p in watched.items()}
 
         import urllib.request
@@ -192,6 +209,10 @@ def main():
         for name in watched:
             cpu[name] = 100 * (after[name] - before[name]) / elapsed
             print(f"{name:40} {cpu[name]:18.2f} {rss[name]:13.1f}")
+        print("agent CPU by thread (% of one core):")
+        for name, seconds in sorted(threads_after.items(), key=lambda kv: -kv[1]):
+            share = 100 * (seconds - threads_before.get(name, 0)) / elapsed
+            print(f"  {name:24} {share:6.2f}")
         for name in list(watched)[1:]:
             if cpu["headroom-agent"] > 0:
                 print(f"CPU ratio {name} / headroom-agent: {cpu[name] / cpu['headroom-agent']:.1f}x")

@@ -45,6 +45,7 @@ pub fn spawn(
                 let poll_started = Instant::now();
                 match source.poll() {
                     Ok(poll) => {
+                        let poll = Arc::new(poll);
                         metrics.record_poll(&poll, poll_started.elapsed());
                         window.observe(&poll);
                         flush_now = crossings.crossed(&poll);

@@ -79,12 +79,15 @@ impl MeanFold {
     }
 }
 
-type ProcessKey = (String, u32, i64);
+/// A process on one device: (pid, start time).
+type ProcessKey = (u32, i64);
 
 #[derive(Debug, Default)]
 pub struct SampleWindow {
     devices: BTreeMap<String, DeviceFold>,
-    processes: HashMap<ProcessKey, (ProcessReading, u64)>,
+    /// Keyed by device first, so a poll finds its entries by `&str` without
+    /// building a key per process (hundreds per poll at 10 Hz).
+    processes: HashMap<String, HashMap<ProcessKey, (ProcessReading, u64)>>,
     events: Vec<SourceEvent>,
     inventory: Option<Inventory>,
 }
@@ -125,14 +128,17 @@ impl SampleWindow {
             fold.pcie_rx.add(d.pcie_rx_bytes_per_s);
         }
         for p in &poll.processes {
-            let key = (p.device_uuid.clone(), p.pid, p.start_time_ms);
-            match self.processes.get_mut(&key) {
+            let on_device = match self.processes.get_mut(p.device_uuid.as_str()) {
+                Some(on_device) => on_device,
+                None => self.processes.entry(p.device_uuid.clone()).or_default(),
+            };
+            match on_device.get_mut(&(p.pid, p.start_time_ms)) {
                 Some((last, max)) => {
                     *max = (*max).max(p.memory_used);
-                    *last = p.clone();
+                    update(last, p);
                 }
                 None => {
-                    self.processes.insert(key, (p.clone(), p.memory_used));
+                    on_device.insert((p.pid, p.start_time_ms), (p.clone(), p.memory_used));
                 }
             }
         }
@@ -172,6 +178,7 @@ impl SampleWindow {
             .collect();
         let mut processes: Vec<ProcessSample> = std::mem::take(&mut self.processes)
             .into_values()
+            .flat_map(HashMap::into_values)
             .map(|(last, max)| ProcessSample {
                 timestamp_ms: end_ms,
                 last,
@@ -186,6 +193,24 @@ impl SampleWindow {
             processes,
             events: std::mem::take(&mut self.events),
             inventory: self.inventory.take(),
+        }
+    }
+}
+
+/// The newest reading of a process, copying its owner's strings only when
+/// they changed (they almost never do).
+fn update(last: &mut ProcessReading, p: &ProcessReading) {
+    last.memory_used = p.memory_used;
+    last.uid = p.uid;
+    for (to, from) in [
+        (&mut last.name, &p.name),
+        (&mut last.user, &p.user),
+        (&mut last.container_id, &p.container_id),
+        (&mut last.pod_uid, &p.pod_uid),
+        (&mut last.slurm_job_id, &p.slurm_job_id),
+    ] {
+        if to != from {
+            to.clone_from(from);
         }
     }
 }
