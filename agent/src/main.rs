@@ -101,6 +101,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 poll_wait: Duration::from_millis(config.poll_interval_ms * 4 / 5),
                 layout_check: Duration::from_millis(config.mig_check_interval_ms),
                 pcie_fallback_interval: Duration::from_millis(config.pcie_fallback_interval_ms),
+                // Slow-moving values once a second, whatever the poll rate.
+                slow_every: (1000 / config.poll_interval_ms).max(1),
                 ..NvmlOptions::default()
             })?;
             let node = match &config.node_name {

@@ -187,11 +187,11 @@ impl AgentMetrics {
                             "{},pid=\"{}\",process=\"{}\",user=\"{}\",job=\"{}\",pod=\"{}\",container=\"{}\"",
                             self.device_labels(devices, &p.device_uuid),
                             p.pid,
-                            escape(&p.name.chars().take(120).collect::<String>()),
-                            escape(&p.user),
-                            escape(&p.slurm_job_id),
-                            escape(&p.pod_uid),
-                            escape(&p.container_id),
+                            escape(&p.owner.name.chars().take(120).collect::<String>()),
+                            escape(&p.owner.user),
+                            escape(&p.owner.slurm_job_id),
+                            escape(&p.owner.pod_uid),
+                            escape(&p.owner.container_id),
                         ),
                         p.memory_used.to_string(),
                     )
@@ -340,7 +340,7 @@ pub fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::{DeviceReading, GpuDevice, ProcessReading};
+    use crate::source::{DeviceReading, GpuDevice, ProcessOwner, ProcessReading};
 
     #[test]
     fn renders_the_latest_poll_with_escaped_labels() {
@@ -373,12 +373,12 @@ mod tests {
                     pid: 9,
                     start_time_ms: 0,
                     memory_used: 40,
-                    name: "python \"train\".py".into(),
-                    uid: 0,
-                    user: "alice".into(),
-                    container_id: String::new(),
-                    pod_uid: String::new(),
-                    slurm_job_id: "7".into(),
+                    owner: Arc::new(ProcessOwner {
+                        name: "python \"train\".py".into(),
+                        user: "alice".into(),
+                        slurm_job_id: "7".into(),
+                        ..ProcessOwner::default()
+                    }),
                 }],
                 ..Poll::default()
             }),

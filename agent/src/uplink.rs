@@ -313,18 +313,18 @@ fn to_batch(node: &str, boot_id: &str, interval: IntervalSamples) -> pb::Batch {
             .processes
             .into_iter()
             .map(|p| pb::ProcessSample {
-                uuid: p.last.device_uuid,
+                uuid: p.last.device_uuid.to_string(),
                 timestamp_ms: p.timestamp_ms,
                 pid: p.last.pid,
                 start_time_ms: p.last.start_time_ms,
                 memory_used_last_bytes: p.last.memory_used,
                 memory_used_max_bytes: p.memory_used_max,
-                name: p.last.name,
-                uid: p.last.uid,
-                user: p.last.user,
-                container_id: p.last.container_id,
-                pod_uid: p.last.pod_uid,
-                slurm_job_id: p.last.slurm_job_id,
+                name: p.last.owner.name.clone(),
+                uid: p.last.owner.uid,
+                user: p.last.owner.user.clone(),
+                container_id: p.last.owner.container_id.clone(),
+                pod_uid: p.last.owner.pod_uid.clone(),
+                slurm_job_id: p.last.owner.slurm_job_id.clone(),
             })
             .collect(),
         events: interval.events.into_iter().map(to_event).collect(),

@@ -3,6 +3,7 @@
 //! between two shipments still reaches the collector.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use crate::source::{Inventory, Poll, ProcessReading, SourceEvent};
 
@@ -87,7 +88,7 @@ pub struct SampleWindow {
     devices: BTreeMap<String, DeviceFold>,
     /// Keyed by device first, so a poll finds its entries by `&str` without
     /// building a key per process (hundreds per poll at 10 Hz).
-    processes: HashMap<String, HashMap<ProcessKey, (ProcessReading, u64)>>,
+    processes: HashMap<Arc<str>, BTreeMap<ProcessKey, (ProcessReading, u64)>>,
     events: Vec<SourceEvent>,
     inventory: Option<Inventory>,
 }
@@ -127,18 +128,26 @@ impl SampleWindow {
             fold.pcie_tx.add(d.pcie_tx_bytes_per_s);
             fold.pcie_rx.add(d.pcie_rx_bytes_per_s);
         }
-        for p in &poll.processes {
-            let on_device = match self.processes.get_mut(p.device_uuid.as_str()) {
+        // A source lists a device's processes together: look the device up
+        // once per run of them, not once per process.
+        for run in poll
+            .processes
+            .chunk_by(|a, b| Arc::ptr_eq(&a.device_uuid, &b.device_uuid))
+        {
+            let Some(first) = run.first() else { continue };
+            let on_device = match self.processes.get_mut(&*first.device_uuid) {
                 Some(on_device) => on_device,
-                None => self.processes.entry(p.device_uuid.clone()).or_default(),
+                None => self.processes.entry(first.device_uuid.clone()).or_default(),
             };
-            match on_device.get_mut(&(p.pid, p.start_time_ms)) {
-                Some((last, max)) => {
-                    *max = (*max).max(p.memory_used);
-                    update(last, p);
-                }
-                None => {
-                    on_device.insert((p.pid, p.start_time_ms), (p.clone(), p.memory_used));
+            for p in run {
+                match on_device.get_mut(&(p.pid, p.start_time_ms)) {
+                    Some((last, max)) => {
+                        *max = (*max).max(p.memory_used);
+                        update(last, p);
+                    }
+                    None => {
+                        on_device.insert((p.pid, p.start_time_ms), (p.clone(), p.memory_used));
+                    }
                 }
             }
         }
@@ -178,7 +187,7 @@ impl SampleWindow {
             .collect();
         let mut processes: Vec<ProcessSample> = std::mem::take(&mut self.processes)
             .into_values()
-            .flat_map(HashMap::into_values)
+            .flat_map(BTreeMap::into_values)
             .map(|(last, max)| ProcessSample {
                 timestamp_ms: end_ms,
                 last,
@@ -197,21 +206,11 @@ impl SampleWindow {
     }
 }
 
-/// The newest reading of a process, copying its owner's strings only when
-/// they changed (they almost never do).
+/// The newest reading of a process; its owner is shared, not copied.
 fn update(last: &mut ProcessReading, p: &ProcessReading) {
     last.memory_used = p.memory_used;
-    last.uid = p.uid;
-    for (to, from) in [
-        (&mut last.name, &p.name),
-        (&mut last.user, &p.user),
-        (&mut last.container_id, &p.container_id),
-        (&mut last.pod_uid, &p.pod_uid),
-        (&mut last.slurm_job_id, &p.slurm_job_id),
-    ] {
-        if to != from {
-            to.clone_from(from);
-        }
+    if !Arc::ptr_eq(&last.owner, &p.owner) {
+        last.owner = p.owner.clone();
     }
 }
 
@@ -219,7 +218,7 @@ fn update(last: &mut ProcessReading, p: &ProcessReading) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::source::DeviceReading;
+    use crate::source::{DeviceReading, ProcessOwner};
 
     fn device(used: u64, util: Option<u32>) -> DeviceReading {
         DeviceReading {
@@ -239,12 +238,13 @@ mod tests {
             pid,
             start_time_ms: 5,
             memory_used: used,
-            name: "train".into(),
-            uid: 1000,
-            user: "alice".into(),
-            container_id: String::new(),
-            pod_uid: String::new(),
-            slurm_job_id: "77".into(),
+            owner: Arc::new(ProcessOwner {
+                name: "train".into(),
+                uid: 1000,
+                user: "alice".into(),
+                slurm_job_id: "77".into(),
+                ..ProcessOwner::default()
+            }),
         }
     }
 

@@ -221,6 +221,7 @@ fn source(call_timeout: Duration) -> NvmlSource {
         layout_check: Duration::from_millis(300),
         pcie_fallback_interval: Duration::from_millis(200),
         attribution_refresh: Duration::from_secs(5),
+        slow_every: 10,
     })
     .unwrap()
 }
@@ -346,8 +347,8 @@ fn readings_case() {
         for p in &gpu.processes {
             let got = process(&last, p.pid);
             assert_eq!(
-                (&got.device_uuid, got.memory_used),
-                (&gpu.uuid, p.memory_used)
+                (&*got.device_uuid, got.memory_used),
+                (gpu.uuid.as_str(), p.memory_used)
             );
         }
         for mig in &gpu.mig {
@@ -360,8 +361,8 @@ fn readings_case() {
             for p in &mig.processes {
                 let got = process(&last, p.pid);
                 assert_eq!(
-                    (&got.device_uuid, got.memory_used),
-                    (&mig.uuid, p.memory_used)
+                    (&*got.device_uuid, got.memory_used),
+                    (mig.uuid.as_str(), p.memory_used)
                 );
             }
         }
@@ -376,23 +377,23 @@ fn readings_case() {
 
     // Owners, from the procfs tree.
     let train = process(&last, 4101);
-    assert_eq!(train.name, "python train.py --config 70b.yaml");
-    assert_eq!((train.uid, train.user.as_str()), (0, "root"));
-    assert_eq!(train.slurm_job_id, "777");
+    assert_eq!(train.owner.name, "python train.py --config 70b.yaml");
+    assert_eq!((train.owner.uid, train.owner.user.as_str()), (0, "root"));
+    assert_eq!(train.owner.slurm_job_id, "777");
     // 4101 s of 100 Hz ticks after boot.
     assert_eq!(train.start_time_ms, ((BOOT_TIME_S + 4101) * 1000) as i64);
     let serve = process(&last, 4201);
-    assert_eq!(serve.container_id, PODMAN_CONTAINER);
+    assert_eq!(serve.owner.container_id, PODMAN_CONTAINER);
     let pod = process(&last, 4301);
     assert_eq!(
-        (pod.pod_uid.as_str(), pod.container_id.as_str()),
+        (pod.owner.pod_uid.as_str(), pod.owner.container_id.as_str()),
         (POD_UID, POD_CONTAINER)
     );
     let docker = process(&last, 4401);
-    assert_eq!(docker.container_id, DOCKER_CONTAINER);
+    assert_eq!(docker.owner.container_id, DOCKER_CONTAINER);
     // Gone from /proc: still reported with its memory, without an owner.
     let gone = process(&last, 4202);
-    assert_eq!((gone.name.as_str(), gone.start_time_ms), ("", 0));
+    assert_eq!((gone.owner.name.as_str(), gone.start_time_ms), ("", 0));
     assert_eq!(gone.memory_used, 5 << 30);
 
     assert!(last.stalled.is_empty());

@@ -1,6 +1,8 @@
 //! The validated fleet: what a scenario file means once defaults are applied,
 //! `count` is expanded and identities are assigned.
 
+use std::sync::Arc;
+
 use crate::shape::MemoryShape;
 
 /// One simulated machine. Build it through [`crate::Scenario`]; evaluate it
@@ -62,12 +64,12 @@ pub(crate) struct MigInstance {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Process {
     pub pid: u32,
-    pub name: String,
-    pub user: String,
+    pub name: Arc<str>,
+    pub user: Arc<str>,
     pub uid: u32,
-    pub container_id: String,
-    pub pod_uid: String,
-    pub slurm_job_id: String,
+    pub container_id: Arc<str>,
+    pub pod_uid: Arc<str>,
+    pub slurm_job_id: Arc<str>,
     pub start_s: f64,
     pub end_s: Option<f64>,
     pub memory: MemoryShape,

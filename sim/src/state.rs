@@ -1,6 +1,8 @@
 //! What a node reports: static inventory and the readings at one instant.
 //! Field meanings follow NVML, which these values stand in for.
 
+use std::sync::Arc;
+
 /// A GPU as enumerated at start-up (`nvmlDeviceGetHandleByIndex` & co).
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuInfo {
@@ -63,11 +65,13 @@ pub struct ProcessState {
     /// started; a process restarted after an OOM gets a new value, which is
     /// how consumers tell a restart from a continuing process.
     pub start_time_ms: u64,
-    pub name: String,
-    pub user: String,
+    // Shared with the scenario: evaluating hundreds of processes ten times
+    // a second copies reference counts, not strings.
+    pub name: Arc<str>,
+    pub user: Arc<str>,
     pub uid: u32,
-    pub container_id: String,
-    pub pod_uid: String,
-    pub slurm_job_id: String,
+    pub container_id: Arc<str>,
+    pub pod_uid: Arc<str>,
+    pub slurm_job_id: Arc<str>,
     pub memory_used: u64,
 }

@@ -427,12 +427,12 @@ impl<'p> NodeBuilder<'p> {
 
         Some(Process {
             pid: pid?,
-            name: file.name,
-            user,
+            name: file.name.into(),
+            user: user.into(),
             uid,
-            container_id: file.container_id,
-            pod_uid: file.pod_uid,
-            slurm_job_id: file.slurm_job_id,
+            container_id: file.container_id.into(),
+            pod_uid: file.pod_uid.into(),
+            slurm_job_id: file.slurm_job_id.into(),
             start_s,
             end_s: file.end_s,
             memory: file.memory,

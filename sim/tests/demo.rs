@@ -90,7 +90,7 @@ fn demo_covers_kubernetes_slurm_unattributed_memory_and_pcie() {
             .any(|p| !p.pod_uid.is_empty() && !p.container_id.is_empty())
     );
     assert!(processes.iter().any(|p| !p.slurm_job_id.is_empty()));
-    assert!(processes.iter().any(|p| p.user != "root" && p.uid != 0));
+    assert!(processes.iter().any(|p| &*p.user != "root" && p.uid != 0));
     assert!(
         states.iter().any(|g| {
             let attributed: u64 = all_processes(g).map(|p| p.memory_used).sum();
@@ -113,7 +113,7 @@ fn demo_multi_gpu_job_spans_a_whole_node() {
     assert_eq!(states.len(), 8);
     let jobs: HashSet<&str> = states
         .iter()
-        .map(|g| g.processes[0].slurm_job_id.as_str())
+        .map(|g| &*g.processes[0].slurm_job_id)
         .collect();
     assert_eq!(jobs.len(), 1, "one Slurm job on all eight GPUs");
 }

@@ -108,7 +108,7 @@ fn process_metadata_and_lifetime() {
     );
     let defaults = process(&during, 200).unwrap();
     assert_eq!(
-        (defaults.user.as_str(), defaults.uid, defaults.start_time_ms),
+        (&*defaults.user, defaults.uid, defaults.start_time_ms),
         ("root", 0, 0)
     );
     assert!(defaults.container_id.is_empty() && defaults.slurm_job_id.is_empty());

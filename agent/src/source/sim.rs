@@ -1,5 +1,6 @@
 //! A source that serves a simulation scenario as if it were the hardware.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use headroom_sim::{GpuState, NodeSpec, ProcessState, Scenario};
@@ -7,7 +8,8 @@ use headroom_sim::{GpuState, NodeSpec, ProcessState, Scenario};
 use crate::time::epoch_ms_now;
 
 use super::{
-    DeviceReading, GpuDevice, GpuSource, Inventory, MigDevice, Poll, ProcessReading, SourceError,
+    DeviceReading, GpuDevice, GpuSource, Inventory, MigDevice, Poll, ProcessOwner, ProcessReading,
+    SourceError,
 };
 
 #[derive(Debug)]
@@ -42,18 +44,20 @@ impl SimSource {
 
     fn process(&self, device_uuid: &str, p: &ProcessState) -> ProcessReading {
         ProcessReading {
-            device_uuid: device_uuid.to_owned(),
+            device_uuid: Arc::from(device_uuid),
             pid: p.pid,
             start_time_ms: self
                 .started_epoch_ms
                 .saturating_add(i64::try_from(p.start_time_ms).unwrap_or(i64::MAX)),
             memory_used: p.memory_used,
-            name: p.name.clone(),
-            uid: p.uid,
-            user: p.user.clone(),
-            container_id: p.container_id.clone(),
-            pod_uid: p.pod_uid.clone(),
-            slurm_job_id: p.slurm_job_id.clone(),
+            owner: Arc::new(ProcessOwner {
+                name: p.name.to_string(),
+                uid: p.uid,
+                user: p.user.to_string(),
+                container_id: p.container_id.to_string(),
+                pod_uid: p.pod_uid.to_string(),
+                slurm_job_id: p.slurm_job_id.to_string(),
+            }),
         }
     }
 

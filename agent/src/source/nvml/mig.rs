@@ -14,8 +14,10 @@ use super::watchdog::Watchdog;
 #[derive(Debug)]
 pub(crate) struct MigHandle<'nvml> {
     pub device: Device<'nvml>,
-    pub uuid: String,
+    pub uuid: std::sync::Arc<str>,
     pub memory_total: u64,
+    /// The last graphics process list (read on slow polls only).
+    pub graphics: Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>,
 }
 
 /// Reads GPU `device`'s layout. MIG instance slots that are empty (NVML
@@ -89,8 +91,9 @@ pub(crate) fn read_layout<'nvml>(
             });
             handles.push(MigHandle {
                 device: mig,
-                uuid: mig_uuid,
+                uuid: mig_uuid.into(),
                 memory_total: mig_total,
+                graphics: Vec::new(),
             });
         }
     }

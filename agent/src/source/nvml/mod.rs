@@ -29,7 +29,8 @@ use crate::attribution::{Attribution, Attributor};
 use crate::time::epoch_ms_now;
 
 use super::{
-    EventKind, GpuDevice, GpuSource, Inventory, Poll, ProcessReading, SourceError, SourceEvent,
+    EventKind, GpuDevice, GpuSource, Inventory, Poll, ProcessOwner, ProcessReading, SourceError,
+    SourceEvent,
 };
 use pcie::ThroughputBoard;
 use watchdog::Watchdog;
@@ -57,6 +58,10 @@ pub struct NvmlOptions {
     pub pcie_fallback_interval: Duration,
     /// How long a process's owner is trusted before `/proc` is read again.
     pub attribution_refresh: Duration,
+    /// Utilisation and graphics processes, which do not need 10 Hz, are read
+    /// on one poll in this many (10: once a second at 10 Hz). Memory,
+    /// compute processes and PCIe are read on every poll.
+    pub slow_every: u64,
 }
 
 impl Default for NvmlOptions {
@@ -69,6 +74,7 @@ impl Default for NvmlOptions {
             layout_check: Duration::from_secs(10),
             pcie_fallback_interval: Duration::from_secs(1),
             attribution_refresh: Duration::from_secs(5),
+            slow_every: 10,
         }
     }
 }
@@ -82,11 +88,17 @@ pub struct NvmlSource {
     options: NvmlOptions,
     attributor: Attributor,
     owners: HashMap<u32, Owner>,
+    /// The owner of processes `/proc` could not tell about.
+    nobody: Arc<ProcessOwner>,
     readings: Vec<GpuReading>,
     events: Vec<SourceEvent>,
     reported_invalid: HashSet<(String, u32)>,
     inventory_changed: bool,
+    last_prune: Instant,
 }
+
+/// How often caches keyed by pid drop the pids NVML no longer lists.
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
 
 impl std::fmt::Debug for NvmlSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -111,9 +123,11 @@ struct Slot {
     failures: u64,
 }
 
+/// What `/proc` said about a pid, ready to hand out on every poll.
 #[derive(Debug)]
 struct Owner {
-    attribution: Option<Arc<Attribution>>,
+    owner: Arc<ProcessOwner>,
+    start_time_ms: i64,
     checked: Instant,
 }
 
@@ -147,6 +161,7 @@ impl NvmlSource {
         let (reply_tx, replies) = mpsc::channel();
         let timing = WorkerTiming {
             layout_check: options.layout_check,
+            slow_every: options.slow_every,
         };
         let mut workers = Vec::new();
         for index in 0..count {
@@ -189,10 +204,12 @@ impl NvmlSource {
             options,
             attributor,
             owners: HashMap::new(),
+            nobody: Arc::new(ProcessOwner::default()),
             readings: Vec::new(),
             events: Vec::new(),
             reported_invalid: HashSet::new(),
             inventory_changed: false,
+            last_prune: Instant::now(),
         };
         // The first round reads every layout; give it the watchdog's limit,
         // not a poll's, so a slow start is not mistaken for a missing GPU.
@@ -355,54 +372,53 @@ impl NvmlSource {
     /// Who owns `pid`. `/proc` is read for a pid NVML has not listed
     /// before, and again every `attribution_refresh` (to catch pid reuse);
     /// in between, the last answer stands, which keeps polling at 10 Hz off
-    /// the filesystem.
-    fn owner(&mut self, pid: u32, now: Instant) -> Option<Arc<Attribution>> {
-        if let Some(owner) = self.owners.get(&pid)
-            && now.duration_since(owner.checked) < self.options.attribution_refresh
+    /// the filesystem. A process gone from `/proc` by the time we look (or
+    /// hidden by a pid namespace) is still reported, without an owner.
+    fn owner(&mut self, pid: u32, now: Instant) -> (Arc<ProcessOwner>, i64) {
+        if let Some(known) = self.owners.get(&pid)
+            && now.duration_since(known.checked) < self.options.attribution_refresh
         {
-            return owner.attribution.clone();
+            return (known.owner.clone(), known.start_time_ms);
         }
-        let attribution = self.attributor.attribute(pid);
+        let (owner, start_time_ms) = match self.attributor.attribute(pid) {
+            Some(a) => (Arc::new(owner_of(&a)), a.start_time_ms),
+            None => (self.nobody.clone(), 0),
+        };
         self.owners.insert(
             pid,
             Owner {
-                attribution: attribution.clone(),
+                owner: owner.clone(),
+                start_time_ms,
                 checked: now,
             },
         );
-        attribution
+        (owner, start_time_ms)
     }
 
     fn process(&mut self, raw: RawProcess, now: Instant) -> ProcessReading {
-        let owner = self.owner(raw.pid, now);
-        let mut reading = ProcessReading {
+        let (owner, start_time_ms) = self.owner(raw.pid, now);
+        ProcessReading {
             device_uuid: raw.device_uuid,
             pid: raw.pid,
-            start_time_ms: 0,
+            start_time_ms,
             memory_used: raw.memory_used.unwrap_or(0),
-            name: String::new(),
-            uid: 0,
-            user: String::new(),
-            container_id: String::new(),
-            pod_uid: String::new(),
-            slurm_job_id: String::new(),
-        };
-        // A process gone from /proc by the time we look (or hidden by a pid
-        // namespace) is still reported, without an owner.
-        if let Some(a) = owner {
-            reading.start_time_ms = a.start_time_ms;
-            reading.name = a.command.clone();
-            reading.uid = a.uid;
-            reading.user = a.user.clone();
-            reading.container_id = a
-                .container
-                .as_ref()
-                .map(|c| c.id.clone())
-                .unwrap_or_default();
-            reading.pod_uid = a.pod.as_ref().map(|p| p.uid.clone()).unwrap_or_default();
-            reading.slurm_job_id = a.slurm_job_id.clone().unwrap_or_default();
+            owner,
         }
-        reading
+    }
+}
+
+fn owner_of(a: &Attribution) -> ProcessOwner {
+    ProcessOwner {
+        name: a.command.clone(),
+        uid: a.uid,
+        user: a.user.clone(),
+        container_id: a
+            .container
+            .as_ref()
+            .map(|c| c.id.clone())
+            .unwrap_or_default(),
+        pod_uid: a.pod.as_ref().map(|p| p.uid.clone()).unwrap_or_default(),
+        slurm_job_id: a.slurm_job_id.clone().unwrap_or_default(),
     }
 }
 
@@ -418,6 +434,9 @@ impl GpuSource for NvmlSource {
         self.report_hung();
         let now = Instant::now();
         let mut poll = Poll::default();
+        // Forgetting exited processes needs the full pid list; once a
+        // second is plenty, and spares hundreds of hash operations per poll.
+        let prune = now.duration_since(self.last_prune) >= PRUNE_EVERY;
         let mut live = HashSet::new();
         for reading in std::mem::take(&mut self.readings) {
             poll.devices.extend(reading.devices);
@@ -443,13 +462,18 @@ impl GpuSource for NvmlSource {
                 }
             }
             for raw in reading.processes {
-                live.insert(raw.pid);
+                if prune {
+                    live.insert(raw.pid);
+                }
                 let process = self.process(raw, now);
                 poll.processes.push(process);
             }
         }
-        self.owners.retain(|pid, _| live.contains(pid));
-        self.attributor.retain(live.iter().copied());
+        if prune {
+            self.last_prune = now;
+            self.owners.retain(|pid, _| live.contains(pid));
+            self.attributor.retain(live.iter().copied());
+        }
         while let Ok(event) = self.xid_events.try_recv() {
             self.events.push(event);
         }

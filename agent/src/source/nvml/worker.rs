@@ -51,7 +51,9 @@ pub(crate) struct GpuReading {
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RawProcess {
-    pub device_uuid: String,
+    /// Shared with the device's layout: one reference count per process per
+    /// poll instead of a copy of the UUID.
+    pub device_uuid: Arc<str>,
     pub pid: u32,
     /// `None` where NVML cannot tell (MIG without privileges, WDDM).
     pub memory_used: Option<u64>,
@@ -68,6 +70,9 @@ pub(crate) struct Invalid {
 pub(crate) struct WorkerTiming {
     /// How often the layout (MIG instances) is re-read.
     pub layout_check: Duration,
+    /// Utilisation and graphics processes are read on one poll in this
+    /// many (see `NvmlOptions::slow_every`).
+    pub slow_every: u64,
 }
 
 /// Starts GPU `index`'s thread. It answers one reading per message on
@@ -114,6 +119,8 @@ struct Gpu<'a> {
 struct GpuState<'a> {
     device: Device<'a>,
     layout: GpuDevice,
+    /// `layout.uuid`, shared with every process reading of this GPU.
+    uuid: Arc<str>,
     mig: Vec<MigHandle<'a>>,
     layout_read: Instant,
     /// A MIG handle stopped working: re-read the layout on the next poll.
@@ -121,6 +128,10 @@ struct GpuState<'a> {
     counters_supported: bool,
     tx: CounterRate,
     rx: CounterRate,
+    /// Polls so far; every `slow_every`-th reads the slow-moving values.
+    polls: u64,
+    utilization: Option<u32>,
+    graphics: Vec<ProcessInfo>,
 }
 
 /// An NVML failure: lost GPUs end the thread, anything else fails one read.
@@ -156,24 +167,32 @@ impl<'a> Gpu<'a> {
             return Ok(reading);
         };
         let watchdog = self.watchdog;
+        let slow = state.polls % self.timing.slow_every.max(1) == 0;
+        state.polls += 1;
         let memory = watchdog
             .run("nvmlDeviceGetMemoryInfo_v2", || state.device.memory_info())
             .map_err(|e| ("nvmlDeviceGetMemoryInfo_v2", e))?;
-        let utilization = match watchdog.run("nvmlDeviceGetUtilizationRates", || {
-            state.device.utilization_rates()
-        }) {
-            Ok(u) => Some(u.gpu.min(100)),
-            Err(NvmlError::GpuLost) => {
-                return Err(("nvmlDeviceGetUtilizationRates", NvmlError::GpuLost));
-            }
-            Err(_) => None,
-        };
+        if slow {
+            // NVML averages utilisation over its own sample period (up to a
+            // second), so reading it at every 10 Hz poll adds calls, not
+            // information.
+            state.utilization = match watchdog.run("nvmlDeviceGetUtilizationRates", || {
+                state.device.utilization_rates()
+            }) {
+                Ok(u) => Some(u.gpu.min(100)),
+                Err(NvmlError::GpuLost) => {
+                    return Err(("nvmlDeviceGetUtilizationRates", NvmlError::GpuLost));
+                }
+                Err(_) => None,
+            };
+        }
+        let utilization = state.utilization;
         let (tx, rx) = read_pcie(state, watchdog, self.pcie, self.index)?;
-        let uuid = state.layout.uuid.clone();
+        let uuid = state.uuid.clone();
         push_memory(
             &mut reading,
             DeviceReading {
-                uuid: uuid.clone(),
+                uuid: uuid.to_string(),
                 memory_used: memory.used,
                 memory_reserved: memory.reserved,
                 memory_total: memory.total,
@@ -183,11 +202,11 @@ impl<'a> Gpu<'a> {
             },
         );
         if state.mig.is_empty() {
-            let processes = running_processes(&state.device, watchdog)?;
+            let processes = running_processes(&state.device, watchdog, &mut state.graphics, slow)?;
             push_processes(&mut reading, &uuid, memory.total, processes);
         } else {
             let mut stale_handle = false;
-            for mig in &state.mig {
+            for mig in &mut state.mig {
                 let memory =
                     match watchdog.run("nvmlDeviceGetMemoryInfo_v2", || mig.device.memory_info()) {
                         Ok(memory) => memory,
@@ -202,7 +221,7 @@ impl<'a> Gpu<'a> {
                 push_memory(
                     &mut reading,
                     DeviceReading {
-                        uuid: mig.uuid.clone(),
+                        uuid: mig.uuid.to_string(),
                         memory_used: memory.used,
                         memory_reserved: memory.reserved,
                         memory_total: mig.memory_total,
@@ -211,7 +230,7 @@ impl<'a> Gpu<'a> {
                         pcie_rx_bytes_per_s: None,
                     },
                 );
-                match running_processes(&mig.device, watchdog) {
+                match running_processes(&mig.device, watchdog, &mut mig.graphics, slow) {
                     Ok(processes) => {
                         push_processes(&mut reading, &mig.uuid, mig.memory_total, processes);
                     }
@@ -233,6 +252,7 @@ impl<'a> Gpu<'a> {
             let (layout, mig) = read_layout(nvml, &state.device, self.index, self.watchdog)?;
             if state.layout != layout {
                 reading.layout = Some(layout.clone());
+                state.uuid = layout.uuid.as_str().into();
                 state.layout = layout;
             }
             state.mig = mig;
@@ -250,6 +270,7 @@ impl<'a> Gpu<'a> {
         reading.layout = Some(layout.clone());
         self.state = Some(GpuState {
             device,
+            uuid: layout.uuid.as_str().into(),
             layout,
             mig,
             layout_read: Instant::now(),
@@ -257,6 +278,9 @@ impl<'a> Gpu<'a> {
             counters_supported: true,
             tx: CounterRate::default(),
             rx: CounterRate::default(),
+            polls: 0,
+            utilization: None,
+            graphics: Vec::new(),
         });
         Ok(())
     }
@@ -280,7 +304,7 @@ fn push_memory(reading: &mut GpuReading, device: DeviceReading) {
 
 fn push_processes(
     reading: &mut GpuReading,
-    device_uuid: &str,
+    device_uuid: &Arc<str>,
     device_total: u64,
     processes: Vec<ProcessInfo>,
 ) {
@@ -301,7 +325,7 @@ fn push_processes(
         };
         if let Some(detail) = problem {
             reading.invalid.push(Invalid {
-                device_uuid: device_uuid.to_owned(),
+                device_uuid: device_uuid.to_string(),
                 pid: p.pid,
                 detail,
             });
@@ -312,41 +336,48 @@ fn push_processes(
         if reading
             .processes
             .iter()
-            .any(|q| q.pid == p.pid && q.device_uuid == device_uuid)
+            .any(|q| q.pid == p.pid && Arc::ptr_eq(&q.device_uuid, device_uuid))
         {
             continue;
         }
         reading.processes.push(RawProcess {
-            device_uuid: device_uuid.to_owned(),
+            device_uuid: device_uuid.clone(),
             pid: p.pid,
             memory_used,
         });
     }
 }
 
+/// Compute processes on every poll; graphics contexts (rare on compute
+/// GPUs, and their memory is in `used` either way) on slow polls, reusing
+/// the last list in between.
 fn running_processes(
     device: &Device<'_>,
     watchdog: &Watchdog,
+    graphics: &mut Vec<ProcessInfo>,
+    slow: bool,
 ) -> Result<Vec<ProcessInfo>, CallError> {
     let mut processes = watchdog
         .run("nvmlDeviceGetComputeRunningProcesses_v3", || {
             device.running_compute_processes()
         })
         .map_err(|e| ("nvmlDeviceGetComputeRunningProcesses_v3", e))?;
-    match watchdog.run("nvmlDeviceGetGraphicsRunningProcesses_v3", || {
-        device.running_graphics_processes()
-    }) {
-        Ok(graphics) => processes.extend(graphics),
-        Err(NvmlError::GpuLost) => {
-            return Err((
-                "nvmlDeviceGetGraphicsRunningProcesses_v3",
-                NvmlError::GpuLost,
-            ));
-        }
-        // Compute processes are what matters; a GPU without graphics
-        // support says so here.
-        Err(_) => {}
+    if slow {
+        *graphics = match watchdog.run("nvmlDeviceGetGraphicsRunningProcesses_v3", || {
+            device.running_graphics_processes()
+        }) {
+            Ok(list) => list,
+            Err(NvmlError::GpuLost) => {
+                return Err((
+                    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+                    NvmlError::GpuLost,
+                ));
+            }
+            // A GPU without graphics support says so here.
+            Err(_) => Vec::new(),
+        };
     }
+    processes.extend(graphics.iter().cloned());
     Ok(processes)
 }
 
