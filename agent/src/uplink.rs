@@ -325,6 +325,8 @@ fn to_batch(node: &str, boot_id: &str, interval: IntervalSamples) -> pb::Batch {
                 container_id: p.last.owner.container_id.clone(),
                 pod_uid: p.last.owner.pod_uid.clone(),
                 slurm_job_id: p.last.owner.slurm_job_id.clone(),
+                container_runtime: p.last.owner.container_runtime.clone(),
+                pod_qos_class: p.last.owner.pod_qos_class.clone(),
             })
             .collect(),
         events: interval.events.into_iter().map(to_event).collect(),

@@ -384,13 +384,22 @@ fn readings_case() {
     assert_eq!(train.start_time_ms, ((BOOT_TIME_S + 4101) * 1000) as i64);
     let serve = process(&last, 4201);
     assert_eq!(serve.owner.container_id, PODMAN_CONTAINER);
+    assert_eq!(serve.owner.container_runtime, "podman");
     let pod = process(&last, 4301);
     assert_eq!(
         (pod.owner.pod_uid.as_str(), pod.owner.container_id.as_str()),
         (POD_UID, POD_CONTAINER)
     );
+    assert_eq!(
+        (
+            pod.owner.container_runtime.as_str(),
+            pod.owner.pod_qos_class.as_str()
+        ),
+        ("containerd", "burstable")
+    );
     let docker = process(&last, 4401);
     assert_eq!(docker.owner.container_id, DOCKER_CONTAINER);
+    assert_eq!(docker.owner.container_runtime, "docker");
     // Gone from /proc: still reported with its memory, without an owner.
     let gone = process(&last, 4202);
     assert_eq!((gone.owner.name.as_str(), gone.start_time_ms), ("", 0));

@@ -108,7 +108,9 @@ pub struct ProcessSampleRow {
     pub uid: i64,
     pub user: String,
     pub container_id: String,
+    pub container_runtime: String,
     pub pod_uid: String,
+    pub pod_qos_class: String,
     pub slurm_job_id: String,
 }
 

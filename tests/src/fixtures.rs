@@ -87,6 +87,8 @@ pub fn process_sample(uuid: &str, ts: i64, pid: u32, used: u64) -> pb::ProcessSa
         container_id: "c0ffee".into(),
         pod_uid: String::new(),
         slurm_job_id: "4242".into(),
+        container_runtime: "docker".into(),
+        pod_qos_class: String::new(),
     }
 }
 

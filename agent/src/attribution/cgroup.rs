@@ -39,6 +39,19 @@ pub enum ContainerRuntime {
     Unknown,
 }
 
+impl ContainerRuntime {
+    /// As it travels on the wire and shows in the API.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Docker => "docker",
+            Self::Containerd => "containerd",
+            Self::CriO => "cri-o",
+            Self::Podman => "podman",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Container {
     pub runtime: ContainerRuntime,
@@ -54,6 +67,17 @@ pub enum QosClass {
     Guaranteed,
     Burstable,
     BestEffort,
+}
+
+impl QosClass {
+    /// As it travels on the wire and shows in the API.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Guaranteed => "guaranteed",
+            Self::Burstable => "burstable",
+            Self::BestEffort => "besteffort",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -156,6 +156,7 @@ impl Attributor {
             .ok()
             .and_then(process::parse_cmdline)
             .unwrap_or(stat.comm);
+        let command = process::printable(command);
 
         let owner = match self.read_pid_file(pid, "cgroup", None) {
             Ok(contents) => cgroup::classify_cgroup_file(&String::from_utf8_lossy(contents)),
@@ -164,7 +165,7 @@ impl Attributor {
 
         Some(Attribution {
             uid,
-            user: self.users.name(uid),
+            user: process::printable(self.users.name(uid)),
             command,
             start_time_ms,
             nspid: status.nspid,

@@ -93,6 +93,19 @@ pub fn parse_cmdline(contents: &[u8]) -> Option<String> {
     Some(command)
 }
 
+/// Control characters (an argument like `python -c "a\nb"`, a `comm` with a
+/// newline) become spaces: labels, logs and the collector, which refuses
+/// names with control characters, all want one printable line.
+pub fn printable(text: String) -> String {
+    if text.chars().any(char::is_control) {
+        text.chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect()
+    } else {
+        text
+    }
+}
+
 fn truncate_at_char_boundary(s: &mut String, max: usize) {
     if s.len() > max {
         let cut = (0..=max)
@@ -160,6 +173,13 @@ mod tests {
         line.extend_from_slice(b" 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0\n");
         let parsed = parse_stat(&line).map(|s| (s.comm, s.start_ticks));
         assert_eq!(parsed, Some(("x\n\u{fffd}".into(), 5)));
+    }
+
+    #[test]
+    fn control_characters_become_spaces() {
+        let command = parse_cmdline(b"python\0-c\0import os\nprint(1)\tx\0").unwrap_or_default();
+        assert_eq!(printable(command), "python -c import os print(1) x");
+        assert_eq!(printable("plain".into()), "plain");
     }
 
     #[test]

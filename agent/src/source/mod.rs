@@ -116,7 +116,12 @@ pub struct ProcessOwner {
     pub uid: u32,
     pub user: String,
     pub container_id: String,
+    /// `docker`, `containerd`, `cri-o`, `podman`, `unknown`; empty outside a
+    /// container.
+    pub container_runtime: String,
     pub pod_uid: String,
+    /// `guaranteed`, `burstable`, `besteffort`; empty when unknown.
+    pub pod_qos_class: String,
     pub slurm_job_id: String,
 }
 

@@ -57,6 +57,7 @@ impl SimSource {
                 container_id: p.container_id.to_string(),
                 pod_uid: p.pod_uid.to_string(),
                 slurm_job_id: p.slurm_job_id.to_string(),
+                ..ProcessOwner::default()
             }),
         }
     }

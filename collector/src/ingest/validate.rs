@@ -300,6 +300,18 @@ pub fn batch(
         )?;
         check_text(&at("pod_uid"), &p.pod_uid, limits.max_id_len, false)?;
         check_text(
+            &at("container_runtime"),
+            &p.container_runtime,
+            limits.max_id_len,
+            false,
+        )?;
+        check_text(
+            &at("pod_qos_class"),
+            &p.pod_qos_class,
+            limits.max_id_len,
+            false,
+        )?;
+        check_text(
             &at("slurm_job_id"),
             &p.slurm_job_id,
             limits.max_id_len,
@@ -331,7 +343,9 @@ pub fn batch(
             uid: i64::from(p.uid),
             user: p.user.clone(),
             container_id: p.container_id.clone(),
+            container_runtime: p.container_runtime.clone(),
             pod_uid: p.pod_uid.clone(),
+            pod_qos_class: p.pod_qos_class.clone(),
             slurm_job_id: p.slurm_job_id.clone(),
         });
     }

@@ -417,7 +417,18 @@ fn owner_of(a: &Attribution) -> ProcessOwner {
             .as_ref()
             .map(|c| c.id.clone())
             .unwrap_or_default(),
+        container_runtime: a
+            .container
+            .as_ref()
+            .map(|c| c.runtime.label().to_owned())
+            .unwrap_or_default(),
         pod_uid: a.pod.as_ref().map(|p| p.uid.clone()).unwrap_or_default(),
+        pod_qos_class: a
+            .pod
+            .as_ref()
+            .and_then(|p| p.qos.as_ref())
+            .map(|q| q.label().to_owned())
+            .unwrap_or_default(),
         slurm_job_id: a.slurm_job_id.clone().unwrap_or_default(),
     }
 }

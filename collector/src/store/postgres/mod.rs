@@ -260,17 +260,20 @@ impl Store for PostgresStore {
             let container: Vec<&str> = p.iter().map(|r| r.container_id.as_str()).collect();
             let pod: Vec<&str> = p.iter().map(|r| r.pod_uid.as_str()).collect();
             let job: Vec<&str> = p.iter().map(|r| r.slurm_job_id.as_str()).collect();
+            let runtime: Vec<&str> = p.iter().map(|r| r.container_runtime.as_str()).collect();
+            let qos: Vec<&str> = p.iter().map(|r| r.pod_qos_class.as_str()).collect();
             sqlx::query(
                 "INSERT INTO processes AS p (device_id, pid, start_time_ms, name, uid, user_name, container_id, pod_uid,
-                     slurm_job_id, first_seen_ms, last_seen_ms, memory_last, memory_peak)
-                 SELECT DISTINCT ON (d, pid, st) d, pid, st, n, u, un, c, pod, j, t, t, l, m
+                     slurm_job_id, container_runtime, pod_qos_class, first_seen_ms, last_seen_ms, memory_last, memory_peak)
+                 SELECT DISTINCT ON (d, pid, st) d, pid, st, n, u, un, c, pod, j, rt, q, t, t, l, m
                  FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::text[],
-                     $8::int8[], $9::text[], $10::text[], $11::text[], $12::text[])
-                     AS s(d, pid, st, t, l, m, n, u, un, c, pod, j)
+                     $8::int8[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[])
+                     AS s(d, pid, st, t, l, m, n, u, un, c, pod, j, rt, q)
                  ORDER BY d, pid, st, t DESC
                  ON CONFLICT (device_id, pid, start_time_ms) DO UPDATE SET
                      name = EXCLUDED.name, uid = EXCLUDED.uid, user_name = EXCLUDED.user_name,
                      container_id = EXCLUDED.container_id, pod_uid = EXCLUDED.pod_uid, slurm_job_id = EXCLUDED.slurm_job_id,
+                     container_runtime = EXCLUDED.container_runtime, pod_qos_class = EXCLUDED.pod_qos_class,
                      first_seen_ms = LEAST(p.first_seen_ms, EXCLUDED.first_seen_ms),
                      memory_last = CASE WHEN EXCLUDED.last_seen_ms >= p.last_seen_ms THEN EXCLUDED.memory_last ELSE p.memory_last END,
                      last_seen_ms = GREATEST(p.last_seen_ms, EXCLUDED.last_seen_ms),
@@ -288,6 +291,8 @@ impl Store for PostgresStore {
             .bind(&container)
             .bind(&pod)
             .bind(&job)
+            .bind(&runtime)
+            .bind(&qos)
             .execute(&mut *tx)
             .await?;
             sqlx::query(
@@ -407,7 +412,7 @@ impl Store for PostgresStore {
     async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError> {
         Ok(sqlx::query_as::<_, ProcessView>(
             "SELECT n.name AS node, d.uuid AS device_uuid, d.gpu_index::int8 AS gpu_index, p.pid, p.start_time_ms,
-                 p.name, p.uid, p.user_name AS user, p.container_id, p.pod_uid, p.slurm_job_id,
+                 p.name, p.uid, p.user_name AS user, p.container_id, p.container_runtime, p.pod_uid, p.pod_qos_class, p.slurm_job_id,
                  p.memory_last AS memory_used_bytes, p.memory_peak AS memory_peak_bytes, p.first_seen_ms, p.last_seen_ms
              FROM processes p JOIN devices d ON d.id = p.device_id JOIN nodes n ON n.id = d.node_id
              WHERE p.last_seen_ms >= $1

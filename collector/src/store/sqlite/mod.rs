@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::{Connection, Row, Sqlite, SqliteConnection, Transaction};
 
 mod alerts;
 
@@ -38,15 +38,25 @@ impl SqliteStore {
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
         // An in-memory database exists once per connection: keep exactly one.
-        let max = if url.contains(":memory:") { 1 } else { 4 };
+        let in_memory = url.contains(":memory:");
+        if !in_memory {
+            // Migrate on a connection of its own before the pool opens more:
+            // a pool connection coming up mid-migration can make SQLite answer
+            // "database is locked" to a schema change without waiting.
+            let mut conn = SqliteConnection::connect_with(&options).await?;
+            MIGRATOR.run(&mut conn).await?;
+            conn.close().await?;
+        }
         let pool = SqlitePoolOptions::new()
-            .max_connections(max)
+            .max_connections(if in_memory { 1 } else { 4 })
             .min_connections(1)
             .idle_timeout(None)
             .max_lifetime(None)
             .connect_with(options)
             .await?;
-        MIGRATOR.run(&pool).await?;
+        if in_memory {
+            MIGRATOR.run(&pool).await?;
+        }
         Ok(Self { pool })
     }
 }
@@ -240,11 +250,12 @@ impl Store for SqliteStore {
         for p in &batch.process_samples {
             let process_id: i64 = sqlx::query_scalar(
                 "INSERT INTO processes AS p (device_id, pid, start_time_ms, name, uid, user_name, container_id, pod_uid,
-                     slurm_job_id, first_seen_ms, last_seen_ms, memory_last, memory_peak)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12)
+                     slurm_job_id, first_seen_ms, last_seen_ms, memory_last, memory_peak, container_runtime, pod_qos_class)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13, ?14)
                  ON CONFLICT (device_id, pid, start_time_ms) DO UPDATE SET
                      name = excluded.name, uid = excluded.uid, user_name = excluded.user_name,
                      container_id = excluded.container_id, pod_uid = excluded.pod_uid, slurm_job_id = excluded.slurm_job_id,
+                     container_runtime = excluded.container_runtime, pod_qos_class = excluded.pod_qos_class,
                      first_seen_ms = MIN(p.first_seen_ms, excluded.first_seen_ms),
                      memory_last = CASE WHEN excluded.last_seen_ms >= p.last_seen_ms THEN excluded.memory_last ELSE p.memory_last END,
                      last_seen_ms = MAX(p.last_seen_ms, excluded.last_seen_ms),
@@ -263,6 +274,8 @@ impl Store for SqliteStore {
             .bind(p.timestamp_ms)
             .bind(p.used_last)
             .bind(p.used_max)
+            .bind(&p.container_runtime)
+            .bind(&p.pod_qos_class)
             .fetch_one(&mut *tx)
             .await?;
             sqlx::query("INSERT INTO process_samples (process_id, ts_ms, used_last, used_max) VALUES (?1, ?2, ?3, ?4)")
@@ -366,7 +379,7 @@ impl Store for SqliteStore {
     async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError> {
         Ok(sqlx::query_as::<_, ProcessView>(
             "SELECT n.name AS node, d.uuid AS device_uuid, d.gpu_index, p.pid, p.start_time_ms,
-                 p.name, p.uid, p.user_name AS user, p.container_id, p.pod_uid, p.slurm_job_id,
+                 p.name, p.uid, p.user_name AS user, p.container_id, p.container_runtime, p.pod_uid, p.pod_qos_class, p.slurm_job_id,
                  p.memory_last AS memory_used_bytes, p.memory_peak AS memory_peak_bytes, p.first_seen_ms, p.last_seen_ms
              FROM processes p JOIN devices d ON d.id = p.device_id JOIN nodes n ON n.id = d.node_id
              WHERE p.last_seen_ms >= ?1
