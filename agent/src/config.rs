@@ -6,9 +6,9 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum SourceKind {
     /// The GPUs of this host, through NVIDIA's management library.
@@ -18,7 +18,7 @@ pub enum SourceKind {
     Sim,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
     /// gRPC address of the collector, `http://host:port` (or `https://`).
@@ -112,6 +112,17 @@ pub struct Overrides {
 }
 
 impl AgentConfig {
+    /// The built-in defaults as a configuration file (keys that have no
+    /// default, like `node_name`, are left out).
+    pub fn default_toml() -> String {
+        let body = toml::to_string(&Self::default())
+            .unwrap_or_else(|e| format!("# cannot render the defaults: {e}\n"));
+        format!(
+            "# headroom-agent built-in defaults (headroom-agent --print-default-config).\n\
+             # Every key is explained in deploy/agent.toml.\n{body}"
+        )
+    }
+
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
         toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_owned(),

@@ -9,6 +9,7 @@ pub mod flush;
 pub mod identity;
 pub mod metrics;
 pub mod sampler;
+pub mod service;
 pub mod source;
 pub mod time;
 pub mod uplink;
@@ -64,6 +65,7 @@ pub struct AgentHandle {
     uplink: tokio::task::JoinHandle<()>,
     metrics_server: Option<tokio::task::JoinHandle<()>>,
     metrics_addr: Option<SocketAddr>,
+    metrics: Arc<AgentMetrics>,
 }
 
 impl AgentHandle {
@@ -72,6 +74,14 @@ impl AgentHandle {
     /// Where `/metrics` is served (the bound port when configured with port 0).
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
+    }
+
+    /// Reads the turns of the poll loop so far, failed polls included: the
+    /// count moves as long as the sampler is alive, whatever the hardware
+    /// says (for the systemd watchdog).
+    pub fn sampler_progress(&self) -> impl Fn() -> u64 + Send + 'static {
+        let metrics = self.metrics.clone();
+        move || metrics.sampler_turns()
     }
 
     pub async fn stop(mut self) {
@@ -125,6 +135,7 @@ pub fn start(
         metrics.clone(),
         stop_sampler.clone(),
     )?;
+    let handle_metrics = metrics.clone();
     let (shutdown, shutdown_rx) = watch::channel(false);
     let uplink = Uplink::new(
         UplinkConfig {
@@ -149,5 +160,6 @@ pub fn start(
         uplink,
         metrics_server,
         metrics_addr,
+        metrics: handle_metrics,
     })
 }

@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::Parser;
 use headroom_agent::config::{AgentConfig, Overrides, SourceKind};
 use headroom_agent::source::{GpuSource, NvmlOptions, NvmlSource, SimSource};
-use headroom_agent::{AgentSettings, identity};
+use headroom_agent::{AgentSettings, identity, service};
 use headroom_sim::Scenario;
 
 /// Headroom's per-node agent: polls GPU memory and streams it to a collector.
@@ -16,6 +16,9 @@ use headroom_sim::Scenario;
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
+    /// Print the built-in defaults as a configuration file and exit.
+    #[arg(long)]
+    print_default_config: bool,
     /// TOML configuration file.
     #[arg(long, env = "HEADROOM_CONFIG")]
     config: Option<PathBuf>,
@@ -75,6 +78,10 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    if cli.print_default_config {
+        print!("{}", AgentConfig::default_toml());
+        return Ok(());
+    }
     let config = AgentConfig::load(
         cli.config.as_deref(),
         Overrides {
@@ -148,9 +155,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
+        let node = settings.node.clone();
         let agent = headroom_agent::start(settings, source)?;
+        service::ready(&format!("polling the GPUs of {node}"));
+        let watchdog = service::spawn_watchdog(agent.sampler_progress());
         shutdown_signal().await;
         tracing::info!("shutting down");
+        service::stopping();
+        if let Some(watchdog) = watchdog {
+            watchdog.abort();
+        }
         agent.stop().await;
         Ok(())
     })

@@ -86,6 +86,11 @@ impl AgentMetrics {
         }
     }
 
+    /// Polls attempted, failed ones included.
+    pub fn sampler_turns(&self) -> u64 {
+        self.polls.load(Ordering::Relaxed) + self.poll_failures.load(Ordering::Relaxed)
+    }
+
     pub fn record_poll_failure(&self) {
         self.poll_failures.fetch_add(1, Ordering::Relaxed);
     }

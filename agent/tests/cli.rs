@@ -81,3 +81,17 @@ fn example_config_in_deploy_parses() {
         "http://collector.example.internal:50051"
     );
 }
+
+#[test]
+fn printed_defaults_load_back_as_the_defaults() {
+    let mut c = agent();
+    c.arg("--print-default-config");
+    let out = c.output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("source = \"nvml\""), "{text}");
+    let loaded =
+        headroom_agent::config::AgentConfig::from_toml(&text, std::path::Path::new("printed"))
+            .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(loaded, headroom_agent::config::AgentConfig::default());
+}

@@ -4,9 +4,9 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CollectorConfig {
     /// Where agents connect (gRPC).
@@ -47,6 +47,16 @@ pub struct Overrides {
 }
 
 impl CollectorConfig {
+    /// The built-in defaults as a configuration file.
+    pub fn default_toml() -> String {
+        let body = toml::to_string(&Self::default())
+            .unwrap_or_else(|e| format!("# cannot render the defaults: {e}\n"));
+        format!(
+            "# headroom-collector built-in defaults (headroom-collector print-default-config).\n\
+             # Every key is explained in deploy/collector.toml.\n{body}"
+        )
+    }
+
     pub fn load(file: Option<&Path>, overrides: Overrides) -> Result<Self, ConfigError> {
         let mut config = match file {
             Some(path) => {

@@ -65,6 +65,8 @@ enum Command {
     /// Run the whole system on this machine: the collector on SQLite and one
     /// simulated agent per node of a scenario, streaming over gRPC on loopback.
     Demo(demo::DemoArgs),
+    /// Print the built-in defaults of `serve` as a configuration file.
+    PrintDefaultConfig,
 }
 
 fn main() -> ExitCode {
@@ -104,6 +106,10 @@ fn main() -> ExitCode {
             Command::Backtest { rules, trace } => backtest(rules.as_deref(), &trace),
             Command::Status { url } => status::run(&url).await,
             Command::Demo(args) => demo::run(args).await,
+            Command::PrintDefaultConfig => {
+                print!("{}", CollectorConfig::default_toml());
+                Ok(())
+            }
         }
     });
     match result {
@@ -160,7 +166,23 @@ async fn serve(config: CollectorConfig, rules_path: Option<PathBuf>) -> anyhow::
     if let (Some(alerting), Some(path)) = (collector.alerting.clone(), rules_path) {
         tokio::spawn(reload_on_sighup(alerting, path));
     }
-    collector.serve(grpc, http, shutdown_signal()).await?;
+    headroom_agent::service::ready("serving");
+    // Progress is the runtime scheduling the watchdog's own task: a wedged
+    // runtime stops pinging.
+    let ticks = std::sync::atomic::AtomicU64::new(0);
+    let watchdog = headroom_agent::service::spawn_watchdog(move || {
+        ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    });
+    let served = collector
+        .serve(grpc, http, async {
+            shutdown_signal().await;
+            headroom_agent::service::stopping();
+        })
+        .await;
+    if let Some(watchdog) = watchdog {
+        watchdog.abort();
+    }
+    served?;
     Ok(())
 }
 

@@ -45,6 +45,8 @@ pub(crate) struct Faults {
     pub xid: Vec<Xid>,
     #[serde(default)]
     pub mig_reconfigure: Vec<MigReconfigure>,
+    #[serde(default)]
+    pub bogus_process: Vec<BogusProcess>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -101,7 +103,31 @@ pub(crate) struct MigReconfigure {
     pub profiles: Vec<String>,
 }
 
+/// An impossible entry in a GPU's compute process list (pid 0, or more
+/// memory than the GPU has), as a confused driver might report.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BogusProcess {
+    pub gpu: u32,
+    pub pid: u32,
+    /// Bytes the entry claims.
+    pub memory: u64,
+    #[serde(default)]
+    pub after_s: f64,
+}
+
 impl Faults {
+    /// The bogus process-list entries of `gpu` at `t`.
+    pub(crate) fn bogus_processes(
+        &self,
+        gpu: usize,
+        t: f64,
+    ) -> impl Iterator<Item = &BogusProcess> {
+        self.bogus_process
+            .iter()
+            .filter(move |b| b.gpu as usize == gpu && t >= b.after_s)
+    }
+
     pub(crate) fn is_lost(&self, gpu: usize, t: f64) -> bool {
         self.lost_since(gpu).is_some_and(|since| t >= since)
     }
@@ -153,6 +179,9 @@ impl Faults {
         for (i, entry) in self.mig_reconfigure.iter().enumerate() {
             gpu("mig_reconfigure", i, entry.gpu);
         }
+        for (i, entry) in self.bogus_process.iter().enumerate() {
+            gpu("bogus_process", i, entry.gpu);
+        }
 
         let mut time = |table: &str, i: usize, key: &str, value: f64| {
             if !(value.is_finite() && value >= 0.0) {
@@ -172,6 +201,9 @@ impl Faults {
         }
         for (i, entry) in self.mig_reconfigure.iter().enumerate() {
             time("mig_reconfigure", i, "at_s", entry.at_s);
+        }
+        for (i, entry) in self.bogus_process.iter().enumerate() {
+            time("bogus_process", i, "after_s", entry.after_s);
         }
 
         for (i, hang) in self.hang.iter().enumerate() {

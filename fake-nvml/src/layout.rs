@@ -13,14 +13,9 @@ pub(crate) const MAX_INSTANCES: usize = 255;
 
 const GIB: u64 = 1 << 30;
 
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct MigInstance {
-    pub uuid: String,
-    pub gpu_instance_id: u32,
-    pub compute_instance_id: u32,
-    pub profile: String,
-    pub memory_total: u64,
-}
+/// One MIG instance of a layout: the scenario's own type, so a layout from
+/// a reconfiguration looks exactly like one from the scenario.
+pub(crate) type MigInstance = headroom_sim::MigInfo;
 
 #[derive(Debug)]
 pub(crate) struct GpuLayouts {

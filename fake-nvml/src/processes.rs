@@ -58,6 +58,11 @@ fn compute_processes(call: &Call) -> NvmlResult<Vec<Entry>> {
         .iter()
         .map(|p| entry(p.pid, p.memory_used, NO_INSTANCE, NO_INSTANCE))
         .collect();
+    let bogus = call
+        .host
+        .faults
+        .bogus_processes(call.gpu_index(), call.now.t);
+    entries.extend(bogus.map(|b| entry(b.pid, b.memory, NO_INSTANCE, NO_INSTANCE)));
     for (instance, mig_state) in call.instances()?.iter().zip(&state.mig) {
         entries.extend(mig_state.processes.iter().map(|p| {
             let (gi, ci) = (instance.gpu_instance_id, instance.compute_instance_id);

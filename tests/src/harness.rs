@@ -5,7 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use headroom_collector::Collector;
+use headroom_collector::clock::Clock;
+use headroom_collector::rules::config::RulesConfig;
 use headroom_collector::server::ServeError;
+use headroom_collector::store::SqliteStore;
 use headroom_collector::store::Store;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -28,6 +31,17 @@ impl RunningCollector {
     /// Starts on an already bound gRPC listener (to come up on a known port).
     pub async fn start_on(store: Arc<dyn Store>, grpc: TcpListener) -> Self {
         Self::run(Collector::new(store), grpc).await
+    }
+
+    /// A collector on a fresh SQLite file in `dir`, running the built-in
+    /// rules with no notification channels.
+    pub async fn start_sqlite_with_default_rules(dir: &std::path::Path) -> Self {
+        let url = format!("sqlite://{}", dir.join("headroom.db").display());
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::connect(&url).await.unwrap());
+        let collector = Collector::with_rules(store, RulesConfig::default(), Clock::System)
+            .await
+            .unwrap();
+        Self::start_collector(collector).await
     }
 
     /// Runs a collector built by the caller (rules, clock) on a free port.

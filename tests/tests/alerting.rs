@@ -260,14 +260,7 @@ async fn an_xid_event_becomes_an_alert_that_names_its_meaning() {
     use headroom_proto::v1 as pb;
     use headroom_tests::fixtures::{self, BOOT, GPU1, NODE};
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("xid.db").display());
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::connect(&url).await.unwrap());
-    let collector = RunningCollector::start_collector(
-        Collector::with_rules(store, RulesConfig::default(), Clock::System)
-            .await
-            .unwrap(),
-    )
-    .await;
+    let collector = RunningCollector::start_sqlite_with_default_rules(dir.path()).await;
     let mut client = pb::ingest_client::IngestClient::connect(collector.grpc_url())
         .await
         .unwrap();

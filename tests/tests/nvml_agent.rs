@@ -7,13 +7,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
-use headroom_collector::Collector;
-use headroom_collector::clock::Clock;
-use headroom_collector::rules::config::RulesConfig;
-use headroom_collector::store::{SqliteStore, Store};
 use headroom_sim::Scenario;
 use headroom_tests::harness::{RunningCollector, eventually};
 use serde_json::Value;
@@ -21,7 +16,7 @@ use serde_json::Value;
 const NODE: &str = "fake-node-01";
 
 fn scenario_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/tests/fixtures/nvml-node.toml")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nvml-node.toml")
 }
 
 /// A file cargo built in this profile's directory (`cargo test --workspace`
@@ -53,14 +48,7 @@ fn device<'a>(gpus: &'a Value, uuid: &str) -> Option<&'a Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_on_nvml_reports_memory_mig_layout_changes_and_xid() {
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("h.db").display());
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::connect(&url).await.unwrap());
-    let collector = RunningCollector::start_collector(
-        Collector::with_rules(store, RulesConfig::default(), Clock::System)
-            .await
-            .unwrap(),
-    )
-    .await;
+    let collector = RunningCollector::start_sqlite_with_default_rules(dir.path()).await;
     let faults = dir.path().join("faults.toml");
     std::fs::write(
         &faults,
@@ -74,7 +62,7 @@ async fn agent_on_nvml_reports_memory_mig_layout_changes_and_xid() {
     let child = Command::new(built("headroom-agent"))
         .args(["--source", "nvml", "--node-name", NODE])
         .arg("--nvml-library")
-        .arg(built("libnvidia_ml.so"))
+        .arg(headroom_tests::fake_nvml::library())
         .arg("--procfs-root")
         .arg(&procfs)
         .args(["--collector-url", &collector.grpc_url()])

@@ -22,18 +22,9 @@ const CHILD_VAR: &str = "HEADROOM_FAKE_NVML_TEST_CHILD";
 pub const GIB: u64 = 1 << 30;
 pub const MIB: u64 = 1 << 20;
 
-/// `target/<profile>/libnvidia_ml.so`: this binary is
-/// `target/<profile>/deps/<test>-<hash>`, and cargo builds the package's
-/// cdylib before its integration tests.
+/// The library, freshly built (see `headroom_tests::fake_nvml`).
 pub fn library() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let profile = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps/<test>");
-    let library = profile.join("libnvidia_ml.so");
-    assert!(library.exists(), "{} is missing", library.display());
-    library
+    headroom_tests::fake_nvml::library()
 }
 
 pub fn fixture(name: &str) -> PathBuf {

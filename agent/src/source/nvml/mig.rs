@@ -75,11 +75,13 @@ pub(crate) fn read_layout<'nvml>(
                 .map_err(|e| ("nvmlDeviceGetMemoryInfo_v2", e))?
                 .total;
             let gpu_instance_id = watchdog
-                .run("nvmlDeviceGetGpuInstanceId", || gpu_instance_id(nvml, &mig))
+                .run("nvmlDeviceGetGpuInstanceId", || {
+                    instance_id(nvml, &mig, InstanceId::Gpu)
+                })
                 .map_err(|e| ("nvmlDeviceGetGpuInstanceId", e))?;
             let compute_instance_id = watchdog
                 .run("nvmlDeviceGetComputeInstanceId", || {
-                    compute_instance_id(nvml, &mig)
+                    instance_id(nvml, &mig, InstanceId::Compute)
                 })
                 .map_err(|e| ("nvmlDeviceGetComputeInstanceId", e))?;
             instances.push(MigDevice {
@@ -130,32 +132,25 @@ pub(crate) fn profile_of(mig_name: &str) -> String {
     }
 }
 
-// nvml-wrapper has no wrappers for the instance-id calls, so these two go
-// straight to the loaded library.
+#[derive(Debug, Clone, Copy)]
+enum InstanceId {
+    Gpu,
+    Compute,
+}
+
+/// nvml-wrapper has no wrappers for the instance-id calls, so they go
+/// straight to the loaded library.
 #[allow(unsafe_code)]
-fn gpu_instance_id(nvml: &Nvml, mig: &Device<'_>) -> Result<u32, NvmlError> {
-    let call = nvml
-        .lib()
-        .nvmlDeviceGetGpuInstanceId
-        .as_ref()
-        .map_err(|_| NvmlError::FunctionNotFound)?;
+fn instance_id(nvml: &Nvml, mig: &Device<'_>, which: InstanceId) -> Result<u32, NvmlError> {
+    let lib = nvml.lib();
+    let call = match which {
+        InstanceId::Gpu => lib.nvmlDeviceGetGpuInstanceId.as_ref(),
+        InstanceId::Compute => lib.nvmlDeviceGetComputeInstanceId.as_ref(),
+    }
+    .map_err(|_| NvmlError::FunctionNotFound)?;
     let mut id: std::os::raw::c_uint = 0;
     // SAFETY: the handle comes from this library instance and is alive while
     // `mig` is; the call writes one c_uint through a pointer to a local.
-    let code = unsafe { call(mig.handle(), &mut id) };
-    nvml_try(code)?;
-    Ok(id)
-}
-
-#[allow(unsafe_code)]
-fn compute_instance_id(nvml: &Nvml, mig: &Device<'_>) -> Result<u32, NvmlError> {
-    let call = nvml
-        .lib()
-        .nvmlDeviceGetComputeInstanceId
-        .as_ref()
-        .map_err(|_| NvmlError::FunctionNotFound)?;
-    let mut id: std::os::raw::c_uint = 0;
-    // SAFETY: as in `gpu_instance_id`: a live handle and a pointer to a local.
     let code = unsafe { call(mig.handle(), &mut id) };
     nvml_try(code)?;
     Ok(id)

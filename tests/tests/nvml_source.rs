@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use headroom_agent::source::{
-    EventKind, GpuSource, NvmlOptions, NvmlSource, Poll, ProcessReading, SourceEvent,
+    EventKind, GpuSource, MigDevice, NvmlOptions, NvmlSource, Poll, ProcessReading, SourceEvent,
 };
 use headroom_sim::{NodeSpec, Scenario};
 
@@ -37,20 +37,6 @@ fn node() -> NodeSpec {
         .node(NODE)
         .cloned()
         .unwrap()
-}
-
-/// The fake library cargo built next to this test's binary (`cargo test
-/// --workspace` builds every member, the fake library included).
-fn fake_library() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
-    let library = profile_dir.join("libnvidia_ml.so");
-    assert!(
-        library.exists(),
-        "{} is missing: build it with `cargo build -p headroom-fake-nvml` (`cargo test --workspace` does)",
-        library.display()
-    );
-    library
 }
 
 /// A procfs tree for the scenario's processes: pid 4202 has no entry, as if
@@ -207,6 +193,16 @@ after_s = 1.0
 [[gpu_lost]]
 gpu = 3
 after_s = 1.0
+
+[[bogus_process]]
+gpu = 0
+pid = 0
+memory = 1024
+
+[[bogus_process]]
+gpu = 0
+pid = 4999
+memory = 1099511627776
 "#,
         ),
     );
@@ -214,7 +210,7 @@ after_s = 1.0
 
 fn source(call_timeout: Duration) -> NvmlSource {
     NvmlSource::new(NvmlOptions {
-        library: Some(fake_library()),
+        library: Some(headroom_tests::fake_nvml::library()),
         procfs_root: PathBuf::from(std::env::var(PROCFS_ENV).unwrap()),
         call_timeout,
         poll_wait: Duration::from_millis(80),
@@ -283,33 +279,22 @@ fn readings_case() {
             (got.pcie_generation, got.pcie_width),
             (want.pcie_generation, want.pcie_width)
         );
-        let got_mig: Vec<_> = got
-            .mig_instances
-            .iter()
-            .map(|m| {
-                (
-                    &m.uuid,
-                    m.gpu_instance_id,
-                    m.compute_instance_id,
-                    &m.profile,
-                    m.memory_total,
-                )
-            })
-            .collect();
-        let want_mig: Vec<_> = want
+        let want_mig: Vec<MigDevice> = want
             .mig
             .iter()
-            .map(|m| {
-                (
-                    &m.uuid,
-                    m.gpu_instance_id,
-                    m.compute_instance_id,
-                    &m.profile,
-                    m.memory_total,
-                )
+            .map(|m| MigDevice {
+                uuid: m.uuid.clone(),
+                gpu_instance_id: m.gpu_instance_id,
+                compute_instance_id: m.compute_instance_id,
+                profile: m.profile.clone(),
+                memory_total: m.memory_total,
             })
             .collect();
-        assert_eq!(got_mig, want_mig, "MIG layout of GPU {}", got.index);
+        assert_eq!(
+            got.mig_instances, want_mig,
+            "MIG layout of GPU {}",
+            got.index
+        );
     }
 
     let ((tx_lo, tx_hi), (rx_lo, rx_hi)) = pcie_bounds(&node, 0, 5.0);
@@ -472,6 +457,22 @@ fn faults_case() {
     assert!(
         want[1].mig.iter().all(|old| old.uuid != layout[0].uuid),
         "a fresh UUID"
+    );
+
+    // Impossible process entries are reported once each, never stored.
+    let invalid = of(EventKind::NvmlInvalidData);
+    let mut invalid_pids: Vec<u32> = invalid.iter().map(|e| e.pid).collect();
+    invalid_pids.sort_unstable();
+    assert_eq!(invalid_pids, vec![0, 4999], "{events:?}");
+    assert!(invalid.iter().all(|e| e.device_uuid == gpu0));
+    assert!(
+        last.processes.iter().all(|p| p.pid != 0 && p.pid != 4999),
+        "{:?}",
+        last.processes
+    );
+    assert!(
+        last.processes.iter().any(|p| p.pid == 4101),
+        "the real ones stay"
     );
 
     // The healthy GPUs are still read, the lost and stalled ones are not.
