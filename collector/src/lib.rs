@@ -7,6 +7,7 @@ pub mod clock;
 pub mod config;
 pub mod http;
 pub mod ingest;
+pub mod metrics;
 pub mod model;
 pub mod rules;
 pub mod server;

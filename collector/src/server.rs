@@ -14,6 +14,7 @@ use crate::clock::Clock;
 use crate::http::{self, AppState};
 use crate::ingest::IngestService;
 use crate::ingest::validate::Limits;
+use crate::metrics::CollectorMetrics;
 use crate::rules::config::RulesConfig;
 use crate::store::Store;
 
@@ -78,11 +79,13 @@ impl Collector {
         if let Some(alerting) = &self.alerting {
             alerting.spawn_background(stopped.clone());
         }
+        let metrics = Arc::new(CollectorMetrics::default());
         let ingest = IngestService::new(
             self.store.clone(),
             self.limits.clone(),
             self.clock.clone(),
             self.alerting.clone(),
+            metrics.clone(),
         );
         let grpc_server = tonic::transport::Server::builder()
             .add_service(
@@ -92,6 +95,7 @@ impl Collector {
         let router = http::router(AppState {
             store: self.store,
             clock: self.clock,
+            metrics,
         });
         let http_server = axum::serve(http, router).with_graceful_shutdown(wait(stopped));
         tokio::spawn(async move {

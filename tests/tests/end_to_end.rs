@@ -224,6 +224,31 @@ async fn simulated_agent_to_postgres_collector_api_returns_scenario_values() {
         assert_eq!(p["memory_used_bytes"], 13 * GIB);
     }
 
+    // The collector's own /metrics: what it stored, valid by promtool.
+    let exposition = reqwest::get(collector.api("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |series: &str| -> f64 {
+        exposition
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{series} missing:\n{exposition}"))
+    };
+    assert!(value("headroom_collector_batches_total{outcome=\"committed\"}") >= 5.0);
+    assert_eq!(
+        value("headroom_collector_batches_total{outcome=\"rejected\"}"),
+        0.0
+    );
+    assert!(value("headroom_collector_samples_total{kind=\"gpu\"}") >= 20.0);
+    assert_eq!(value("headroom_collector_agent_streams"), 1.0);
+    assert_eq!(value("headroom_collector_registrations_total"), 1.0);
+    assert!(value("headroom_collector_batch_write_seconds_count") >= 5.0);
+    assert_eq!(value("headroom_collector_alerts{state=\"firing\"}"), 0.0);
+    promtool_check(&exposition);
+
     agent.stop().await;
     collector.stop().await;
     db.drop_database().await;

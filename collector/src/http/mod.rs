@@ -13,12 +13,15 @@ use axum::routing::{delete, get, post};
 use tower_http::timeout::TimeoutLayer;
 
 use crate::clock::Clock;
+use crate::metrics::{CollectorMetrics, StoreFigures};
 use crate::store::Store;
+use crate::store::alerts::AlertFilter;
 
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub store: Arc<dyn Store>,
     pub clock: Clock,
+    pub metrics: Arc<CollectorMetrics>,
 }
 
 const INDEX_HTML: &str = include_str!("../../../web/index.html");
@@ -27,6 +30,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/", get(index))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics))
         .route("/api/v1/nodes", get(api::nodes))
         .route("/api/v1/gpus", get(api::gpus))
         .route("/api/v1/gpus/{uuid}/series", get(api::series))
@@ -44,6 +48,27 @@ pub fn router(state: AppState) -> Router {
             Duration::from_secs(30),
         ))
         .with_state(state)
+}
+
+/// Prometheus scrape. A store that cannot answer leaves its figures out
+/// rather than failing the scrape: ingest counters matter most when the
+/// database is in trouble.
+async fn metrics(axum::extract::State(state): axum::extract::State<AppState>) -> impl IntoResponse {
+    // Pending and firing alerts are few; resolved ones are history, not load.
+    const LIMIT: i64 = 100_000;
+    let count = |alerts: Result<Vec<_>, _>| alerts.ok().map(|a: Vec<_>| a.len());
+    let figures = StoreFigures {
+        alerts_pending: count(state.store.alerts(AlertFilter::Pending, LIMIT).await),
+        alerts_firing: count(state.store.alerts(AlertFilter::Firing, LIMIT).await),
+        outbox_undelivered: state.store.undelivered_notifications().await.ok(),
+    };
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(figures),
+    )
 }
 
 async fn index() -> impl IntoResponse {

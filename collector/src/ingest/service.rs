@@ -18,6 +18,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::validate::{self, Limits};
 use crate::alerts::Alerting;
 use crate::clock::Clock;
+use crate::metrics::{BatchOutcome, CollectorMetrics};
 use crate::model::{NodeSession, WriteOutcome};
 use crate::store::Store;
 
@@ -30,6 +31,7 @@ struct Inner {
     clock: Clock,
     alerting: Option<Arc<Alerting>>,
     sessions: RwLock<HashMap<SessionKey, Arc<NodeSession>>>,
+    metrics: Arc<CollectorMetrics>,
 }
 
 #[derive(Debug, Clone)]
@@ -43,6 +45,7 @@ impl IngestService {
         limits: Limits,
         clock: Clock,
         alerting: Option<Arc<Alerting>>,
+        metrics: Arc<CollectorMetrics>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -51,6 +54,7 @@ impl IngestService {
                 clock,
                 alerting,
                 sessions: RwLock::new(HashMap::new()),
+                metrics,
             }),
         }
     }
@@ -90,6 +94,7 @@ impl Inner {
                 "node {node:?} (boot {boot_id:?}) sent a batch before Register"
             ))),
             Err(error) => {
+                self.metrics.storage_error();
                 tracing::error!(%error, node, "loading the agent session failed");
                 Err(Status::unavailable(format!("storage unavailable: {error}")))
             }
@@ -114,6 +119,7 @@ impl Inner {
         let session = self.session_for(node, &batch.boot_id).await?;
         let rows = validate::batch(&batch, &session, self.clock.now_ms(), &self.limits).map_err(
             |invalid| {
+                self.metrics.batch(BatchOutcome::Rejected);
                 tracing::warn!(node, seq = batch.seq, reason = %invalid, "rejected batch");
                 Status::invalid_argument(format!(
                     "batch seq {} from node {node}: {invalid}",
@@ -121,8 +127,17 @@ impl Inner {
                 ))
             },
         )?;
-        match self.store.write_batch(&rows).await {
+        let started = std::time::Instant::now();
+        let written = self.store.write_batch(&rows).await;
+        self.metrics.write_took(started.elapsed());
+        match written {
             Ok(WriteOutcome::Committed) => {
+                self.metrics.batch(BatchOutcome::Committed);
+                self.metrics.stored(
+                    rows.gpu_samples.len(),
+                    rows.process_samples.len(),
+                    rows.events.len(),
+                );
                 // Rules see a batch once, after it is safely stored; replays
                 // are not judged twice.
                 if let Some(alerting) = &self.alerting {
@@ -133,6 +148,7 @@ impl Inner {
                 })
             }
             Ok(WriteOutcome::Duplicate { committed_seq }) => {
+                self.metrics.batch(BatchOutcome::Duplicate);
                 tracing::debug!(
                     node,
                     seq = batch.seq,
@@ -144,10 +160,21 @@ impl Inner {
                 })
             }
             Err(error) => {
+                self.metrics.batch(BatchOutcome::Failed);
+                self.metrics.storage_error();
                 tracing::error!(%error, node, seq = batch.seq, "writing a batch failed");
                 Err(Status::unavailable(format!("storage unavailable: {error}")))
             }
         }
+    }
+}
+
+/// Counts a stream as open for as long as its task lives, however it ends.
+struct StreamOpen(Arc<CollectorMetrics>);
+
+impl Drop for StreamOpen {
+    fn drop(&mut self) {
+        self.0.stream_closed();
     }
 }
 
@@ -174,12 +201,14 @@ impl Ingest for IngestService {
             .register(&registration, self.inner.clock.now_ms())
             .await
             .map_err(|error| {
+                self.inner.metrics.storage_error();
                 tracing::error!(%error, node = %registration.node, "storing a registration failed");
                 Status::unavailable(format!("storage unavailable: {error}"))
             })?;
         tracing::info!(node = %session.node, boot_id = %session.boot_id, devices = session.device_ids.len(),
             committed_seq = session.committed_seq, "agent registered");
         let committed_seq = session.committed_seq;
+        self.inner.metrics.registered();
         if let Some(alerting) = &self.inner.alerting {
             alerting.node_registered(&session.node, registration.sample_interval_ms);
         }
@@ -199,6 +228,8 @@ impl Ingest for IngestService {
         let (acks, acks_rx) = mpsc::channel(4);
         let inner = self.inner.clone();
         tokio::spawn(async move {
+            inner.metrics.stream_opened();
+            let _open = StreamOpen(inner.metrics.clone());
             while let Some(batch) = batches.next().await {
                 let result = match batch {
                     Ok(batch) => inner.ingest(batch).await,
