@@ -125,15 +125,7 @@ impl AgentMetrics {
         let devices = &devices;
         let mut out = String::with_capacity(4096);
         let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, String)>| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            for (labels, value) in rows {
-                if labels.is_empty() {
-                    let _ = writeln!(out, "{name} {value}");
-                } else {
-                    let _ = writeln!(out, "{name}{{{labels}}} {value}");
-                }
-            }
+            write_family(&mut out, name, kind, help, rows);
         };
         let per_device = |f: &dyn Fn(&crate::source::DeviceReading) -> Option<String>| {
             poll.devices
@@ -270,6 +262,31 @@ impl AgentMetrics {
             )],
         );
         out
+    }
+}
+
+/// Appends one metric family in the Prometheus text format: HELP, TYPE,
+/// then one line per (labels, value); empty labels print the bare name.
+/// Shared with the collector's endpoint.
+pub fn write_family<L, V>(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (L, V)>,
+) where
+    L: AsRef<str>,
+    V: std::fmt::Display,
+{
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, value) in rows {
+        let labels = labels.as_ref();
+        if labels.is_empty() {
+            let _ = writeln!(out, "{name} {value}");
+        } else {
+            let _ = writeln!(out, "{name}{{{labels}}} {value}");
+        }
     }
 }
 

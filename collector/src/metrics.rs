@@ -208,15 +208,7 @@ impl CollectorMetrics {
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str, rows: &[(&str, String)]) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-    for (labels, value) in rows {
-        if labels.is_empty() {
-            let _ = writeln!(out, "{name} {value}");
-        } else {
-            let _ = writeln!(out, "{name}{{{labels}}} {value}");
-        }
-    }
+    headroom_agent::metrics::write_family(out, name, kind, help, rows.iter().cloned());
 }
 
 #[cfg(test)]

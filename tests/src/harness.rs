@@ -96,6 +96,23 @@ impl RunningCollector {
     }
 }
 
+/// A binary or library cargo built in this profile's directory (`cargo test
+/// --workspace` builds every member's binaries).
+pub fn built(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .unwrap()
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test --workspace`",
+        path.display()
+    );
+    path
+}
+
 /// Polls `check` until it returns `Some`, or panics naming `what` after `limit`.
 pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
 where

@@ -4,6 +4,7 @@
 //! they run actually reads.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+use headroom_tests::harness::built;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -45,11 +46,6 @@ fn manifests_validate_against_the_kubernetes_schemas() {
     );
     assert!(out.status.success(), "{report}");
     assert!(!report.contains("ERROR"), "{report}");
-}
-
-fn built(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().join(name)
 }
 
 #[test]

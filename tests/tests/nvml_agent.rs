@@ -10,26 +10,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use headroom_sim::Scenario;
-use headroom_tests::harness::{RunningCollector, eventually};
+use headroom_tests::harness::{RunningCollector, built, eventually};
 use serde_json::Value;
 
 const NODE: &str = "fake-node-01";
 
 fn scenario_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nvml-node.toml")
-}
-
-/// A file cargo built in this profile's directory (`cargo test --workspace`
-/// builds every member's binaries and the fake library).
-fn built(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let path = exe.parent().and_then(Path::parent).unwrap().join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run the tests with `cargo test --workspace`",
-        path.display()
-    );
-    path
 }
 
 struct Agent(Child);

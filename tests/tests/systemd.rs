@@ -5,21 +5,11 @@
 //! notify socket and read what the daemon sends.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+use headroom_tests::harness::built;
 use std::os::unix::net::UnixDatagram;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn built(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let path = exe.parent().and_then(Path::parent).unwrap().join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run the tests with `cargo test --workspace`",
-        path.display()
-    );
-    path
-}
 
 #[test]
 fn systemd_units_verify_cleanly() {
