@@ -8,6 +8,8 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::store::alerts::ActiveAlertCounts;
+
 /// Upper bounds (seconds) of the batch-write histogram: a commit on a
 /// healthy database takes milliseconds; seconds mean trouble.
 const WRITE_BUCKETS: [f64; 12] = [
@@ -46,8 +48,7 @@ pub struct CollectorMetrics {
 /// Figures read from the store when scraped.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StoreFigures {
-    pub alerts_pending: Option<usize>,
-    pub alerts_firing: Option<usize>,
+    pub alerts: Option<ActiveAlertCounts>,
     pub outbox_undelivered: Option<i64>,
 }
 
@@ -177,13 +178,15 @@ impl CollectorMetrics {
             get(&self.write_micros) as f64 / 1e6
         );
         let _ = writeln!(out, "headroom_collector_batch_write_seconds_count {count}");
-        let mut alerts = Vec::new();
-        if let Some(n) = store.alerts_pending {
-            alerts.push(("state=\"pending\"", n.to_string()));
-        }
-        if let Some(n) = store.alerts_firing {
-            alerts.push(("state=\"firing\"", n.to_string()));
-        }
+        let alerts: Vec<(&str, String)> = store
+            .alerts
+            .map(|a| {
+                vec![
+                    ("state=\"pending\"", a.pending.to_string()),
+                    ("state=\"firing\"", a.firing.to_string()),
+                ]
+            })
+            .unwrap_or_default();
         family(
             &mut out,
             "headroom_collector_alerts",

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use headroom_collector::ingest::validate::{self, Limits};
 use headroom_collector::model::{NodeSession, WriteOutcome};
 use headroom_collector::store::alerts::{
-    AlertFilter, AlertUpdate, NewNotification, NewSilence, UpdateKind,
+    ActiveAlertCounts, AlertFilter, AlertUpdate, NewNotification, NewSilence, UpdateKind,
 };
 use headroom_collector::store::{SqliteStore, Store};
 use headroom_proto::v1 as pb;
@@ -261,6 +261,13 @@ async fn alert_lifecycle_notifies_once_per_change(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert!(!pending.notified);
+    assert_eq!(
+        s.active_alert_counts().await.unwrap(),
+        ActiveAlertCounts {
+            pending: 1,
+            firing: 0
+        }
+    );
     let fired = s
         .apply_alert(&update(
             UpdateKind::Firing { escalated: false },
@@ -293,6 +300,13 @@ async fn alert_lifecycle_notifies_once_per_change(store: Arc<dyn Store>) {
 
     let active = s.alerts(AlertFilter::Active, 10).await.unwrap();
     assert_eq!(active.len(), 1);
+    assert_eq!(
+        s.active_alert_counts().await.unwrap(),
+        ActiveAlertCounts {
+            pending: 0,
+            firing: 1
+        }
+    );
     assert_eq!(active[0].state, "firing");
     assert_eq!(active[0].fired_at_ms, Some(2000));
     assert_eq!(active[0].started_at_ms, 1000);

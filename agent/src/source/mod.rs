@@ -68,6 +68,20 @@ pub struct SourceEvent {
     pub detail: String,
 }
 
+impl SourceEvent {
+    /// An event happening now, about `device_uuid`, with no code or pid.
+    pub fn now(kind: EventKind, device_uuid: String, detail: String) -> Self {
+        Self {
+            kind,
+            timestamp_ms: crate::time::epoch_ms_now(),
+            device_uuid,
+            code: 0,
+            pid: 0,
+            detail,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventKind {
     Xid,

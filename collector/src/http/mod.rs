@@ -15,7 +15,6 @@ use tower_http::timeout::TimeoutLayer;
 use crate::clock::Clock;
 use crate::metrics::{CollectorMetrics, StoreFigures};
 use crate::store::Store;
-use crate::store::alerts::AlertFilter;
 
 #[derive(Debug, Clone)]
 pub struct AppState {
@@ -54,12 +53,9 @@ pub fn router(state: AppState) -> Router {
 /// rather than failing the scrape: ingest counters matter most when the
 /// database is in trouble.
 async fn metrics(axum::extract::State(state): axum::extract::State<AppState>) -> impl IntoResponse {
-    // Pending and firing alerts are few; resolved ones are history, not load.
-    const LIMIT: i64 = 100_000;
-    let count = |alerts: Result<Vec<_>, _>| alerts.ok().map(|a: Vec<_>| a.len());
+    let alerts = state.store.active_alert_counts().await.ok();
     let figures = StoreFigures {
-        alerts_pending: count(state.store.alerts(AlertFilter::Pending, LIMIT).await),
-        alerts_firing: count(state.store.alerts(AlertFilter::Firing, LIMIT).await),
+        alerts,
         outbox_undelivered: state.store.undelivered_notifications().await.ok(),
     };
     (

@@ -163,7 +163,22 @@ pub trait AlertStore: Send + Sync {
     ) -> Result<(), StoreError>;
     /// Notifications not yet delivered.
     async fn undelivered_notifications(&self) -> Result<i64, StoreError>;
+    /// How many alerts are pending and how many firing, counted in the
+    /// database (an alert storm must not make a scrape load every row).
+    async fn active_alert_counts(&self) -> Result<ActiveAlertCounts, StoreError>;
 }
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct ActiveAlertCounts {
+    pub pending: i64,
+    pub firing: i64,
+}
+
+/// Shared by both backends: plain SQL both dialects read the same way.
+pub(crate) const ACTIVE_ALERT_COUNTS_SQL: &str = "SELECT
+        COALESCE(SUM(CASE WHEN state = 'pending' THEN 1 ELSE 0 END), 0) AS pending,
+        COALESCE(SUM(CASE WHEN state = 'firing' THEN 1 ELSE 0 END), 0) AS firing
+     FROM alerts WHERE state IN ('pending', 'firing')";
 
 /// What the store decides for a transition given the alert's current row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

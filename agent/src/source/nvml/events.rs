@@ -13,7 +13,6 @@ use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 
 use crate::source::{EventKind, SourceEvent};
-use crate::time::epoch_ms_now;
 
 use super::pcie::sleep_unless_stopped;
 
@@ -82,12 +81,8 @@ fn listen(nvml: &Nvml, indices: &[u32], events: &Sender<SourceEvent>, stop: &Ato
                 let uuid = data.device.uuid().unwrap_or_default();
                 tracing::warn!(gpu = %uuid, xid = code, "XID error");
                 let event = SourceEvent {
-                    kind: EventKind::Xid,
-                    timestamp_ms: epoch_ms_now(),
-                    device_uuid: uuid,
                     code,
-                    pid: 0,
-                    detail: format!("XID {code}"),
+                    ..SourceEvent::now(EventKind::Xid, uuid, format!("XID {code}"))
                 };
                 if events.send(event).is_err() {
                     return;

@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 use nvml_wrapper::Nvml;
 
 use crate::attribution::{Attribution, Attributor};
-use crate::time::epoch_ms_now;
 
 use super::{
     EventKind, GpuDevice, GpuSource, Inventory, Poll, ProcessOwner, ProcessReading, SourceError,
@@ -116,11 +115,21 @@ struct Slot {
     /// `None` once the thread has ended (the GPU was lost).
     requests: Option<SyncSender<()>>,
     watchdog: Arc<Watchdog>,
-    /// When the outstanding request was sent; `None` when idle.
-    busy_since: Option<Instant>,
+    /// A request is out and not yet answered.
+    busy: bool,
     hung_reported: bool,
     layout: Option<GpuDevice>,
     failures: u64,
+}
+
+impl Slot {
+    /// The GPU's UUID; empty before its layout was first read.
+    fn uuid(&self) -> String {
+        self.layout
+            .as_ref()
+            .map(|l| l.uuid.clone())
+            .unwrap_or_default()
+    }
 }
 
 /// What `/proc` said about a pid, ready to hand out on every poll.
@@ -180,7 +189,7 @@ impl NvmlSource {
                 index,
                 requests: Some(requests),
                 watchdog,
-                busy_since: None,
+                busy: false,
                 hung_reported: false,
                 layout: None,
                 failures: 0,
@@ -220,9 +229,8 @@ impl NvmlSource {
     }
 
     fn request_round(&mut self) {
-        let now = Instant::now();
         for slot in &mut self.workers {
-            if slot.busy_since.is_some() {
+            if slot.busy {
                 continue;
             }
             let Some(requests) = &slot.requests else {
@@ -231,7 +239,7 @@ impl NvmlSource {
             // The channel holds one request and the slot is idle, so this
             // only fails when the thread has ended.
             if requests.try_send(()).is_ok() {
-                slot.busy_since = Some(now);
+                slot.busy = true;
             } else {
                 slot.requests = None;
             }
@@ -245,10 +253,7 @@ impl NvmlSource {
             while let Ok(reply) = self.replies.try_recv() {
                 self.accept(reply);
             }
-            let waiting = self
-                .workers
-                .iter()
-                .any(|s| s.busy_since.is_some() && !s.hung_reported);
+            let waiting = self.workers.iter().any(|s| s.busy && !s.hung_reported);
             let now = Instant::now();
             if !waiting || now >= deadline {
                 return;
@@ -264,7 +269,7 @@ impl NvmlSource {
         let Some(slot) = self.workers.iter_mut().find(|s| s.index == reply.index) else {
             return;
         };
-        slot.busy_since = None;
+        slot.busy = false;
         if slot.hung_reported {
             slot.hung_reported = false;
             tracing::info!(gpu = slot.index, "NVML answers again after a hung call");
@@ -282,14 +287,11 @@ impl NvmlSource {
                             profiles(&layout)
                         );
                         tracing::warn!(gpu = %layout.uuid, %detail, "MIG reconfigured");
-                        self.events.push(SourceEvent {
-                            kind: EventKind::MigReconfigured,
-                            timestamp_ms: epoch_ms_now(),
-                            device_uuid: layout.uuid.clone(),
-                            code: 0,
-                            pid: 0,
+                        self.events.push(SourceEvent::now(
+                            EventKind::MigReconfigured,
+                            layout.uuid.clone(),
                             detail,
-                        });
+                        ));
                     }
                     slot.layout = Some(layout);
                     self.inventory_changed = true;
@@ -298,20 +300,13 @@ impl NvmlSource {
             }
             Outcome::Lost => {
                 slot.requests = None;
-                let uuid = slot
-                    .layout
-                    .as_ref()
-                    .map(|l| l.uuid.clone())
-                    .unwrap_or_default();
+                let uuid = slot.uuid();
                 tracing::error!(gpu = slot.index, %uuid, "GPU lost (fallen off the bus); the others are still polled");
-                self.events.push(SourceEvent {
-                    kind: EventKind::GpuLost,
-                    timestamp_ms: epoch_ms_now(),
-                    device_uuid: uuid,
-                    code: 0,
-                    pid: 0,
-                    detail: format!("GPU {} is lost (NVML_ERROR_GPU_IS_LOST)", slot.index),
-                });
+                self.events.push(SourceEvent::now(
+                    EventKind::GpuLost,
+                    uuid,
+                    format!("GPU {} is lost (NVML_ERROR_GPU_IS_LOST)", slot.index),
+                ));
             }
             Outcome::Failed { call, reason } => {
                 slot.failures += 1;
@@ -326,7 +321,7 @@ impl NvmlSource {
 
     fn report_hung(&mut self) {
         for slot in &mut self.workers {
-            if slot.hung_reported || slot.busy_since.is_none() {
+            if slot.hung_reported || !slot.busy {
                 continue;
             }
             let Some((call, running)) = slot.watchdog.in_flight() else {
@@ -336,25 +331,15 @@ impl NvmlSource {
                 continue;
             }
             slot.hung_reported = true;
-            let uuid = slot
-                .layout
-                .as_ref()
-                .map(|l| l.uuid.clone())
-                .unwrap_or_default();
+            let uuid = slot.uuid();
             let detail = format!(
                 "{call} on GPU {} has not returned for {:.1} s; its readings stop until it does",
                 slot.index,
                 running.as_secs_f64()
             );
             tracing::error!(gpu = slot.index, %uuid, call, "NVML call hung");
-            self.events.push(SourceEvent {
-                kind: EventKind::NvmlHung,
-                timestamp_ms: epoch_ms_now(),
-                device_uuid: uuid,
-                code: 0,
-                pid: 0,
-                detail,
-            });
+            self.events
+                .push(SourceEvent::now(EventKind::NvmlHung, uuid, detail));
         }
     }
 
@@ -463,12 +448,12 @@ impl GpuSource for NvmlSource {
                 {
                     tracing::warn!(gpu = %invalid.device_uuid, detail = %invalid.detail, "NVML returned impossible data; not stored");
                     self.events.push(SourceEvent {
-                        kind: EventKind::NvmlInvalidData,
-                        timestamp_ms: epoch_ms_now(),
-                        device_uuid: invalid.device_uuid,
-                        code: 0,
                         pid: invalid.pid,
-                        detail: invalid.detail,
+                        ..SourceEvent::now(
+                            EventKind::NvmlInvalidData,
+                            invalid.device_uuid,
+                            invalid.detail,
+                        )
                     });
                 }
             }

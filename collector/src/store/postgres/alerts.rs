@@ -6,8 +6,8 @@ use sqlx::Row;
 use super::PostgresStore;
 use crate::store::StoreError;
 use crate::store::alerts::{
-    AlertFilter, AlertOutcome, AlertStore, AlertUpdate, AlertView, NewSilence, OutboxItem,
-    RowAction, SilenceView, decide,
+    ACTIVE_ALERT_COUNTS_SQL, ActiveAlertCounts, AlertFilter, AlertOutcome, AlertStore, AlertUpdate,
+    AlertView, NewSilence, OutboxItem, RowAction, SilenceView, decide,
 };
 
 const ALERT_COLUMNS: &str =
@@ -228,5 +228,11 @@ impl AlertStore for PostgresStore {
                 .fetch_one(&self.pool)
                 .await?,
         )
+    }
+
+    async fn active_alert_counts(&self) -> Result<ActiveAlertCounts, StoreError> {
+        Ok(sqlx::query_as(ACTIVE_ALERT_COUNTS_SQL)
+            .fetch_one(&self.pool)
+            .await?)
     }
 }

@@ -6,8 +6,8 @@ use sqlx::Row;
 use super::SqliteStore;
 use crate::store::StoreError;
 use crate::store::alerts::{
-    AlertFilter, AlertOutcome, AlertStore, AlertUpdate, AlertView, NewSilence, OutboxItem,
-    RowAction, SilenceView, decide,
+    ACTIVE_ALERT_COUNTS_SQL, ActiveAlertCounts, AlertFilter, AlertOutcome, AlertStore, AlertUpdate,
+    AlertView, NewSilence, OutboxItem, RowAction, SilenceView, decide,
 };
 
 const ALERT_COLUMNS: &str = "id, fingerprint, rule, severity, state, labels, summary,
@@ -232,5 +232,11 @@ impl AlertStore for SqliteStore {
                 .fetch_one(&self.pool)
                 .await?,
         )
+    }
+
+    async fn active_alert_counts(&self) -> Result<ActiveAlertCounts, StoreError> {
+        Ok(sqlx::query_as(ACTIVE_ALERT_COUNTS_SQL)
+            .fetch_one(&self.pool)
+            .await?)
     }
 }
