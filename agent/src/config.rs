@@ -56,6 +56,12 @@ pub struct AgentConfig {
     pub flush_above: f64,
     /// Prometheus `/metrics` and `/healthz`.
     pub metrics_listen: SocketAddr,
+    /// Unix socket on which training processes report their allocator's
+    /// statistics (`clients/python`); open to every local user, each report
+    /// tied to its sender's pid by the kernel. Empty turns it off.
+    pub allocator_socket: PathBuf,
+    /// Processes that may report at once; more are refused and counted.
+    pub allocator_max_clients: usize,
 }
 
 impl Default for AgentConfig {
@@ -76,6 +82,8 @@ impl Default for AgentConfig {
             max_pending_batches: 3600,
             flush_above: 0.90,
             metrics_listen: SocketAddr::from(([0, 0, 0, 0], 9401)),
+            allocator_socket: PathBuf::from("/run/headroom/allocator.sock"),
+            allocator_max_clients: 1024,
         }
     }
 }
@@ -109,6 +117,7 @@ pub struct Overrides {
     pub poll_interval_ms: Option<u64>,
     pub sample_interval_ms: Option<u64>,
     pub metrics_listen: Option<SocketAddr>,
+    pub allocator_socket: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -184,6 +193,9 @@ impl AgentConfig {
         if let Some(v) = o.metrics_listen {
             self.metrics_listen = v;
         }
+        if let Some(v) = o.allocator_socket {
+            self.allocator_socket = v;
+        }
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -230,6 +242,18 @@ impl AgentConfig {
             return invalid(format!(
                 "pcie_fallback_interval_ms = {} is outside 100..=60000",
                 self.pcie_fallback_interval_ms
+            ));
+        }
+        if !(1..=65_536).contains(&self.allocator_max_clients) {
+            return invalid(format!(
+                "allocator_max_clients = {} is outside 1..=65536",
+                self.allocator_max_clients
+            ));
+        }
+        if self.allocator_socket.as_os_str().len() > 107 {
+            return invalid(format!(
+                "allocator_socket {} is longer than a Unix socket path may be (107 bytes)",
+                self.allocator_socket.display()
             ));
         }
         if self.max_pending_batches == 0 {

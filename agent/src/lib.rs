@@ -2,6 +2,7 @@
 //! on its own thread, folds the fast polls into per-interval samples
 //! ([`window`]) and streams them to the collector ([`uplink`]).
 
+pub mod allocator;
 pub mod attribution;
 pub mod backoff;
 pub mod config;
@@ -22,6 +23,8 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
+use crate::allocator::AllocatorReports;
+use crate::allocator::listener::{self, ListenerConfig};
 use crate::metrics::AgentMetrics;
 use crate::sampler::SamplerTiming;
 use crate::source::{GpuSource, SourceError};
@@ -41,6 +44,9 @@ pub struct AgentSettings {
     pub flush_above: f64,
     /// Where to serve Prometheus `/metrics` and `/healthz`; `None` for none.
     pub metrics_listen: Option<SocketAddr>,
+    /// The Unix socket training processes report allocator statistics on;
+    /// `None` for none.
+    pub allocator_socket: Option<ListenerConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +72,7 @@ pub struct AgentHandle {
     metrics_server: Option<tokio::task::JoinHandle<()>>,
     metrics_addr: Option<SocketAddr>,
     metrics: Arc<AgentMetrics>,
+    allocator_listener: Option<(tokio::task::JoinHandle<()>, std::path::PathBuf)>,
 }
 
 impl AgentHandle {
@@ -87,6 +94,10 @@ impl AgentHandle {
     pub async fn stop(mut self) {
         if let Some(server) = self.metrics_server.take() {
             server.abort();
+        }
+        if let Some((listener, path)) = self.allocator_listener.take() {
+            listener.abort();
+            let _ = std::fs::remove_file(path);
         }
         self.stop_sampler.store(true, Ordering::Relaxed);
         let _ = self.shutdown.send(true);
@@ -122,6 +133,32 @@ pub fn start(
         }
         None => (None, None),
     };
+    let allocator_reports = Arc::new(AllocatorReports::new(
+        (settings.sample_interval * 3).max(std::time::Duration::from_secs(5)),
+    ));
+    // Allocator reports add detail; a socket that cannot be opened is
+    // logged and shown in /metrics, and GPU monitoring goes on without it.
+    let allocator_listener = match settings.allocator_socket.clone() {
+        Some(config) => match listener::bind(&config.path) {
+            Ok(bound) => {
+                tracing::info!(path = %config.path.display(), "listening for allocator reports");
+                metrics.set_allocator_socket_up(true);
+                let path = config.path.clone();
+                let task = tokio::spawn(listener::serve(
+                    bound,
+                    config,
+                    allocator_reports.clone(),
+                    metrics.clone(),
+                ));
+                Some((task, path))
+            }
+            Err(error) => {
+                tracing::error!(%error, "allocator reports are off");
+                None
+            }
+        },
+        None => None,
+    };
     let (intervals_tx, intervals_rx) = mpsc::channel(16);
     let stop_sampler = Arc::new(AtomicBool::new(false));
     let sampler = sampler::spawn(
@@ -133,6 +170,7 @@ pub fn start(
         },
         intervals_tx,
         metrics.clone(),
+        allocator_reports,
         stop_sampler.clone(),
     )?;
     let handle_metrics = metrics.clone();
@@ -161,5 +199,6 @@ pub fn start(
         metrics_server,
         metrics_addr,
         metrics: handle_metrics,
+        allocator_listener,
     })
 }

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use headroom_agent::allocator::listener::ListenerConfig;
 use headroom_agent::config::{AgentConfig, Overrides, SourceKind};
 use headroom_agent::source::{GpuSource, NvmlOptions, NvmlSource, SimSource};
 use headroom_agent::{AgentSettings, identity, service};
@@ -58,6 +59,10 @@ struct Cli {
     /// Address for Prometheus /metrics and /healthz (default 0.0.0.0:9401).
     #[arg(long, env = "HEADROOM_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Unix socket for allocator reports from training processes (default
+    /// /run/headroom/allocator.sock; empty turns it off).
+    #[arg(long, env = "HEADROOM_ALLOCATOR_SOCKET")]
+    allocator_socket: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -97,6 +102,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             poll_interval_ms: cli.poll_interval_ms,
             sample_interval_ms: cli.sample_interval_ms,
             metrics_listen: cli.metrics_listen,
+            allocator_socket: cli.allocator_socket,
         },
     )?;
     let (source, node): (Box<dyn GpuSource>, String) = match config.source {
@@ -148,6 +154,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         max_pending_batches: config.max_pending_batches,
         flush_above: config.flush_above,
         metrics_listen: Some(config.metrics_listen),
+        allocator_socket: (!config.allocator_socket.as_os_str().is_empty()).then(|| {
+            ListenerConfig {
+                path: config.allocator_socket.clone(),
+                procfs_root: config.procfs_root.clone(),
+                max_clients: config.allocator_max_clients,
+            }
+        }),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -42,6 +42,46 @@ pub struct AgentMetrics {
     poll_failures: AtomicU64,
     pending_batches: AtomicU64,
     dropped_batches: AtomicU64,
+    allocator_outcomes: [AtomicU64; AllocatorOutcome::ALL.len()],
+    allocator_clients: AtomicU64,
+    /// 1 while the allocator socket listens, 0 when it could not be opened.
+    allocator_socket_up: AtomicU64,
+}
+
+/// What became of one line (or connection) on the allocator socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocatorOutcome {
+    Accepted,
+    Malformed,
+    /// The report named a pid the connection does not belong to, or the
+    /// kernel gave no pid for the sender.
+    WrongPid,
+    RateLimited,
+    TooLong,
+    /// A connection beyond the client limit.
+    RefusedClient,
+}
+
+impl AllocatorOutcome {
+    const ALL: [Self; 6] = [
+        Self::Accepted,
+        Self::Malformed,
+        Self::WrongPid,
+        Self::RateLimited,
+        Self::TooLong,
+        Self::RefusedClient,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::Malformed => "malformed",
+            Self::WrongPid => "wrong_pid",
+            Self::RateLimited => "rate_limited",
+            Self::TooLong => "too_long",
+            Self::RefusedClient => "refused_client",
+        }
+    }
 }
 
 /// Prometheus label values escape backslash, double quote and newline.
@@ -63,7 +103,27 @@ impl AgentMetrics {
             poll_failures: AtomicU64::new(0),
             pending_batches: AtomicU64::new(0),
             dropped_batches: AtomicU64::new(0),
+            allocator_outcomes: Default::default(),
+            allocator_clients: AtomicU64::new(0),
+            allocator_socket_up: AtomicU64::new(0),
         })
+    }
+
+    pub fn record_allocator(&self, outcome: AllocatorOutcome) {
+        self.allocator_outcomes[outcome as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn allocator_client_connected(&self, connected: bool) {
+        if connected {
+            self.allocator_clients.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.allocator_clients.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn set_allocator_socket_up(&self, up: bool) {
+        self.allocator_socket_up
+            .store(u64::from(up), Ordering::Relaxed);
     }
 
     pub fn record_poll(&self, poll: &Arc<Poll>, duration: Duration) {
@@ -257,8 +317,42 @@ impl AgentMetrics {
             "counter",
             "Batches dropped: queue full while the collector was away, or rejected by it.",
             vec![(
-                node,
+                node.clone(),
                 self.dropped_batches.load(Ordering::Relaxed).to_string(),
+            )],
+        );
+        family(
+            "headroom_agent_allocator_reports_total",
+            "counter",
+            "Lines on the allocator socket by outcome: accepted, malformed, wrong_pid (claims another process), rate_limited, too_long; refused_client counts connections past the client limit.",
+            AllocatorOutcome::ALL
+                .iter()
+                .map(|o| {
+                    (
+                        format!("{node},outcome=\"{}\"", o.label()),
+                        self.allocator_outcomes[*o as usize]
+                            .load(Ordering::Relaxed)
+                            .to_string(),
+                    )
+                })
+                .collect(),
+        );
+        family(
+            "headroom_agent_allocator_clients",
+            "gauge",
+            "Processes connected to the allocator socket.",
+            vec![(
+                node.clone(),
+                self.allocator_clients.load(Ordering::Relaxed).to_string(),
+            )],
+        );
+        family(
+            "headroom_agent_allocator_socket_up",
+            "gauge",
+            "1 while the allocator socket listens; 0 when it is off or could not be opened.",
+            vec![(
+                node,
+                self.allocator_socket_up.load(Ordering::Relaxed).to_string(),
             )],
         );
         out

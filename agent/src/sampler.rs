@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use crate::allocator::AllocatorReports;
 use crate::flush::CrossingDetector;
 use crate::metrics::AgentMetrics;
 use crate::source::GpuSource;
@@ -29,6 +30,7 @@ pub fn spawn(
     timing: SamplerTiming,
     intervals: mpsc::Sender<IntervalSamples>,
     metrics: Arc<AgentMetrics>,
+    allocator_reports: Arc<AllocatorReports>,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
@@ -64,17 +66,17 @@ pub fn spawn(
                         .unwrap_or(u32::MAX)
                         .max(1);
                     interval_start = now;
-                    if intervals
-                        .blocking_send(window.finish(epoch_ms_now(), elapsed))
-                        .is_err()
-                    {
+                    let mut samples = window.finish(epoch_ms_now(), elapsed);
+                    allocator_reports.attach(&mut samples.processes);
+                    if intervals.blocking_send(samples).is_err() {
                         break;
                     }
                 } else if now >= interval_end {
                     let elapsed = u32::try_from(now.duration_since(interval_start).as_millis())
                         .unwrap_or(u32::MAX)
                         .max(1);
-                    let samples = window.finish(epoch_ms_now(), elapsed);
+                    let mut samples = window.finish(epoch_ms_now(), elapsed);
+                    allocator_reports.attach(&mut samples.processes);
                     interval_start = now;
                     interval_end += timing.sample_interval;
                     // After a long stall, realign instead of emitting a burst

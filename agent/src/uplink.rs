@@ -327,6 +327,16 @@ fn to_batch(node: &str, boot_id: &str, interval: IntervalSamples) -> pb::Batch {
                 slurm_job_id: p.last.owner.slurm_job_id.clone(),
                 container_runtime: p.last.owner.container_runtime.clone(),
                 pod_qos_class: p.last.owner.pod_qos_class.clone(),
+                allocator: p.allocator.map(|a| pb::AllocatorStats {
+                    timestamp_ms: a.timestamp_ms,
+                    allocated_bytes: a.allocated_bytes,
+                    reserved_bytes: a.reserved_bytes,
+                    active_bytes: a.active_bytes,
+                    inactive_split_bytes: a.inactive_split_bytes,
+                    peak_allocated_bytes: a.peak_allocated_bytes,
+                    alloc_retries: a.alloc_retries,
+                    ooms: a.ooms,
+                }),
             })
             .collect(),
         events: interval.events.into_iter().map(to_event).collect(),

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use crate::allocator::AllocatorStats;
 use crate::source::{Inventory, Poll, ProcessReading, SourceEvent};
 
 /// One interval of one GPU or MIG instance.
@@ -31,6 +32,8 @@ pub struct ProcessSample {
     pub timestamp_ms: i64,
     pub last: ProcessReading,
     pub memory_used_max: u64,
+    /// What the process's own allocator last reported for this device.
+    pub allocator: Option<AllocatorStats>,
 }
 
 /// What one interval produced, ready to ship.
@@ -192,6 +195,7 @@ impl SampleWindow {
                 timestamp_ms: end_ms,
                 last,
                 memory_used_max: max,
+                allocator: None,
             })
             .collect();
         processes.sort_by(|a, b| {

@@ -242,6 +242,7 @@ pub fn run(rules: RulesConfig, trace: impl BufRead) -> (Vec<BacktestAlert>, Vec<
                     timestamp_ms: row.ts,
                     used_last: row.used,
                     used_max: row.used,
+                    allocator: None,
                 })
             }
         };

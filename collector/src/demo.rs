@@ -73,6 +73,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             max_pending_batches: 3600,
             flush_above: 0.90,
             metrics_listen: None,
+            allocator_socket: None,
         };
         agents.push(headroom_agent::start(settings, Box::new(source))?);
     }

@@ -112,6 +112,24 @@ pub struct ProcessSampleRow {
     pub pod_uid: String,
     pub pod_qos_class: String,
     pub slurm_job_id: String,
+    /// What the process's own allocator reported, when it reports.
+    pub allocator: Option<AllocatorRow>,
+}
+
+/// A framework allocator's counters for one process on one device
+/// (PyTorch's `torch.cuda.memory_stats()`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocatorRow {
+    /// When the process took the snapshot.
+    pub timestamp_ms: i64,
+    pub allocated: i64,
+    pub reserved: i64,
+    pub active: i64,
+    pub inactive_split: i64,
+    pub peak_allocated: i64,
+    /// Cumulative since the process started.
+    pub alloc_retries: i64,
+    pub ooms: i64,
 }
 
 #[derive(Debug, Clone, PartialEq)]

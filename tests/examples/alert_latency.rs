@@ -268,6 +268,7 @@ async fn main() {
                     max_pending_batches: 3600,
                     flush_above: 0.90,
                     metrics_listen: with_prometheus.then(|| "127.0.0.1:0".parse().unwrap()),
+                    allocator_socket: None,
                 },
                 Box::new(source),
             )

@@ -89,6 +89,7 @@ pub fn process_sample(uuid: &str, ts: i64, pid: u32, used: u64) -> pb::ProcessSa
         slurm_job_id: "4242".into(),
         container_runtime: "docker".into(),
         pod_qos_class: String::new(),
+        allocator: None,
     }
 }
 

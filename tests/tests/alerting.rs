@@ -80,6 +80,7 @@ fn start_agent(collector: &RunningCollector, scenario: &str) -> AgentHandle {
             max_pending_batches: 1000,
             flush_above: 0.90,
             metrics_listen: None,
+            allocator_socket: None,
         },
         Box::new(SimSource::new(&scenario, "oom-node").unwrap()),
     )
@@ -353,6 +354,7 @@ memory = { shape = "steady", level = "77GiB" }
             max_pending_batches: 1000,
             flush_above: 0.90,
             metrics_listen: None,
+            allocator_socket: None,
         },
         Box::new(SimSource::new(&scenario, "full-node").unwrap()),
     )

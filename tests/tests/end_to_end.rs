@@ -62,6 +62,7 @@ memory = { shape = "steady", level = "5GiB" }
 fn settings_with_metrics(collector_url: String) -> AgentSettings {
     AgentSettings {
         metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        allocator_socket: None,
         ..settings(collector_url)
     }
 }
@@ -113,6 +114,7 @@ fn settings(collector_url: String) -> AgentSettings {
         max_pending_batches: 1000,
         flush_above: 0.90,
         metrics_listen: None,
+        allocator_socket: None,
     }
 }
 

@@ -9,7 +9,7 @@ use headroom_collector::model::{NodeSession, WriteOutcome};
 use headroom_collector::store::alerts::{
     ActiveAlertCounts, AlertFilter, AlertUpdate, NewNotification, NewSilence, UpdateKind,
 };
-use headroom_collector::store::{SqliteStore, Store};
+use headroom_collector::store::{AllocatorSeriesQuery, SqliteStore, Store};
 use headroom_proto::v1 as pb;
 use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, GPU1, GPU2, MIG_A, MIG_B, NODE, now_ms};
 use headroom_tests::postgres;
@@ -227,6 +227,105 @@ async fn process_keeps_its_peak_and_latest(store: Arc<dyn Store>) {
     assert_eq!(bob.device_uuid, GPU1);
 }
 
+async fn allocator_reports_are_stored_once_per_report(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let ts = now_ms() - 10_000;
+    let report = |at: i64, allocated: u64, retries: u64| pb::AllocatorStats {
+        timestamp_ms: at,
+        allocated_bytes: allocated,
+        reserved_bytes: 50 * GIB,
+        active_bytes: allocated,
+        inactive_split_bytes: 3 * GIB,
+        peak_allocated_bytes: 40 * GIB,
+        alloc_retries: retries,
+        ooms: 1,
+    };
+    let sample = |at: i64, stats: Option<pb::AllocatorStats>| {
+        let mut p = fixtures::process_sample(GPU0, at, 777, 52 * GIB);
+        p.start_time_ms = ts - 60_000;
+        p.allocator = stats;
+        p
+    };
+    // The agent joins the newest report to every interval until a newer one
+    // comes: the same report in two batches is one point.
+    let mut b1 = fixtures::batch(1, ts);
+    b1.process_samples = vec![sample(ts, Some(report(ts - 100, 30 * GIB, 2)))];
+    let mut b2 = fixtures::batch(2, ts + 1000);
+    b2.process_samples = vec![sample(ts + 1000, Some(report(ts - 100, 30 * GIB, 2)))];
+    let mut b3 = fixtures::batch(3, ts + 2000);
+    b3.process_samples = vec![
+        sample(ts + 2000, Some(report(ts + 1900, 35 * GIB, 5))),
+        fixtures::process_sample(GPU1, ts + 2000, 888, 4 * GIB),
+    ];
+    for b in [&b1, &b2, &b3] {
+        write(&*store, &session, b).await;
+    }
+    // A replayed older batch does not take the latest back.
+    let procs = store.processes(ts).await.unwrap();
+    let trainer = procs.iter().find(|p| p.pid == 777).unwrap();
+    let latest = trainer.allocator.as_ref().unwrap();
+    assert_eq!(latest.timestamp_ms, ts + 1900);
+    assert_eq!(latest.allocated_bytes, (35 * GIB) as i64);
+    assert_eq!(latest.fragmentation_bytes, (15 * GIB) as i64);
+    assert!((latest.fragmentation_ratio - 0.3).abs() < 1e-9);
+    assert_eq!(latest.alloc_retries, 5);
+    assert!(
+        procs
+            .iter()
+            .find(|p| p.pid == 888)
+            .unwrap()
+            .allocator
+            .is_none()
+    );
+
+    let query = |pid: i64, start: Option<i64>| AllocatorSeriesQuery {
+        device_uuid: GPU0,
+        pid,
+        start_time_ms: start,
+        from_ms: ts - 1000,
+        to_ms: ts + 5000,
+        max_points: 100,
+    };
+    let series = store
+        .allocator_series(&query(777, None))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(series.start_time_ms, ts - 60_000);
+    let retries: Vec<i64> = series.points.iter().map(|p| p.alloc_retries).collect();
+    assert_eq!(retries, vec![2, 5], "one point per report");
+    assert_eq!(series.points[0].fragmentation_bytes, (20 * GIB) as i64);
+    assert_eq!(series.points[1].reserved_bytes, (50 * GIB) as i64);
+    // Folded into one bucket, the highest values survive.
+    let one = store
+        .allocator_series(&AllocatorSeriesQuery {
+            max_points: 1,
+            ..query(777, None)
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(one.points.len(), 1);
+    assert_eq!(one.points[0].reports, 2);
+    assert_eq!(one.points[0].fragmentation_bytes, (20 * GIB) as i64);
+    assert_eq!(one.points[0].alloc_retries, 5);
+    assert!(
+        store
+            .allocator_series(&query(999, None))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .allocator_series(&query(777, Some(ts)))
+            .await
+            .unwrap()
+            .is_none(),
+        "no incarnation started then"
+    );
+}
+
 fn update(kind: UpdateKind, at_ms: i64, channels: &[&str]) -> AlertUpdate {
     AlertUpdate {
         fingerprint: "fp-1".into(),
@@ -237,6 +336,7 @@ fn update(kind: UpdateKind, at_ms: i64, channels: &[&str]) -> AlertUpdate {
         labels: r#"{"node":"n1","gpu":"0"}"#.into(),
         summary: format!("summary at {at_ms}"),
         details: r#"{"used_fraction":0.93}"#.into(),
+        remedy: format!("remedy at {at_ms}"),
         notifications: channels
             .iter()
             .map(|c| NewNotification {
@@ -335,6 +435,10 @@ async fn alert_lifecycle_notifies_once_per_change(store: Arc<dyn Store>) {
         .unwrap();
     assert!(resolved.notified);
     let done = s.alerts(AlertFilter::Resolved, 10).await.unwrap();
+    assert_eq!(
+        done[0].remedy, "remedy at 4000",
+        "a resolution keeps the advice of what fired"
+    );
     assert_eq!(done[0].resolved_at_ms, Some(5000));
     assert_eq!(
         done[0].summary, "summary at 4000",
@@ -460,6 +564,7 @@ conformance!(
     latest_never_goes_back_in_time,
     series_folds_buckets_keeping_extremes,
     process_keeps_its_peak_and_latest,
+    allocator_reports_are_stored_once_per_report,
     alert_lifecycle_notifies_once_per_change,
     outbox_leases_retries_and_delivers,
     silences_match_until_they_expire,

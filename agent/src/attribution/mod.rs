@@ -12,7 +12,7 @@
 //! `<pid>/stat` per call, which the start time needs anyway.
 
 mod cgroup;
-mod process;
+pub mod process;
 #[cfg(test)]
 mod tests;
 mod users;

@@ -14,6 +14,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::clock::Clock;
 use crate::model::{NodeSession, StoreBatch};
+use crate::rules::allocator::AllocatorObservation;
 use crate::rules::config::{RulesConfig, Severity};
 use crate::rules::engine::{
     AlertChange, DeviceObservation, Engine, EventObservation, ProcessObservation, RestoredAlert,
@@ -189,6 +190,14 @@ impl Alerting {
                     timestamp_ms: p.timestamp_ms,
                     used_last: u64::try_from(p.used_last).unwrap_or(0),
                     used_max: u64::try_from(p.used_max).unwrap_or(0),
+                    allocator: p.allocator.map(|a| AllocatorObservation {
+                        timestamp_ms: a.timestamp_ms,
+                        allocated: u64::try_from(a.allocated).unwrap_or(0),
+                        reserved: u64::try_from(a.reserved).unwrap_or(0),
+                        inactive_split: u64::try_from(a.inactive_split).unwrap_or(0),
+                        alloc_retries: u64::try_from(a.alloc_retries).unwrap_or(0),
+                        ooms: u64::try_from(a.ooms).unwrap_or(0),
+                    }),
                 }));
             }
             for e in &batch.events {
@@ -258,6 +267,7 @@ impl Alerting {
                 labels: labels.to_string(),
                 summary: change.summary.clone(),
                 details: change.details.to_string(),
+                remedy: change.remedy.clone(),
                 notifications,
             };
             match self.store.apply_alert(&update).await {

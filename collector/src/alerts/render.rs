@@ -6,7 +6,8 @@
 //! { "version": 1, "status": "firing" | "resolved", "idempotency_key": "…",
 //!   "alert": { "fingerprint": "…", "rule": "watermark", "severity": "critical",
 //!              "summary": "…", "labels": { "node": "…", "gpu": "3", … },
-//!              "details": { … rule-specific values … }, "at_ms": 1700000000000 },
+//!              "details": { … rule-specific values … }, "at_ms": 1700000000000,
+//!              "remedy": "what the job's owner can do" | null },
 //!   "dashboard_url": "https://…" | null }
 //! ```
 
@@ -48,6 +49,7 @@ pub fn webhook(change: &AlertChange, key: &str, dashboard: Option<&str>) -> Stri
             "labels": change.labels,
             "details": change.details,
             "at_ms": change.at_ms,
+            "remedy": (!change.remedy.is_empty()).then_some(&change.remedy),
         },
         "dashboard_url": dashboard_link(dashboard, change),
     })
@@ -89,6 +91,10 @@ pub fn slack(change: &AlertChange, dashboard: Option<&str>) -> String {
         json!({"type": "section", "text": {"type": "mrkdwn", "text": change.summary}}),
         json!({"type": "section", "fields": fields}),
     ];
+    if !resolved && !change.remedy.is_empty() {
+        blocks.push(json!({"type": "section", "text": {"type": "mrkdwn",
+            "text": format!("*What to try*\n{}", change.remedy)}}));
+    }
     if let Some(link) = dashboard_link(dashboard, change) {
         blocks.push(json!({"type": "actions", "elements": [
             {"type": "button", "text": {"type": "plain_text", "text": "Open in Headroom"}, "url": link}

@@ -8,7 +8,10 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
-use crate::store::{DeviceView, NodeView, ProcessView, SeriesPoint, StoreError};
+use crate::store::{
+    AllocatorSeries, AllocatorSeriesQuery, DeviceView, NodeView, ProcessView, SeriesPoint,
+    StoreError,
+};
 
 /// A process counts as current when it was seen this recently.
 const PROCESS_WINDOW_MS: i64 = 30_000;
@@ -77,6 +80,33 @@ pub struct SeriesQuery {
     max_points: Option<u32>,
 }
 
+impl SeriesQuery {
+    /// `(from, to, max_points)` with the defaults filled in and the limits
+    /// checked.
+    fn resolve(&self, now_ms: i64) -> Result<(i64, i64, u32), ApiError> {
+        let to = self.to.unwrap_or(now_ms);
+        let from = self.from.unwrap_or(to - DEFAULT_RANGE_MS);
+        if from >= to {
+            return Err(ApiError::BadRequest(format!(
+                "`from` ({from}) must be before `to` ({to})"
+            )));
+        }
+        if to - from > MAX_RANGE_MS {
+            return Err(ApiError::BadRequest(format!(
+                "range of {} days is longer than the 400-day limit",
+                (to - from) / 86_400_000
+            )));
+        }
+        let max_points = self.max_points.unwrap_or(1000);
+        if !(1..=10_000).contains(&max_points) {
+            return Err(ApiError::BadRequest(format!(
+                "`max_points` = {max_points} is outside 1..=10000"
+            )));
+        }
+        Ok((from, to, max_points))
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct SeriesResponse {
     uuid: String,
@@ -91,25 +121,7 @@ pub async fn series(
     query: Result<Query<SeriesQuery>, QueryRejection>,
 ) -> Result<Json<SeriesResponse>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    let to = q.to.unwrap_or_else(|| state.clock.now_ms());
-    let from = q.from.unwrap_or(to - DEFAULT_RANGE_MS);
-    if from >= to {
-        return Err(ApiError::BadRequest(format!(
-            "`from` ({from}) must be before `to` ({to})"
-        )));
-    }
-    if to - from > MAX_RANGE_MS {
-        return Err(ApiError::BadRequest(format!(
-            "range of {} days is longer than the 400-day limit",
-            (to - from) / 86_400_000
-        )));
-    }
-    let max_points = q.max_points.unwrap_or(1000);
-    if !(1..=10_000).contains(&max_points) {
-        return Err(ApiError::BadRequest(format!(
-            "`max_points` = {max_points} is outside 1..=10000"
-        )));
-    }
+    let (from, to, max_points) = q.resolve(state.clock.now_ms())?;
     match state
         .store
         .device_series(&uuid, from, to, max_points)
@@ -124,5 +136,55 @@ pub async fn series(
         None => Err(ApiError::NotFound(format!(
             "no GPU or MIG instance {uuid:?}"
         ))),
+    }
+}
+
+/// The fields of [`SeriesQuery`] plus the process incarnation (not
+/// flattened: serde's flatten cannot read numbers from a query string).
+#[derive(Debug, Deserialize)]
+pub struct AllocatorQuery {
+    from: Option<i64>,
+    to: Option<i64>,
+    max_points: Option<u32>,
+    /// Which incarnation of the pid (its start time); the newest by default.
+    start_time_ms: Option<i64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AllocatorResponse {
+    from: i64,
+    to: i64,
+    #[serde(flatten)]
+    series: AllocatorSeries,
+}
+
+/// What a process's own allocator reported over time: allocated against
+/// reserved, fragmentation, retries and OOMs.
+pub async fn allocator(
+    State(state): State<AppState>,
+    Path((uuid, pid)): Path<(String, i64)>,
+    query: Result<Query<AllocatorQuery>, QueryRejection>,
+) -> Result<Json<AllocatorResponse>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let range = SeriesQuery {
+        from: q.from,
+        to: q.to,
+        max_points: q.max_points,
+    };
+    let (from, to, max_points) = range.resolve(state.clock.now_ms())?;
+    let series = state
+        .store
+        .allocator_series(&AllocatorSeriesQuery {
+            device_uuid: &uuid,
+            pid,
+            start_time_ms: q.start_time_ms,
+            from_ms: from,
+            to_ms: to,
+            max_points,
+        })
+        .await?;
+    match series {
+        Some(series) => Ok(Json(AllocatorResponse { from, to, series })),
+        None => Err(ApiError::NotFound(format!("no process {pid} on {uuid:?}"))),
     }
 }

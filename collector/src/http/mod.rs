@@ -34,6 +34,10 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/gpus", get(api::gpus))
         .route("/api/v1/gpus/{uuid}/series", get(api::series))
         .route("/api/v1/processes", get(api::processes))
+        .route(
+            "/api/v1/gpus/{uuid}/processes/{pid}/allocator",
+            get(api::allocator),
+        )
         .route("/api/v1/alerts", get(alerts::list))
         .route("/api/v1/alerts/{id}/ack", post(alerts::acknowledge))
         .route(

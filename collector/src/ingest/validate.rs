@@ -7,8 +7,8 @@ use std::collections::HashSet;
 use headroom_proto::v1 as pb;
 
 use crate::model::{
-    DeviceInfo, EventRow, GpuSampleRow, MigPlacement, NodeSession, ProcessSampleRow, Registration,
-    StoreBatch,
+    AllocatorRow, DeviceInfo, EventRow, GpuSampleRow, MigPlacement, NodeSession, ProcessSampleRow,
+    Registration, StoreBatch,
 };
 
 /// Bounds on what one agent may send. The defaults fit the largest real
@@ -332,6 +332,11 @@ pub fn batch(
                 p.start_time_ms
             ));
         }
+        let allocator = p
+            .allocator
+            .as_ref()
+            .map(|a| allocator_row(&at, a, now_ms, limits))
+            .transpose()?;
         process_samples.push(ProcessSampleRow {
             device_id: id,
             timestamp_ms: ts,
@@ -347,6 +352,7 @@ pub fn batch(
             pod_uid: p.pod_uid.clone(),
             pod_qos_class: p.pod_qos_class.clone(),
             slurm_job_id: p.slurm_job_id.clone(),
+            allocator,
         });
     }
     let mut events = Vec::with_capacity(b.events.len());
@@ -385,5 +391,42 @@ pub fn batch(
         gpu_samples,
         process_samples,
         events,
+    })
+}
+
+/// A process's own allocator counters: sizes that fit the reservation they
+/// come from, taken at a sane time.
+fn allocator_row(
+    at: &dyn Fn(&str) -> String,
+    a: &pb::AllocatorStats,
+    now_ms: i64,
+    limits: &Limits,
+) -> Result<AllocatorRow, Invalid> {
+    let field = |name: &str| at(&format!("allocator.{name}"));
+    let reserved = bytes(&field("reserved_bytes"), a.reserved_bytes)?;
+    let allocated = bytes(&field("allocated_bytes"), a.allocated_bytes)?;
+    let active = bytes(&field("active_bytes"), a.active_bytes)?;
+    let inactive_split = bytes(&field("inactive_split_bytes"), a.inactive_split_bytes)?;
+    for (name, value) in [
+        ("allocated_bytes", allocated),
+        ("active_bytes", active),
+        ("inactive_split_bytes", inactive_split),
+    ] {
+        if value > reserved {
+            return invalid(format!(
+                "{} = {value} exceeds allocator.reserved_bytes = {reserved}",
+                field(name)
+            ));
+        }
+    }
+    Ok(AllocatorRow {
+        timestamp_ms: timestamp(&field("timestamp_ms"), a.timestamp_ms, now_ms, limits)?,
+        allocated,
+        reserved,
+        active,
+        inactive_split,
+        peak_allocated: bytes(&field("peak_allocated_bytes"), a.peak_allocated_bytes)?,
+        alloc_retries: bytes(&field("alloc_retries"), a.alloc_retries)?,
+        ooms: bytes(&field("ooms"), a.ooms)?,
     })
 }

@@ -216,6 +216,71 @@ impl Default for AgentSilentRule {
     }
 }
 
+/// Memory a process's allocator holds in no live tensor (reserved −
+/// allocated), from allocator reports.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FragmentationRule {
+    pub enabled: bool,
+    /// At least this much held in no tensor…
+    pub min_waste: ByteSize,
+    /// …and at least this share of what the allocator reserved.
+    pub min_ratio: f64,
+    #[serde(rename = "for")]
+    pub for_: Span,
+}
+
+impl Default for FragmentationRule {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            min_waste: ByteSize(4 << 30),
+            min_ratio: 0.30,
+            for_: Span(5 * 60_000),
+        }
+    }
+}
+
+/// The allocator freeing its cache and retrying `cudaMalloc`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AllocRetriesRule {
+    pub enabled: bool,
+    /// Fires on `min_retries` new retries within `window`; resolves after a
+    /// `window` without one.
+    pub window: Span,
+    pub min_retries: u32,
+}
+
+impl Default for AllocRetriesRule {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            window: Span(10 * 60_000),
+            min_retries: 3,
+        }
+    }
+}
+
+/// Out-of-memory errors the allocator raised (a job that catches them and
+/// carries on still counts).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AllocatorOomRule {
+    pub enabled: bool,
+    /// Resolves once no new OOM came for this long.
+    pub resolve_after: Span,
+}
+
+impl Default for AllocatorOomRule {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            resolve_after: Span(30 * 60_000),
+        }
+    }
+}
+
 /// Events the agent reports: XID errors, lost GPUs, hung NVML calls.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -301,6 +366,9 @@ pub struct RulesConfig {
     pub unattributed: UnattributedRule,
     pub agent_silent: AgentSilentRule,
     pub events: EventsRule,
+    pub fragmentation: FragmentationRule,
+    pub alloc_retries: AllocRetriesRule,
+    pub allocator_oom: AllocatorOomRule,
     pub notify: NotifyConfig,
 }
 
@@ -372,6 +440,12 @@ impl RulesConfig {
             ("leak.warmup", self.leak.warmup),
             ("unattributed.for", self.unattributed.for_),
             ("events.xid_resolve_after", self.events.xid_resolve_after),
+            ("fragmentation.for", self.fragmentation.for_),
+            ("alloc_retries.window", self.alloc_retries.window),
+            (
+                "allocator_oom.resolve_after",
+                self.allocator_oom.resolve_after,
+            ),
         ];
         for (key, span) in spans {
             if span.ms() < 0 || span.ms() > 30 * 86_400_000 {
@@ -394,6 +468,20 @@ impl RulesConfig {
                 "leak.max_p_value = {} is outside (0, 0.5)",
                 self.leak.max_p_value
             ));
+        }
+        if !(self.fragmentation.min_ratio > 0.0 && self.fragmentation.min_ratio < 1.0) {
+            return Err(format!(
+                "fragmentation.min_ratio = {} is outside (0, 1): it is a share of reserved memory",
+                self.fragmentation.min_ratio
+            ));
+        }
+        if self.alloc_retries.min_retries == 0 {
+            return Err("alloc_retries.min_retries must be at least 1".into());
+        }
+        if self.alloc_retries.window.ms() < 1000 || self.allocator_oom.resolve_after.ms() < 1000 {
+            return Err(
+                "alloc_retries.window and allocator_oom.resolve_after must be at least 1s".into(),
+            );
         }
         if self.agent_silent.intervals == 0 {
             return Err("agent_silent.intervals must be at least 1".into());

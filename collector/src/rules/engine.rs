@@ -7,10 +7,12 @@ use std::collections::{BTreeMap, HashMap};
 
 use sha2::{Digest, Sha256};
 
+use super::allocator::{AllocatorObservation, AllocatorWatch};
 use super::config::{RulesConfig, Severity};
 use super::leak::LeakDetector;
 use super::lifecycle::{Lifecycle, Phase, Transition};
 use super::oom::OomPredictor;
+use super::remedy;
 use headroom_sim::HumanBytes;
 
 /// A process not seen for this long has exited; its state is dropped and its
@@ -53,6 +55,8 @@ pub struct ProcessObservation<'a> {
     pub timestamp_ms: i64,
     pub used_last: u64,
     pub used_max: u64,
+    /// The newest report of the process's own allocator, when it reports.
+    pub allocator: Option<AllocatorObservation>,
 }
 
 /// An event the agent reported (XID, lost GPU, hung NVML call, …).
@@ -80,6 +84,8 @@ pub struct AlertChange {
     pub labels: BTreeMap<String, String>,
     pub summary: String,
     pub details: serde_json::Value,
+    /// What the job's owner can do about it; empty when the rule has none.
+    pub remedy: String,
 }
 
 /// An alert the store holds as active, handed back after a restart so the
@@ -153,8 +159,25 @@ struct ProcessState {
     labels: BTreeMap<String, String>,
     leak: Tracked,
     watermark: Tracked,
+    fragmentation: Tracked,
+    alloc_retries: Tracked,
+    allocator_oom: Tracked,
     detector: LeakDetector,
+    allocator: AllocatorWatch,
     last_seen_ms: i64,
+}
+
+/// Allocator reports older than this no longer hold an allocator alert up.
+const ALLOCATOR_STALE_MS: i64 = 60_000;
+
+fn with_remedy(
+    change: Option<AlertChange>,
+    remedy: impl FnOnce() -> String,
+) -> Option<AlertChange> {
+    change.map(|mut c| {
+        c.remedy = remedy();
+        c
+    })
 }
 
 /// One event-driven alert: an XID code on a GPU, or a GPU lost or stalled.
@@ -292,6 +315,7 @@ impl Engine {
             labels: labels.clone(),
             summary,
             details,
+            remedy: String::new(),
         })
     }
 
@@ -383,7 +407,7 @@ impl Engine {
                     Severity::Warning
                 }
             });
-            out.extend(Self::change(
+            out.extend(with_remedy(Self::change(
                 &mut state.oom,
                 "time_to_oom",
                 o.timestamp_ms,
@@ -414,7 +438,7 @@ impl Engine {
                         serde_json::json!({ "used_bytes": o.used_last, "total_bytes": total }),
                     ),
                 },
-            ));
+            ), remedy::time_to_oom));
         }
 
         let u = &self.config.unattributed;
@@ -452,6 +476,7 @@ impl Engine {
         let mut out = Vec::new();
         let key = (o.device_uuid.to_owned(), o.pid, o.start_time_ms);
         let restored = &mut self.restored;
+        let restored_at_ms = self.restored_at_ms;
         let leak_config = self.config.leak.leak_config();
         let state = self.processes.entry(key).or_insert_with(|| {
             let mut labels = BTreeMap::new();
@@ -478,9 +503,19 @@ impl Engine {
                 ("pid", pid.as_str()),
                 ("start", start.as_str()),
             ];
+            let alloc_retries = Tracked::new(fingerprint("alloc_retries", &id), restored);
+            let allocator_oom = Tracked::new(fingerprint("allocator_oom", &id), restored);
+            let held_since = |t: &Tracked| t.lifecycle.is_active().then_some(restored_at_ms);
             ProcessState {
                 leak: Tracked::new(fingerprint("leak", &id), restored),
                 watermark: Tracked::new(fingerprint("process_watermark", &id), restored),
+                fragmentation: Tracked::new(fingerprint("fragmentation", &id), restored),
+                allocator: AllocatorWatch::restored(
+                    held_since(&alloc_retries),
+                    held_since(&allocator_oom),
+                ),
+                alloc_retries,
+                allocator_oom,
                 detector: LeakDetector::with_config(o.start_time_ms, &leak_config),
                 last_seen_ms: o.timestamp_ms,
                 labels,
@@ -488,12 +523,24 @@ impl Engine {
         });
         state.last_seen_ms = state.last_seen_ms.max(o.timestamp_ms);
         state.detector.observe(o.timestamp_ms, o.used_last);
+        if let Some(a) = o.allocator {
+            state
+                .allocator
+                .observe(a, self.config.alloc_retries.window.ms());
+        }
+        let fresh_report = state
+            .allocator
+            .last()
+            .filter(|a| o.timestamp_ms - a.timestamp_ms <= ALLOCATOR_STALE_MS)
+            .copied();
+        let fragmented = fresh_report
+            .is_some_and(|a| a.fragmentation_ratio() >= self.config.fragmentation.min_ratio);
         let labels = &state.labels;
 
         let l = &self.config.leak;
         if l.enabled {
             let finding = state.detector.evaluate(&l.leak_config());
-            out.extend(Self::change(
+            out.extend(with_remedy(Self::change(
                 &mut state.leak,
                 "leak",
                 o.timestamp_ms,
@@ -521,7 +568,7 @@ impl Engine {
                         serde_json::json!({ "used_bytes": o.used_last }),
                     ),
                 },
-            ));
+            ), || remedy::leak(fragmented)));
         }
 
         let w = &self.config.watermark;
@@ -553,7 +600,155 @@ impl Engine {
                 },
             ));
         }
+        self.observe_allocator(o, fresh_report, fragmented, &mut out);
         out
+    }
+
+    /// Fragmentation, allocation retries and allocator OOMs of one process.
+    fn observe_allocator(
+        &mut self,
+        o: &ProcessObservation<'_>,
+        report: Option<AllocatorObservation>,
+        fragmented: bool,
+        out: &mut Vec<AlertChange>,
+    ) {
+        let key = (o.device_uuid.to_owned(), o.pid, o.start_time_ms);
+        let Some(state) = self.processes.get_mut(&key) else {
+            return;
+        };
+        let labels = &state.labels;
+        let now = o.timestamp_ms;
+
+        let f = &self.config.fragmentation;
+        if f.enabled {
+            let held = state.fragmentation.lifecycle.is_active();
+            // Hysteresis: once firing, it holds down to three quarters of
+            // both thresholds.
+            let scale = if held { 0.75 } else { 1.0 };
+            let condition = report
+                .filter(|a| {
+                    a.fragmentation() as f64 >= f.min_waste.0 as f64 * scale
+                        && a.fragmentation_ratio() >= f.min_ratio * scale
+                })
+                .map(|_| Severity::Warning);
+            let (waste, ratio) =
+                report.map_or((0, 0.0), |a| (a.fragmentation(), a.fragmentation_ratio()));
+            out.extend(with_remedy(
+                Self::change(
+                    &mut state.fragmentation,
+                    "fragmentation",
+                    now,
+                    condition,
+                    f.for_.ms(),
+                    labels,
+                    || match report.filter(|_| condition.is_some()) {
+                        Some(a) => (
+                            format!(
+                                "{} on {}: the allocator holds {} but only {} is in live tensors; {} ({:.0} %) is fragmented cache",
+                                process_name(labels),
+                                device_name(labels),
+                                HumanBytes(a.reserved),
+                                HumanBytes(a.allocated),
+                                HumanBytes(a.fragmentation()),
+                                a.fragmentation_ratio() * 100.0,
+                            ),
+                            serde_json::json!({
+                                "allocated_bytes": a.allocated, "reserved_bytes": a.reserved,
+                                "fragmentation_bytes": a.fragmentation(), "fragmentation_ratio": a.fragmentation_ratio(),
+                                "inactive_split_bytes": a.inactive_split,
+                            }),
+                        ),
+                        None => (
+                            format!("{} no longer holds fragmented cache", process_name(labels)),
+                            serde_json::json!({}),
+                        ),
+                    },
+                ),
+                || remedy::fragmentation(waste, ratio),
+            ));
+        }
+
+        let r = &self.config.alloc_retries;
+        if r.enabled {
+            let held = state.alloc_retries.lifecycle.is_active();
+            let recent = state.allocator.retries_in_window();
+            let condition = (recent >= u64::from(r.min_retries)
+                || (held && state.allocator.retried_within(r.window.ms(), now)))
+            .then_some(Severity::Warning);
+            let total = state.allocator.last().map_or(0, |a| a.alloc_retries);
+            out.extend(with_remedy(
+                Self::change(
+                    &mut state.alloc_retries,
+                    "alloc_retries",
+                    now,
+                    condition,
+                    0,
+                    labels,
+                    || match condition {
+                        Some(_) => (
+                            format!(
+                                "{} on {}: the allocator flushed its cache and retried cudaMalloc {recent} times in the last {} ({total} since the process started); it is at the edge of OOM",
+                                process_name(labels),
+                                device_name(labels),
+                                minutes(r.window.ms()),
+                            ),
+                            serde_json::json!({ "retries_in_window": recent, "window_ms": r.window.ms(), "alloc_retries": total }),
+                        ),
+                        None => (
+                            format!(
+                                "{} has not retried an allocation for {}",
+                                process_name(labels),
+                                minutes(r.window.ms())
+                            ),
+                            serde_json::json!({ "alloc_retries": total }),
+                        ),
+                    },
+                ),
+                || remedy::alloc_retries(fragmented),
+            ));
+        }
+
+        let m = &self.config.allocator_oom;
+        if m.enabled {
+            let last_oom = state.allocator.oom_within(m.resolve_after.ms(), now);
+            let seen = state.allocator.ooms_seen();
+            let last = state.allocator.last().copied();
+            out.extend(with_remedy(
+                Self::change(
+                    &mut state.allocator_oom,
+                    "allocator_oom",
+                    now,
+                    last_oom.map(|_| Severity::Critical),
+                    0,
+                    labels,
+                    || match (last_oom, last) {
+                        (Some(at), Some(a)) => (
+                            format!(
+                                "{} on {} ran out of GPU memory: {seen} CUDA out-of-memory error(s) from its allocator, the latest {} ago; {} allocated, {} reserved",
+                                process_name(labels),
+                                device_name(labels),
+                                minutes(now - at),
+                                HumanBytes(a.allocated),
+                                HumanBytes(a.reserved),
+                            ),
+                            serde_json::json!({
+                                "ooms_seen": seen, "ooms": a.ooms, "last_oom_ms": at,
+                                "allocated_bytes": a.allocated, "reserved_bytes": a.reserved,
+                            }),
+                        ),
+                        _ => (
+                            format!(
+                                "{} had no out-of-memory error for {}",
+                                process_name(labels),
+                                minutes(m.resolve_after.ms())
+                            ),
+                            serde_json::json!({ "ooms_seen": seen }),
+                        ),
+                    },
+                ),
+                || remedy::allocator_oom(fragmented),
+            ));
+        }
     }
 
     /// A lost or stalled GPU whose memory is read again has recovered.
@@ -794,6 +989,9 @@ impl Engine {
                     "unattributed" => "unattributed",
                     "leak" => "leak",
                     "process_watermark" => "process_watermark",
+                    "fragmentation" => "fragmentation",
+                    "alloc_retries" => "alloc_retries",
+                    "allocator_oom" => "allocator_oom",
                     "agent_silent" => "agent_silent",
                     "xid" => "xid",
                     "gpu_lost" => "gpu_lost",
@@ -813,6 +1011,7 @@ impl Engine {
                     labels: r.labels,
                     summary: "no data for this series since the collector restarted".into(),
                     details: serde_json::json!({}),
+                    remedy: String::new(),
                 });
             }
         }
@@ -1066,6 +1265,140 @@ mod tests {
             e.observe_event(&event("process_started", 0, 9500))
                 .is_empty()
         );
+    }
+
+    fn training(ts: i64, report: Option<AllocatorObservation>) -> ProcessObservation<'static> {
+        ProcessObservation {
+            node: "n1",
+            device_uuid: "GPU-1",
+            gpu_index: 1,
+            pid: 4242,
+            start_time_ms: 0,
+            name: "python train.py",
+            user: "alice",
+            slurm_job_id: "77",
+            pod_uid: "",
+            container_id: "",
+            timestamp_ms: ts,
+            used_last: 60 * GIB,
+            used_max: 60 * GIB,
+            allocator: report,
+        }
+    }
+
+    fn stats(
+        ts: i64,
+        allocated: u64,
+        reserved: u64,
+        retries: u64,
+        ooms: u64,
+    ) -> Option<AllocatorObservation> {
+        Some(AllocatorObservation {
+            timestamp_ms: ts,
+            allocated,
+            reserved,
+            inactive_split: reserved - allocated,
+            alloc_retries: retries,
+            ooms,
+        })
+    }
+
+    #[test]
+    fn fragmentation_fires_after_its_duration_with_the_expandable_segments_remedy() {
+        let mut e = Engine::new(rules("[fragmentation]\nfor = \"2m\"\n"));
+        let mut all = Vec::new();
+        // 40 GiB allocated of 50 reserved: 20 %, under the 30 % threshold.
+        all.extend(e.observe_process(&training(0, stats(0, 40 * GIB, 50 * GIB, 0, 0))));
+        assert!(transitions(&all, "fragmentation").is_empty());
+        // 30 of 50: 20 GiB (40 %) held in no tensor, for 2 minutes.
+        for t in [60_000, 120_000, 180_000] {
+            all.extend(e.observe_process(&training(t, stats(t, 30 * GIB, 50 * GIB, 0, 0))));
+        }
+        let fired: Vec<&AlertChange> = all
+            .iter()
+            .filter(|c| {
+                c.rule == "fragmentation" && matches!(c.transition, Transition::Firing { .. })
+            })
+            .collect();
+        assert_eq!(fired.len(), 1, "{all:?}");
+        assert!(
+            fired[0].summary.contains("20 GiB (40 %) is fragmented"),
+            "{}",
+            fired[0].summary
+        );
+        assert!(
+            fired[0]
+                .remedy
+                .contains("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+        );
+        assert_eq!(fired[0].details["fragmentation_bytes"], 20 * GIB);
+        // 35 % still holds it (hysteresis); 10 % resolves it.
+        let held = e.observe_process(&training(240_000, stats(240_000, 32 * GIB, 50 * GIB, 0, 0)));
+        assert!(transitions(&held, "fragmentation").is_empty());
+        let done = e.observe_process(&training(300_000, stats(300_000, 45 * GIB, 50 * GIB, 0, 0)));
+        assert_eq!(
+            transitions(&done, "fragmentation"),
+            vec![Transition::Resolved]
+        );
+    }
+
+    #[test]
+    fn rising_retries_fire_and_resolve_after_a_quiet_window() {
+        let mut e = Engine::new(rules("[alloc_retries]\nwindow = \"5m\"\nmin_retries = 3\n"));
+        // Retries from before we watched do not count.
+        let first = e.observe_process(&training(0, stats(0, 70 * GIB, 75 * GIB, 40, 0)));
+        assert!(transitions(&first, "alloc_retries").is_empty());
+        let mut all = Vec::new();
+        for (i, retries) in [41, 42, 43].iter().enumerate() {
+            let t = (i as i64 + 1) * 30_000;
+            all.extend(e.observe_process(&training(t, stats(t, 70 * GIB, 75 * GIB, *retries, 0))));
+        }
+        let fired: Vec<&AlertChange> = all.iter().filter(|c| c.rule == "alloc_retries").collect();
+        assert_eq!(fired.len(), 1);
+        assert!(
+            fired[0].summary.contains("retried cudaMalloc 3 times"),
+            "{}",
+            fired[0].summary
+        );
+        assert!(fired[0].remedy.contains("activation checkpointing"));
+        assert!(
+            !fired[0].remedy.contains("expandable_segments"),
+            "not fragmented"
+        );
+        // No new retry: still firing within the window, resolved after it.
+        let quiet = e.observe_process(&training(
+            300_000,
+            stats(300_000, 70 * GIB, 75 * GIB, 43, 0),
+        ));
+        assert!(transitions(&quiet, "alloc_retries").is_empty());
+        let resolved = e.observe_process(&training(
+            400_000,
+            stats(400_000, 70 * GIB, 75 * GIB, 43, 0),
+        ));
+        assert_eq!(
+            transitions(&resolved, "alloc_retries"),
+            vec![Transition::Resolved]
+        );
+    }
+
+    #[test]
+    fn an_allocator_oom_fires_at_once_as_critical() {
+        let mut e = Engine::new(rules(""));
+        e.observe_process(&training(0, stats(0, 70 * GIB, 78 * GIB, 0, 0)));
+        let oom = e.observe_process(&training(1_000, stats(1_000, 70 * GIB, 78 * GIB, 1, 1)));
+        let fired: Vec<&AlertChange> = oom.iter().filter(|c| c.rule == "allocator_oom").collect();
+        assert_eq!(fired.len(), 1);
+        assert_eq!(fired[0].severity, Severity::Critical);
+        assert!(
+            fired[0].summary.contains("1 CUDA out-of-memory error"),
+            "{}",
+            fired[0].summary
+        );
+        assert!(fired[0].remedy.contains("gradient accumulation"));
+        // A process that does not report raises nothing.
+        let mut quiet = Engine::new(rules(""));
+        let none = quiet.observe_process(&training(0, None));
+        assert!(none.iter().all(|c| !c.rule.starts_with("alloc")));
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! Memory rules, evaluated on ingest as small per-series state machines.
 
+pub mod allocator;
 pub mod config;
 pub mod engine;
 pub mod leak;
 pub mod lifecycle;
 pub mod oom;
+pub mod remedy;
 #[cfg(test)]
 mod trace_fixtures;
 pub mod trend;

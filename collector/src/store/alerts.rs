@@ -40,6 +40,8 @@ pub struct AlertUpdate {
     pub summary: String,
     /// JSON object.
     pub details: String,
+    /// What the job's owner can do about it; empty when the rule has no advice.
+    pub remedy: String,
     /// Enqueued only when the transition is news to people: a first firing,
     /// an escalation not acknowledged, or the resolution of a notified alert.
     pub notifications: Vec<NewNotification>,
@@ -92,6 +94,8 @@ pub struct AlertView {
     pub updated_at_ms: i64,
     pub acknowledged_by: Option<String>,
     pub acknowledged_at_ms: Option<i64>,
+    /// What the job's owner can do about it; empty when the rule has no advice.
+    pub remedy: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]

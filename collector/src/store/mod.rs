@@ -63,6 +63,58 @@ pub trait Store: AlertStore + Send + Sync + std::fmt::Debug + 'static {
 
     /// Processes seen since `since_ms`, with their latest and peak memory.
     async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError>;
+
+    /// What the allocator of process `pid` on device `uuid` reported in
+    /// `[from_ms, to_ms]`, folded into at most `max_points` buckets that keep
+    /// each bucket's highest values. The newest incarnation of the pid
+    /// unless `start_time_ms` names one. `None` when no such process.
+    async fn allocator_series(
+        &self,
+        query: &AllocatorSeriesQuery<'_>,
+    ) -> Result<Option<AllocatorSeries>, StoreError>;
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct AllocatorSeriesQuery<'a> {
+    pub device_uuid: &'a str,
+    pub pid: i64,
+    pub start_time_ms: Option<i64>,
+    pub from_ms: i64,
+    pub to_ms: i64,
+    pub max_points: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AllocatorSeries {
+    pub device_uuid: String,
+    pub pid: i64,
+    pub start_time_ms: i64,
+    pub points: Vec<AllocatorPoint>,
+}
+
+/// One bucket of a process's allocator reports: the highest value of each
+/// counter in the bucket, so a burst of fragmentation between two points is
+/// not averaged away.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct AllocatorPoint {
+    pub timestamp_ms: i64,
+    pub reports: i64,
+    pub allocated_bytes: i64,
+    pub reserved_bytes: i64,
+    /// Reserved but not allocated: held by the process, usable by no one.
+    pub fragmentation_bytes: i64,
+    pub inactive_split_bytes: i64,
+    pub peak_allocated_bytes: i64,
+    /// Cumulative since the process started.
+    pub alloc_retries: i64,
+    pub ooms: i64,
+}
+
+/// The process's id in the store, for series queries.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct ProcessKey {
+    pub id: i64,
+    pub start_time_ms: i64,
 }
 
 /// Opens the store a URL names, creating and migrating its schema.
@@ -196,7 +248,7 @@ pub struct SeriesPoint {
     pub pcie_rx_bytes_per_s: Option<i64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ProcessView {
     pub node: String,
     pub device_uuid: String,
@@ -215,6 +267,105 @@ pub struct ProcessView {
     pub memory_peak_bytes: i64,
     pub first_seen_ms: i64,
     pub last_seen_ms: i64,
+    /// The newest report of the process's own allocator; `None` for a
+    /// process that does not report (most do not).
+    pub allocator: Option<AllocatorLatest>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AllocatorLatest {
+    pub timestamp_ms: i64,
+    pub allocated_bytes: i64,
+    pub reserved_bytes: i64,
+    pub fragmentation_bytes: i64,
+    /// Fragmentation as a share of what the allocator holds, 0 to 1.
+    pub fragmentation_ratio: f64,
+    pub inactive_split_bytes: i64,
+    pub peak_allocated_bytes: i64,
+    pub alloc_retries: i64,
+    pub ooms: i64,
+}
+
+/// A process row as both backends read it.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct ProcessRow {
+    node: String,
+    device_uuid: String,
+    gpu_index: i64,
+    pid: i64,
+    start_time_ms: i64,
+    name: String,
+    uid: i64,
+    user: String,
+    container_id: String,
+    container_runtime: String,
+    pod_uid: String,
+    pod_qos_class: String,
+    slurm_job_id: String,
+    memory_used_bytes: i64,
+    memory_peak_bytes: i64,
+    first_seen_ms: i64,
+    last_seen_ms: i64,
+    alloc_ts_ms: Option<i64>,
+    alloc_allocated: Option<i64>,
+    alloc_reserved: Option<i64>,
+    alloc_inactive_split: Option<i64>,
+    alloc_peak_allocated: Option<i64>,
+    alloc_retries: Option<i64>,
+    alloc_ooms: Option<i64>,
+}
+
+/// The process columns of [`ProcessRow`] besides its node and device.
+pub(crate) const PROCESS_COLUMNS: &str = "p.pid, p.start_time_ms, p.name, p.uid, p.user_name AS user,
+    p.container_id, p.container_runtime, p.pod_uid, p.pod_qos_class, p.slurm_job_id,
+    p.memory_last AS memory_used_bytes, p.memory_peak AS memory_peak_bytes, p.first_seen_ms, p.last_seen_ms,
+    p.alloc_ts_ms, p.alloc_allocated, p.alloc_reserved, p.alloc_inactive_split, p.alloc_peak_allocated,
+    p.alloc_retries, p.alloc_ooms";
+
+impl From<ProcessRow> for ProcessView {
+    fn from(r: ProcessRow) -> Self {
+        let allocator = match (r.alloc_ts_ms, r.alloc_allocated, r.alloc_reserved) {
+            (Some(timestamp_ms), Some(allocated), Some(reserved)) => {
+                let fragmentation = (reserved - allocated).max(0);
+                Some(AllocatorLatest {
+                    timestamp_ms,
+                    allocated_bytes: allocated,
+                    reserved_bytes: reserved,
+                    fragmentation_bytes: fragmentation,
+                    fragmentation_ratio: if reserved > 0 {
+                        fragmentation as f64 / reserved as f64
+                    } else {
+                        0.0
+                    },
+                    inactive_split_bytes: r.alloc_inactive_split.unwrap_or(0),
+                    peak_allocated_bytes: r.alloc_peak_allocated.unwrap_or(0),
+                    alloc_retries: r.alloc_retries.unwrap_or(0),
+                    ooms: r.alloc_ooms.unwrap_or(0),
+                })
+            }
+            _ => None,
+        };
+        Self {
+            node: r.node,
+            device_uuid: r.device_uuid,
+            gpu_index: r.gpu_index,
+            pid: r.pid,
+            start_time_ms: r.start_time_ms,
+            name: r.name,
+            uid: r.uid,
+            user: r.user,
+            container_id: r.container_id,
+            container_runtime: r.container_runtime,
+            pod_uid: r.pod_uid,
+            pod_qos_class: r.pod_qos_class,
+            slurm_job_id: r.slurm_job_id,
+            memory_used_bytes: r.memory_used_bytes,
+            memory_peak_bytes: r.memory_peak_bytes,
+            first_seen_ms: r.first_seen_ms,
+            last_seen_ms: r.last_seen_ms,
+            allocator,
+        }
+    }
 }
 
 /// A present device of a node, as both backends read it for a session.

@@ -13,7 +13,7 @@ use crate::store::alerts::{
 const ALERT_COLUMNS: &str =
     "id, fingerprint, rule, severity, state, labels::jsonb AS labels, summary,
     details::jsonb AS details, started_at_ms, fired_at_ms, resolved_at_ms, updated_at_ms,
-    acknowledged_by, acknowledged_at_ms";
+    acknowledged_by, acknowledged_at_ms, remedy";
 
 #[async_trait]
 impl AlertStore for PostgresStore {
@@ -50,8 +50,8 @@ impl AlertStore for PostgresStore {
             } => {
                 let id: i64 = sqlx::query_scalar(
                     "INSERT INTO alerts (fingerprint, rule, severity, state, labels, summary, details, started_at_ms,
-                         fired_at_ms, updated_at_ms)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $8) RETURNING id",
+                         fired_at_ms, updated_at_ms, remedy)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $8, $10) RETURNING id",
                 )
                 .bind(&u.fingerprint)
                 .bind(&u.rule)
@@ -62,6 +62,7 @@ impl AlertStore for PostgresStore {
                 .bind(&u.details)
                 .bind(u.at_ms)
                 .bind(fired.then_some(u.at_ms))
+                .bind(&u.remedy)
                 .fetch_one(&mut *tx)
                 .await?;
                 (id, notify)
@@ -79,6 +80,7 @@ impl AlertStore for PostgresStore {
                          severity = CASE WHEN $6 THEN severity ELSE $4 END,
                          summary = CASE WHEN $6 THEN summary ELSE $5 END,
                          details = CASE WHEN $6 THEN details ELSE $7 END,
+                         remedy = CASE WHEN $6 THEN remedy ELSE $9 END,
                          fired_at_ms = CASE WHEN $8 THEN $3 ELSE fired_at_ms END,
                          resolved_at_ms = CASE WHEN $6 THEN $3 ELSE resolved_at_ms END
                      WHERE id = $1",
@@ -91,6 +93,7 @@ impl AlertStore for PostgresStore {
                 .bind(resolved)
                 .bind(&u.details)
                 .bind(fired)
+                .bind(&u.remedy)
                 .execute(&mut *tx)
                 .await?;
                 (id, notify)

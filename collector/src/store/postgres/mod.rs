@@ -11,10 +11,13 @@ use sqlx::{Postgres, Row, Transaction};
 
 mod alerts;
 
-use crate::model::{NodeSession, Registration, StoreBatch, WriteOutcome};
+use crate::model::{
+    AllocatorRow, NodeSession, ProcessSampleRow, Registration, StoreBatch, WriteOutcome,
+};
 use crate::store::{
-    DeviceRow, DeviceView, NodeView, ProcessView, SeriesPoint, SessionDevice, Store, StoreError,
-    bucket_width_ms, session_from,
+    AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceRow, DeviceView, NodeView,
+    PROCESS_COLUMNS, ProcessKey, ProcessRow, ProcessView, SeriesPoint, SessionDevice, Store,
+    StoreError, bucket_width_ms, session_from,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
@@ -309,6 +312,7 @@ impl Store for PostgresStore {
             .bind(&max)
             .execute(&mut *tx)
             .await?;
+            write_allocator_samples(&mut tx, p).await?;
         }
 
         if !batch.events.is_empty() {
@@ -398,7 +402,7 @@ impl Store for PostgresStore {
                  MAX(total) AS memory_total_bytes, AVG(utilization)::float8 AS utilization_pct,
                  ROUND(AVG(pcie_tx))::int8 AS pcie_tx_bytes_per_s, ROUND(AVG(pcie_rx))::int8 AS pcie_rx_bytes_per_s
              FROM gpu_samples WHERE device_id = $1 AND ts_ms BETWEEN $2 AND $3
-             GROUP BY ts_ms / $4 ORDER BY 1",
+             GROUP BY (ts_ms - $2) / $4 ORDER BY 1",
         )
         .bind(device)
         .bind(from_ms)
@@ -410,16 +414,128 @@ impl Store for PostgresStore {
     }
 
     async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError> {
-        Ok(sqlx::query_as::<_, ProcessView>(
-            "SELECT n.name AS node, d.uuid AS device_uuid, d.gpu_index::int8 AS gpu_index, p.pid, p.start_time_ms,
-                 p.name, p.uid, p.user_name AS user, p.container_id, p.container_runtime, p.pod_uid, p.pod_qos_class, p.slurm_job_id,
-                 p.memory_last AS memory_used_bytes, p.memory_peak AS memory_peak_bytes, p.first_seen_ms, p.last_seen_ms
+        let rows = sqlx::query_as::<_, ProcessRow>(&format!(
+            "SELECT n.name AS node, d.uuid AS device_uuid, d.gpu_index::int8 AS gpu_index, {PROCESS_COLUMNS}
              FROM processes p JOIN devices d ON d.id = p.device_id JOIN nodes n ON n.id = d.node_id
              WHERE p.last_seen_ms >= $1
-             ORDER BY p.memory_last DESC, n.name, p.pid",
-        )
+             ORDER BY p.memory_last DESC, n.name, p.pid"
+        ))
         .bind(since_ms)
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        Ok(rows.into_iter().map(ProcessView::from).collect())
     }
+
+    async fn allocator_series(
+        &self,
+        q: &AllocatorSeriesQuery<'_>,
+    ) -> Result<Option<AllocatorSeries>, StoreError> {
+        let process = sqlx::query_as::<_, ProcessKey>(
+            "SELECT p.id, p.start_time_ms FROM processes p JOIN devices d ON d.id = p.device_id
+             WHERE d.uuid = $1 AND p.pid = $2 AND ($3::int8 IS NULL OR p.start_time_ms = $3)
+             ORDER BY p.start_time_ms DESC LIMIT 1",
+        )
+        .bind(q.device_uuid)
+        .bind(q.pid)
+        .bind(q.start_time_ms)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(process) = process else {
+            return Ok(None);
+        };
+        let points = sqlx::query_as::<_, AllocatorPoint>(
+            "SELECT MAX(ts_ms) AS timestamp_ms, COUNT(*) AS reports, MAX(allocated) AS allocated_bytes,
+                 MAX(reserved) AS reserved_bytes, MAX(reserved - allocated) AS fragmentation_bytes,
+                 MAX(inactive_split) AS inactive_split_bytes, MAX(peak_allocated) AS peak_allocated_bytes,
+                 MAX(alloc_retries) AS alloc_retries, MAX(ooms) AS ooms
+             FROM allocator_samples WHERE process_id = $1 AND ts_ms BETWEEN $2 AND $3
+             GROUP BY (ts_ms - $2) / $4 ORDER BY 1",
+        )
+        .bind(process.id)
+        .bind(q.from_ms)
+        .bind(q.to_ms)
+        .bind(bucket_width_ms(q.from_ms, q.to_ms, q.max_points))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(Some(AllocatorSeries {
+            device_uuid: q.device_uuid.to_owned(),
+            pid: q.pid,
+            start_time_ms: process.start_time_ms,
+            points,
+        }))
+    }
+}
+
+/// The allocator reports that came with a batch's process samples: one row
+/// per report (a report joined to several intervals is stored once), and
+/// the newest one on the process's row.
+async fn write_allocator_samples(
+    tx: &mut Transaction<'_, Postgres>,
+    samples: &[ProcessSampleRow],
+) -> Result<(), StoreError> {
+    let reporting: Vec<(&ProcessSampleRow, &AllocatorRow)> = samples
+        .iter()
+        .filter_map(|s| s.allocator.as_ref().map(|a| (s, a)))
+        .collect();
+    if reporting.is_empty() {
+        return Ok(());
+    }
+    let column =
+        |f: fn(&AllocatorRow) -> i64| -> Vec<i64> { reporting.iter().map(|(_, a)| f(a)).collect() };
+    let device: Vec<i32> = reporting.iter().map(|(s, _)| s.device_id as i32).collect();
+    let pid: Vec<i64> = reporting.iter().map(|(s, _)| s.pid).collect();
+    let start: Vec<i64> = reporting.iter().map(|(s, _)| s.start_time_ms).collect();
+    let ts = column(|a| a.timestamp_ms);
+    let allocated = column(|a| a.allocated);
+    let reserved = column(|a| a.reserved);
+    let active = column(|a| a.active);
+    let inactive_split = column(|a| a.inactive_split);
+    let peak = column(|a| a.peak_allocated);
+    let retries = column(|a| a.alloc_retries);
+    let ooms = column(|a| a.ooms);
+    sqlx::query(
+        "INSERT INTO allocator_samples (process_id, ts_ms, allocated, reserved, active, inactive_split,
+             peak_allocated, alloc_retries, ooms)
+         SELECT p.id, s.t, s.a, s.r, s.ac, s.i, s.pk, s.rt, s.o
+         FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
+             $8::int8[], $9::int8[], $10::int8[], $11::int8[]) AS s(d, pid, st, t, a, r, ac, i, pk, rt, o)
+         JOIN processes p ON p.device_id = s.d AND p.pid = s.pid AND p.start_time_ms = s.st
+         ON CONFLICT (process_id, ts_ms) DO NOTHING",
+    )
+    .bind(&device)
+    .bind(&pid)
+    .bind(&start)
+    .bind(&ts)
+    .bind(&allocated)
+    .bind(&reserved)
+    .bind(&active)
+    .bind(&inactive_split)
+    .bind(&peak)
+    .bind(&retries)
+    .bind(&ooms)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "UPDATE processes p SET alloc_ts_ms = s.t, alloc_allocated = s.a, alloc_reserved = s.r,
+             alloc_inactive_split = s.i, alloc_peak_allocated = s.pk, alloc_retries = s.rt, alloc_ooms = s.o
+         FROM (SELECT DISTINCT ON (d, pid, st) *
+               FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
+                   $8::int8[], $9::int8[], $10::int8[]) AS u(d, pid, st, t, a, r, i, pk, rt, o)
+               ORDER BY d, pid, st, t DESC) s
+         WHERE p.device_id = s.d AND p.pid = s.pid AND p.start_time_ms = s.st
+             AND (p.alloc_ts_ms IS NULL OR p.alloc_ts_ms <= s.t)",
+    )
+    .bind(&device)
+    .bind(&pid)
+    .bind(&start)
+    .bind(&ts)
+    .bind(&allocated)
+    .bind(&reserved)
+    .bind(&inactive_split)
+    .bind(&peak)
+    .bind(&retries)
+    .bind(&ooms)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }

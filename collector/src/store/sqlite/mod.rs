@@ -14,10 +14,11 @@ use sqlx::{Connection, Row, Sqlite, SqliteConnection, Transaction};
 
 mod alerts;
 
-use crate::model::{NodeSession, Registration, StoreBatch, WriteOutcome};
+use crate::model::{AllocatorRow, NodeSession, Registration, StoreBatch, WriteOutcome};
 use crate::store::{
-    DeviceRow, DeviceView, NodeView, ProcessView, SeriesPoint, SessionDevice, Store, StoreError,
-    bucket_width_ms, session_from,
+    AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceRow, DeviceView, NodeView,
+    PROCESS_COLUMNS, ProcessKey, ProcessRow, ProcessView, SeriesPoint, SessionDevice, Store,
+    StoreError, bucket_width_ms, session_from,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -285,6 +286,9 @@ impl Store for SqliteStore {
                 .bind(p.used_max)
                 .execute(&mut *tx)
                 .await?;
+            if let Some(a) = &p.allocator {
+                write_allocator_sample(&mut tx, process_id, a).await?;
+            }
         }
 
         for e in &batch.events {
@@ -365,7 +369,7 @@ impl Store for SqliteStore {
                  CAST(ROUND(AVG(pcie_tx)) AS INTEGER) AS pcie_tx_bytes_per_s,
                  CAST(ROUND(AVG(pcie_rx)) AS INTEGER) AS pcie_rx_bytes_per_s
              FROM gpu_samples WHERE device_id = ?1 AND ts_ms BETWEEN ?2 AND ?3
-             GROUP BY ts_ms / ?4 ORDER BY 1",
+             GROUP BY (ts_ms - ?2) / ?4 ORDER BY 1",
         )
         .bind(device)
         .bind(from_ms)
@@ -377,16 +381,97 @@ impl Store for SqliteStore {
     }
 
     async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError> {
-        Ok(sqlx::query_as::<_, ProcessView>(
-            "SELECT n.name AS node, d.uuid AS device_uuid, d.gpu_index, p.pid, p.start_time_ms,
-                 p.name, p.uid, p.user_name AS user, p.container_id, p.container_runtime, p.pod_uid, p.pod_qos_class, p.slurm_job_id,
-                 p.memory_last AS memory_used_bytes, p.memory_peak AS memory_peak_bytes, p.first_seen_ms, p.last_seen_ms
+        let rows = sqlx::query_as::<_, ProcessRow>(&format!(
+            "SELECT n.name AS node, d.uuid AS device_uuid, d.gpu_index, {PROCESS_COLUMNS}
              FROM processes p JOIN devices d ON d.id = p.device_id JOIN nodes n ON n.id = d.node_id
              WHERE p.last_seen_ms >= ?1
-             ORDER BY p.memory_last DESC, n.name, p.pid",
-        )
+             ORDER BY p.memory_last DESC, n.name, p.pid"
+        ))
         .bind(since_ms)
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        Ok(rows.into_iter().map(ProcessView::from).collect())
     }
+
+    async fn allocator_series(
+        &self,
+        q: &AllocatorSeriesQuery<'_>,
+    ) -> Result<Option<AllocatorSeries>, StoreError> {
+        let process = sqlx::query_as::<_, ProcessKey>(
+            "SELECT p.id, p.start_time_ms FROM processes p JOIN devices d ON d.id = p.device_id
+             WHERE d.uuid = ?1 AND p.pid = ?2 AND (?3 IS NULL OR p.start_time_ms = ?3)
+             ORDER BY p.start_time_ms DESC LIMIT 1",
+        )
+        .bind(q.device_uuid)
+        .bind(q.pid)
+        .bind(q.start_time_ms)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(process) = process else {
+            return Ok(None);
+        };
+        let points = sqlx::query_as::<_, AllocatorPoint>(
+            "SELECT MAX(ts_ms) AS timestamp_ms, COUNT(*) AS reports, MAX(allocated) AS allocated_bytes,
+                 MAX(reserved) AS reserved_bytes, MAX(reserved - allocated) AS fragmentation_bytes,
+                 MAX(inactive_split) AS inactive_split_bytes, MAX(peak_allocated) AS peak_allocated_bytes,
+                 MAX(alloc_retries) AS alloc_retries, MAX(ooms) AS ooms
+             FROM allocator_samples WHERE process_id = ?1 AND ts_ms BETWEEN ?2 AND ?3
+             GROUP BY (ts_ms - ?2) / ?4 ORDER BY 1",
+        )
+        .bind(process.id)
+        .bind(q.from_ms)
+        .bind(q.to_ms)
+        .bind(bucket_width_ms(q.from_ms, q.to_ms, q.max_points))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(Some(AllocatorSeries {
+            device_uuid: q.device_uuid.to_owned(),
+            pid: q.pid,
+            start_time_ms: process.start_time_ms,
+            points,
+        }))
+    }
+}
+
+/// One allocator report joined to a process sample: stored once however
+/// many intervals it was joined to, and kept on the process's row while it
+/// is the newest.
+async fn write_allocator_sample(
+    tx: &mut Transaction<'_, Sqlite>,
+    process_id: i64,
+    a: &AllocatorRow,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO allocator_samples (process_id, ts_ms, allocated, reserved, active, inactive_split,
+             peak_allocated, alloc_retries, ooms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+         ON CONFLICT (process_id, ts_ms) DO NOTHING",
+    )
+    .bind(process_id)
+    .bind(a.timestamp_ms)
+    .bind(a.allocated)
+    .bind(a.reserved)
+    .bind(a.active)
+    .bind(a.inactive_split)
+    .bind(a.peak_allocated)
+    .bind(a.alloc_retries)
+    .bind(a.ooms)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "UPDATE processes SET alloc_ts_ms = ?2, alloc_allocated = ?3, alloc_reserved = ?4,
+             alloc_inactive_split = ?5, alloc_peak_allocated = ?6, alloc_retries = ?7, alloc_ooms = ?8
+         WHERE id = ?1 AND (alloc_ts_ms IS NULL OR alloc_ts_ms <= ?2)",
+    )
+    .bind(process_id)
+    .bind(a.timestamp_ms)
+    .bind(a.allocated)
+    .bind(a.reserved)
+    .bind(a.inactive_split)
+    .bind(a.peak_allocated)
+    .bind(a.alloc_retries)
+    .bind(a.ooms)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }

@@ -1,0 +1,248 @@
+"""The Reporter: a daemon thread that collects allocator statistics and sends
+them to the agent once per interval."""
+
+import atexit
+import logging
+import math
+import os
+import threading
+import time
+import weakref
+from typing import Any, Callable, Iterable, Optional, Set, Tuple
+
+from . import _config, _sender, _torch_stats, _wire
+
+THREAD_NAME = "headroom-allocator-reporter"
+
+logger = logging.getLogger("headroom_client")
+
+StatsProvider = Callable[[], Iterable[Any]]
+
+# Every Reporter ever built, so that fork and interpreter exit can reach them.
+_live_reporters = weakref.WeakSet()  # type: weakref.WeakSet[Reporter]
+
+
+class Reporter:
+    """Sends the process's allocator statistics to the Headroom agent.
+
+    Use :func:`headroom_client.enable` rather than building one directly.
+    ``tick()`` does one collection and one non-blocking send and never raises;
+    ``start()`` runs it every ``interval_s`` seconds in a daemon thread.
+    """
+
+    def __init__(
+        self,
+        socket_path: Any = None,
+        interval_s: float = 1.0,
+        stats_provider: Optional[StatsProvider] = None,
+        *,
+        reconnect_interval_s: Optional[float] = None,
+        enabled: bool = True,
+    ) -> None:
+        if socket_path is None:
+            socket_path = _config.socket_path_from_env()
+        self._socket_path = os.fspath(socket_path)
+        self._interval_s = _positive_seconds("interval_s", interval_s)
+        if reconnect_interval_s is None:
+            reconnect_interval_s = _sender.DEFAULT_RECONNECT_INTERVAL_S
+        reconnect_interval_s = _positive_seconds("reconnect_interval_s", reconnect_interval_s)
+        if stats_provider is None:
+            stats_provider = _torch_stats.read_devices
+        elif not callable(stats_provider):
+            raise TypeError("stats_provider must be a zero-argument callable")
+        self._provider = stats_provider
+        self._enabled = bool(enabled)
+        self._logged = set()  # type: Set[Tuple[str, str]]
+        self._sender = _sender.LineSender(self._socket_path, reconnect_interval_s, self._log_once)
+        self._errors = 0
+        self._init_thread_state()
+        _live_reporters.add(self)
+
+    def _init_thread_state(self) -> None:
+        self._tick_lock = threading.Lock()  # serialises tick() and the socket
+        self._state_lock = threading.RLock()  # serialises start() and stop()
+        self._stop_event = threading.Event()
+        self._thread = None  # type: Optional[threading.Thread]
+
+    # -- read-only state ----------------------------------------------------
+
+    @property
+    def sent(self) -> int:
+        """Reports written completely to the agent socket."""
+        return self._sender.sent
+
+    @property
+    def dropped(self) -> int:
+        """Reports discarded: agent unreachable, socket full, or connection lost."""
+        return self._sender.dropped
+
+    @property
+    def errors(self) -> int:
+        """Collections that failed (the stats provider raised or returned garbage)."""
+        return self._errors
+
+    @property
+    def connected(self) -> bool:
+        """Whether this process currently holds a connection to the agent."""
+        return self._sender.connected
+
+    @property
+    def running(self) -> bool:
+        """Whether the reporter thread is alive."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    @property
+    def enabled(self) -> bool:
+        """False for the inert reporter returned when disabled by the environment."""
+        return self._enabled
+
+    @property
+    def socket_path(self) -> str:
+        return self._socket_path
+
+    @property
+    def interval_s(self) -> float:
+        return self._interval_s
+
+    def __repr__(self) -> str:
+        return "<Reporter %s running=%s connected=%s sent=%d dropped=%d errors=%d>" % (
+            self._socket_path,
+            self.running,
+            self.connected,
+            self.sent,
+            self.dropped,
+            self.errors,
+        )
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def start(self) -> "Reporter":
+        """Start the daemon thread (no-op when already running or disabled)."""
+        if not self._enabled:
+            return self
+        with self._state_lock:
+            if self.running:
+                return self
+            stop_event = threading.Event()
+            thread = threading.Thread(
+                target=self._run, args=(stop_event,), name=THREAD_NAME, daemon=True
+            )
+            try:
+                thread.start()
+            except RuntimeError as exc:  # "can't start new thread": resource limits
+                self._log_once(("thread", type(exc).__name__), "cannot start reporter thread: %s", exc)
+                return self
+            self._stop_event = stop_event
+            self._thread = thread
+        return self
+
+    def stop(self, timeout: Optional[float] = None) -> None:
+        """Stop the thread, wait up to ``timeout`` seconds for it, close the socket."""
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        with self._state_lock:
+            thread = self._thread
+            self._stop_event.set()
+            if thread is threading.current_thread():
+                return  # called from a tick: the thread closes the socket as it exits
+            if thread is not None:
+                thread.join(timeout)
+            if thread is None or not thread.is_alive():
+                self._thread = None
+        # If the thread is still mid-tick it closes the socket itself on exit.
+        if deadline is None:
+            self._close_connection(-1)
+        else:
+            self._close_connection(max(0.0, deadline - time.monotonic()))
+
+    def _close_connection(self, timeout: float) -> None:
+        if self._tick_lock.acquire(timeout=timeout):
+            try:
+                self._sender.close()
+            finally:
+                self._tick_lock.release()
+
+    def _run(self, stop_event: threading.Event) -> None:
+        try:
+            while not stop_event.is_set():
+                self.tick()
+                stop_event.wait(self._interval_s)
+        finally:
+            self._close_connection(-1)
+
+    # -- work ---------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Collect once and send once, without blocking; never raises."""
+        if not self._enabled:
+            return
+        # Another tick in progress (thread vs. a direct call): skip, never wait.
+        if not self._tick_lock.acquire(blocking=False):
+            return
+        try:
+            self._tick()
+        except Exception as exc:
+            self._errors += 1
+            self._log_once(("tick", type(exc).__name__), "reporter tick failed: %r", exc)
+        finally:
+            self._tick_lock.release()
+
+    def _tick(self) -> None:
+        sender = self._sender
+        free = sender.flush()  # finish a half-written line before anything new
+        try:
+            devices = self._provider()
+            line = _wire.encode_report(devices, os.getpid(), int(time.time() * 1000))
+        except Exception as exc:
+            self._errors += 1
+            self._log_once(("provider", type(exc).__name__), "stats provider failed: %r", exc)
+            return
+        if line is None:
+            return  # nothing to report: no connection attempt, nothing sent
+        if free:
+            sender.send(line)
+        else:
+            sender.drop()
+
+    def _log_once(self, kind: Tuple[str, str], message: str, *args: Any) -> None:
+        """One debug line per failure kind for the reporter's lifetime."""
+        if kind in self._logged:
+            return
+        self._logged.add(kind)
+        logger.debug(message, *args)
+
+    # -- process events -----------------------------------------------------
+
+    def _reset_after_fork(self) -> None:
+        """In a fork child: no thread survived, locks may be held by threads that
+        no longer exist, and the connection belongs to the parent."""
+        self._init_thread_state()
+        self._sender.abandon_inherited()
+
+
+def _positive_seconds(name: str, value: Any) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise TypeError("%s must be a number of seconds, not %r" % (name, value)) from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError("%s must be a positive number of seconds, not %r" % (name, value))
+    return seconds
+
+
+def _after_fork_in_child() -> None:
+    for reporter in list(_live_reporters):
+        reporter._reset_after_fork()
+
+
+def _stop_all_at_exit() -> None:
+    # Stop threads before interpreter teardown so that no tick runs against
+    # half-finalised modules (torch included).
+    for reporter in list(_live_reporters):
+        if reporter.running:
+            reporter.stop(timeout=1.0)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_stop_all_at_exit)
