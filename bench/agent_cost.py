@@ -169,7 +169,8 @@ def main():
             [str(RELEASE / "headroom-agent"), "--source", "nvml", "--node-name", "bench-node",
              "--nvml-library", str(RELEASE / "libnvidia_ml.so"), "--procfs-root", str(procfs),
              "--collector-url", f"http://127.0.0.1:{grpc}", "--metrics-listen", f"127.0.0.1:{metrics}",
-             "--poll-interval-ms", "100", "--sample-interval-ms", "1000"],
+             "--poll-interval-ms", "100", "--sample-interval-ms", "1000",
+             "--allocator-socket", str(work / "allocator.sock")],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(agent)
         gpustat = subprocess.Popen(

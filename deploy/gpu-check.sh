@@ -34,7 +34,8 @@ for _ in $(seq 50); do curl -fsS "http://127.0.0.1:$http_port/healthz" >/dev/nul
 
 echo "== running the agent on real NVML for ${seconds}s"
 "$bin/headroom-agent" --source nvml --collector-url "http://127.0.0.1:$grpc_port" \
-  --metrics-listen "127.0.0.1:$metrics_port" >"$work/agent.log" 2>&1 &
+  --metrics-listen "127.0.0.1:$metrics_port" --allocator-socket "$work/allocator.sock" \
+  >"$work/agent.log" 2>&1 &
 agent_pid=$!
 sleep "$seconds"
 if ! kill -0 "$agent_pid" 2>/dev/null; then

@@ -495,6 +495,7 @@ mod tests {
                         slurm_job_id: "7".into(),
                         ..ProcessOwner::default()
                     }),
+                    allocator: None,
                 }],
                 ..Poll::default()
             }),

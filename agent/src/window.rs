@@ -193,9 +193,9 @@ impl SampleWindow {
             .flat_map(BTreeMap::into_values)
             .map(|(last, max)| ProcessSample {
                 timestamp_ms: end_ms,
+                allocator: last.allocator,
                 last,
                 memory_used_max: max,
-                allocator: None,
             })
             .collect();
         processes.sort_by(|a, b| {
@@ -213,6 +213,9 @@ impl SampleWindow {
 /// The newest reading of a process; its owner is shared, not copied.
 fn update(last: &mut ProcessReading, p: &ProcessReading) {
     last.memory_used = p.memory_used;
+    if p.allocator.is_some() {
+        last.allocator = p.allocator;
+    }
     if !Arc::ptr_eq(&last.owner, &p.owner) {
         last.owner = p.owner.clone();
     }
@@ -249,6 +252,7 @@ mod tests {
                 slurm_job_id: "77".into(),
                 ..ProcessOwner::default()
             }),
+            allocator: None,
         }
     }
 

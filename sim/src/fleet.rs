@@ -8,7 +8,7 @@ use std::f64::consts::{PI, TAU};
 use crate::ids::StableHash;
 use crate::model::{Gpu, MigInstance, NodeSpec, Process};
 use crate::shape::Footprint;
-use crate::state::{GpuInfo, GpuState, MigInfo, MigState, ProcessState};
+use crate::state::{AllocatorSnapshot, GpuInfo, GpuState, MigInfo, MigState, ProcessState};
 
 /// Jitter changes ten times a second: fast enough to look alive to a
 /// sub-second poller, slow enough that two reads in one poll agree.
@@ -202,7 +202,7 @@ impl<'a> GpuInstant<'a> {
             .iter()
             .zip(footprints)
             .filter_map(|((process, _), footprint)| {
-                footprint.map(|footprint| process_state(process, footprint))
+                footprint.map(|footprint| process_state(process, footprint, self.t))
             })
             .collect()
     }
@@ -215,8 +215,26 @@ fn total_memory(processes: &[ProcessState]) -> u64 {
         .fold(0, u64::saturating_add)
 }
 
-fn process_state(process: &Process, footprint: Footprint) -> ProcessState {
+/// What CUDA keeps per process outside the allocator.
+const CUDA_CONTEXT_BYTES: u64 = 512 << 20;
+
+fn process_state(process: &Process, footprint: Footprint, t: f64) -> ProcessState {
     let started_s = process.start_s + footprint.incarnation_offset_s;
+    let allocator = process.allocator.map(|a| {
+        let reserved = footprint.bytes.saturating_sub(CUDA_CONTEXT_BYTES);
+        let allocated = (reserved as f64 * (1.0 - a.fragmentation)) as u64;
+        let cache = reserved - allocated.min(reserved);
+        let age_min = ((t - started_s) / 60.0).max(0.0);
+        AllocatorSnapshot {
+            allocated,
+            reserved,
+            active: allocated + cache / 4,
+            inactive_split: cache / 2,
+            peak_allocated: allocated,
+            alloc_retries: (a.retries_per_min * age_min) as u64,
+            ooms: u64::from(a.oom_at_s.is_some_and(|at| t >= at && started_s <= at)),
+        }
+    });
     ProcessState {
         pid: process.pid,
         start_time_ms: (started_s * 1000.0).round() as u64,
@@ -227,5 +245,6 @@ fn process_state(process: &Process, footprint: Footprint) -> ProcessState {
         pod_uid: process.pod_uid.clone(),
         slurm_job_id: process.slurm_job_id.clone(),
         memory_used: footprint.bytes,
+        allocator,
     }
 }

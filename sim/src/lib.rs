@@ -29,4 +29,4 @@ mod validate;
 pub use bytes::{ByteSize, HumanBytes};
 pub use model::NodeSpec;
 pub use scenario::{Scenario, ScenarioError};
-pub use state::{GpuInfo, GpuState, MigInfo, MigState, ProcessState};
+pub use state::{AllocatorSnapshot, GpuInfo, GpuState, MigInfo, MigState, ProcessState};

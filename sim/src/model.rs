@@ -73,6 +73,15 @@ pub(crate) struct Process {
     pub start_s: f64,
     pub end_s: Option<f64>,
     pub memory: MemoryShape,
+    pub allocator: Option<AllocatorModel>,
+}
+
+/// How a reporting process's allocator behaves; see `AllocatorSnapshot`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct AllocatorModel {
+    pub fragmentation: f64,
+    pub retries_per_min: f64,
+    pub oom_at_s: Option<f64>,
 }
 
 impl Process {

@@ -73,4 +73,18 @@ pub(crate) struct ProcessFile {
     pub start_s: Option<f64>,
     pub end_s: Option<f64>,
     pub memory: MemoryShape,
+    /// The process reports its allocator's statistics (a PyTorch job with
+    /// clients/python enabled).
+    pub allocator: Option<AllocatorFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AllocatorFile {
+    /// Share of the allocator's reservation in no live tensor, 0 to < 1.
+    pub fragmentation: Option<f64>,
+    /// `cudaMalloc` retries per minute of the process's life.
+    pub retries_per_min: Option<f64>,
+    /// Scenario time at which the allocator counts an out-of-memory error.
+    pub oom_at_s: Option<f64>,
 }

@@ -57,6 +57,20 @@ pub struct MigState {
     pub processes: Vec<ProcessState>,
 }
 
+/// What a reporting process's allocator says at one instant. The process's
+/// memory is its CUDA context plus the allocator's reservation; the
+/// reservation splits into live tensors and fragmented cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocatorSnapshot {
+    pub allocated: u64,
+    pub reserved: u64,
+    pub active: u64,
+    pub inactive_split: u64,
+    pub peak_allocated: u64,
+    pub alloc_retries: u64,
+    pub ooms: u64,
+}
+
 /// A process holding device memory at one instant.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProcessState {
@@ -74,4 +88,6 @@ pub struct ProcessState {
     pub pod_uid: Arc<str>,
     pub slurm_job_id: Arc<str>,
     pub memory_used: u64,
+    /// For a process that reports its allocator's statistics.
+    pub allocator: Option<AllocatorSnapshot>,
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use crate::bytes::HumanBytes;
 use crate::ids::{gpu_uuid, mig_uuid};
-use crate::model::{Gpu, MigInstance, NodeSpec, Process};
+use crate::model::{AllocatorModel, Gpu, MigInstance, NodeSpec, Process};
 use crate::spec::{GpuFile, MigFile, NodeFile, ProcessFile, ScenarioFile};
 
 pub(crate) const DEFAULT_DRIVER_VERSION: &str = "550.54.15";
@@ -425,6 +425,32 @@ impl<'p> NodeBuilder<'p> {
             ));
         }
 
+        let allocator = file.allocator.map(|a| {
+            let fragmentation = a.fragmentation.unwrap_or(0.1);
+            if !(0.0..1.0).contains(&fragmentation) {
+                self.problem(format!(
+                    "{here}: allocator.fragmentation must be in [0, 1), got {fragmentation}"
+                ));
+            }
+            let retries_per_min = a.retries_per_min.unwrap_or(0.0);
+            if !(retries_per_min.is_finite() && retries_per_min >= 0.0) {
+                self.problem(format!(
+                    "{here}: allocator.retries_per_min must be a finite number >= 0, got {retries_per_min}"
+                ));
+            }
+            if let Some(at) = a.oom_at_s
+                && !(at.is_finite() && at >= 0.0)
+            {
+                self.problem(format!(
+                    "{here}: allocator.oom_at_s must be a finite number >= 0, got {at}"
+                ));
+            }
+            AllocatorModel {
+                fragmentation,
+                retries_per_min,
+                oom_at_s: a.oom_at_s,
+            }
+        });
         Some(Process {
             pid: pid?,
             name: file.name.into(),
@@ -436,6 +462,7 @@ impl<'p> NodeBuilder<'p> {
             start_s,
             end_s: file.end_s,
             memory: file.memory,
+            allocator,
         })
     }
 

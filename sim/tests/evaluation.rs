@@ -104,6 +104,7 @@ fn process_metadata_and_lifetime() {
             pod_uid: "pod-1".into(),
             slurm_job_id: "42".into(),
             memory_used: 10 * GIB,
+            allocator: None,
         }
     );
     let defaults = process(&during, 200).unwrap();
@@ -414,6 +415,61 @@ fn uuids_depend_only_on_node_and_index() {
         only_node(&c).inventory()[0].uuid
     );
 }
+
+#[test]
+fn a_reporting_process_splits_its_memory_into_context_tensors_and_cache() {
+    let s = scenario(
+        r#"
+[[node]]
+name = "n"
+[[node.gpu]]
+model = "H100"
+memory_total = "80GiB"
+[[node.gpu.process]]
+pid = 7
+name = "python train.py"
+start_s = 60
+memory = { shape = "steady", level = "40.5GiB" }
+allocator = { fragmentation = 0.25, retries_per_min = 2.0, oom_at_s = 300 }
+"#,
+    );
+    let node = only_node(&s);
+    let a = process(&gpu_at(node, 0, 240.0), 7)
+        .unwrap()
+        .allocator
+        .unwrap();
+    assert_eq!(a.reserved, 40 * GIB, "40.5 GiB minus the 512 MiB context");
+    assert_eq!(a.allocated, 30 * GIB);
+    assert_eq!(a.inactive_split, 5 * GIB, "half of the 10 GiB cache");
+    assert_eq!(a.alloc_retries, 6, "3 minutes old at 2 a minute");
+    assert_eq!(a.ooms, 0);
+    let later = process(&gpu_at(node, 0, 300.0), 7)
+        .unwrap()
+        .allocator
+        .unwrap();
+    assert_eq!(later.ooms, 1);
+
+    let err = Scenario::from_toml_str(&SINGLE_PROCESS_WITH_ALLOCATOR.replace("0.25", "1.5"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("allocator.fragmentation must be in [0, 1), got 1.5"),
+        "{err}"
+    );
+}
+
+const SINGLE_PROCESS_WITH_ALLOCATOR: &str = r#"
+[[node]]
+name = "n"
+[[node.gpu]]
+model = "H100"
+memory_total = "80GiB"
+[[node.gpu.process]]
+pid = 7
+name = "python train.py"
+memory = { shape = "steady", level = "40GiB" }
+allocator = { fragmentation = 0.25 }
+"#;
 
 #[test]
 fn nodes_are_found_by_name() {

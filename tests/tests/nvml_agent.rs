@@ -48,6 +48,8 @@ async fn agent_on_nvml_reports_memory_mig_layout_changes_and_xid() {
     let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
     let child = Command::new(built("headroom-agent"))
         .args(["--source", "nvml", "--node-name", NODE])
+        .arg("--allocator-socket")
+        .arg(dir.path().join("allocator.sock"))
         .arg("--nvml-library")
         .arg(headroom_tests::fake_nvml::library())
         .arg("--procfs-root")

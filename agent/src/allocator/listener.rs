@@ -33,6 +33,8 @@ pub enum ListenError {
     },
     #[error("{path} exists and is not a socket; refusing to replace it")]
     NotASocket { path: PathBuf },
+    #[error("another process already listens on {path} (a second agent on this host?)")]
+    InUse { path: PathBuf },
     #[error("cannot listen on {path}: {source}")]
     Bind {
         path: PathBuf,
@@ -48,9 +50,9 @@ pub struct ListenerConfig {
     pub max_clients: usize,
 }
 
-/// Binds the socket, replacing a stale one a previous run left, and opens
-/// it to every local user: jobs run as anyone, and the kernel vouches for
-/// who each sender is.
+/// Binds the socket, replacing a stale one a previous run left (but never
+/// one that still answers), and opens it to every local user: jobs run as
+/// anyone, and the kernel vouches for who each sender is.
 pub fn bind(path: &Path) -> Result<UnixListener, ListenError> {
     if let Some(dir) = path.parent()
         && !dir.as_os_str().is_empty()
@@ -62,6 +64,11 @@ pub fn bind(path: &Path) -> Result<UnixListener, ListenError> {
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(ListenError::InUse {
+                    path: path.to_owned(),
+                });
+            }
             let _ = std::fs::remove_file(path);
         }
         Ok(_) => {
@@ -296,6 +303,19 @@ mod tests {
         })
         .await;
         server.abort();
+    }
+
+    #[tokio::test]
+    async fn replaces_a_stale_socket_but_not_a_live_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("allocator.sock");
+        let first = bind(&path).unwrap();
+        let err = bind(&path).unwrap_err().to_string();
+        assert!(err.contains("already listens"), "{err}");
+        drop(first);
+        // The file a dead agent left behind is taken over.
+        assert!(path.exists());
+        bind(&path).unwrap();
     }
 
     #[test]

@@ -86,7 +86,7 @@ impl AllocatorReports {
     }
 
     /// Gives each process sample the allocator counters its process reported
-    /// for that device. A device entry matches by UUID; one without a UUID
+    /// for that device (samples without a report keep what they had). A device entry matches by UUID; one without a UUID
     /// matches when the process reported one device and NVML shows it on
     /// exactly one. Stale reports are dropped here.
     pub fn attach(&self, samples: &mut [ProcessSample]) {
@@ -117,7 +117,10 @@ impl AllocatorReports {
                 && report.devices[0].uuid_key.is_none()
                 && devices_per_pid.get(&s.last.pid) == Some(&1))
             .then(|| &report.devices[0]);
-            s.allocator = by_uuid.or(only_one).map(|d| d.stats);
+            // A report on the socket wins over what the source knew.
+            if let Some(d) = by_uuid.or(only_one) {
+                s.allocator = Some(d.stats);
+            }
         }
     }
 }
@@ -139,6 +142,7 @@ mod tests {
                 start_time_ms: 1,
                 memory_used: 100,
                 owner: Arc::new(ProcessOwner::default()),
+                allocator: None,
             },
             memory_used_max: 100,
             allocator: None,

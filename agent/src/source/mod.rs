@@ -7,6 +7,8 @@ mod sim;
 
 use std::sync::Arc;
 
+use crate::allocator::AllocatorStats;
+
 pub use nvml::{NvmlOptions, NvmlSource};
 pub use sim::SimSource;
 
@@ -118,6 +120,9 @@ pub struct ProcessReading {
     pub start_time_ms: i64,
     pub memory_used: u64,
     pub owner: Arc<ProcessOwner>,
+    /// What the process's allocator says, where the source itself knows
+    /// (the simulator); real processes report on the allocator socket.
+    pub allocator: Option<AllocatorStats>,
 }
 
 /// Who owns a process. Shared between polls: a poll of hundreds of

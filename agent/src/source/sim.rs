@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use headroom_sim::{GpuState, NodeSpec, ProcessState, Scenario};
 
+use crate::allocator::AllocatorStats;
 use crate::time::epoch_ms_now;
 
 use super::{
@@ -58,6 +59,18 @@ impl SimSource {
                 pod_uid: p.pod_uid.to_string(),
                 slurm_job_id: p.slurm_job_id.to_string(),
                 ..ProcessOwner::default()
+            }),
+            // The scenario's allocator model stands in for a job reporting
+            // through clients/python.
+            allocator: p.allocator.map(|a| AllocatorStats {
+                timestamp_ms: epoch_ms_now(),
+                allocated_bytes: a.allocated,
+                reserved_bytes: a.reserved,
+                active_bytes: a.active,
+                inactive_split_bytes: a.inactive_split,
+                peak_allocated_bytes: a.peak_allocated,
+                alloc_retries: a.alloc_retries,
+                ooms: a.ooms,
             }),
         }
     }

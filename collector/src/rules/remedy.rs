@@ -2,8 +2,6 @@
 //! signal that raised it. Short, concrete, and in the job's own terms: the
 //! environment variable to set or the training technique to reach for.
 
-use headroom_sim::HumanBytes;
-
 const EXPANDABLE_SEGMENTS: &str = "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the job's \
      environment (PyTorch 2.1+): segments then grow in place instead of leaving freed blocks too small \
      for the next request.";
@@ -16,10 +14,10 @@ const CUT_THE_PEAK: &str = "Cut the job's peak memory: activation checkpointing 
 /// Memory the allocator holds but cannot hand out.
 pub fn fragmentation(waste: u64, ratio: f64) -> String {
     format!(
-        "The allocator holds {} ({:.0} % of what it reserved) in no live tensor, so other \
-         processes cannot use it and large requests may still fail. {EXPANDABLE_SEGMENTS} Calling \
-         torch.cuda.empty_cache() between phases (after evaluation) hands the cache back.",
-        HumanBytes(waste),
+        "The allocator holds {:.1} GiB ({:.0} % of what it reserved) in no live tensor, so \
+         other processes cannot use it and large requests may still fail. {EXPANDABLE_SEGMENTS} \
+         Calling torch.cuda.empty_cache() between phases (after evaluation) hands the cache back.",
+        waste as f64 / f64::from(1u32 << 30),
         ratio * 100.0
     )
 }
@@ -78,7 +76,11 @@ mod tests {
     #[test]
     fn each_signal_names_its_remedy() {
         assert!(fragmentation(3 << 30, 0.4).contains("expandable_segments:True"));
-        assert!(fragmentation(3 << 30, 0.4).contains("40 %"));
+        assert!(
+            fragmentation(3 << 30, 0.4).contains("3.0 GiB (40 % of what it reserved)"),
+            "{}",
+            fragmentation(3 << 30, 0.4)
+        );
         assert!(alloc_retries(false).contains("activation checkpointing"));
         assert!(!alloc_retries(false).contains("expandable_segments"));
         assert!(alloc_retries(true).contains("expandable_segments"));

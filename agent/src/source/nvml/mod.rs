@@ -388,6 +388,7 @@ impl NvmlSource {
             start_time_ms,
             memory_used: raw.memory_used.unwrap_or(0),
             owner,
+            allocator: None,
         }
     }
 }
