@@ -62,6 +62,8 @@ pub struct AgentConfig {
     pub allocator_socket: PathBuf,
     /// Processes that may report at once; more are refused and counted.
     pub allocator_max_clients: usize,
+    /// Of those, how many one user may hold.
+    pub allocator_max_clients_per_user: usize,
 }
 
 impl Default for AgentConfig {
@@ -83,7 +85,8 @@ impl Default for AgentConfig {
             flush_above: 0.90,
             metrics_listen: SocketAddr::from(([0, 0, 0, 0], 9401)),
             allocator_socket: PathBuf::from("/run/headroom/allocator.sock"),
-            allocator_max_clients: 1024,
+            allocator_max_clients: 256,
+            allocator_max_clients_per_user: 64,
         }
     }
 }
@@ -244,10 +247,16 @@ impl AgentConfig {
                 self.pcie_fallback_interval_ms
             ));
         }
-        if !(1..=65_536).contains(&self.allocator_max_clients) {
+        if !(1..=4096).contains(&self.allocator_max_clients) {
             return invalid(format!(
-                "allocator_max_clients = {} is outside 1..=65536",
+                "allocator_max_clients = {} is outside 1..=4096",
                 self.allocator_max_clients
+            ));
+        }
+        if !(1..=self.allocator_max_clients).contains(&self.allocator_max_clients_per_user) {
+            return invalid(format!(
+                "allocator_max_clients_per_user = {} must be between 1 and allocator_max_clients ({})",
+                self.allocator_max_clients_per_user, self.allocator_max_clients
             ));
         }
         if self.allocator_socket.as_os_str().len() > 107 {

@@ -72,7 +72,7 @@ pub struct AgentHandle {
     metrics_server: Option<tokio::task::JoinHandle<()>>,
     metrics_addr: Option<SocketAddr>,
     metrics: Arc<AgentMetrics>,
-    allocator_listener: Option<(tokio::task::JoinHandle<()>, std::path::PathBuf)>,
+    allocator_listener: Option<listener::ListenerHandle>,
 }
 
 impl AgentHandle {
@@ -95,9 +95,8 @@ impl AgentHandle {
         if let Some(server) = self.metrics_server.take() {
             server.abort();
         }
-        if let Some((listener, path)) = self.allocator_listener.take() {
-            listener.abort();
-            let _ = std::fs::remove_file(path);
+        if let Some(listener) = self.allocator_listener.take() {
+            let _ = tokio::task::spawn_blocking(move || listener.stop()).await;
         }
         self.stop_sampler.store(true, Ordering::Relaxed);
         let _ = self.shutdown.send(true);
@@ -139,24 +138,19 @@ pub fn start(
     // Allocator reports add detail; a socket that cannot be opened is
     // logged and shown in /metrics, and GPU monitoring goes on without it.
     let allocator_listener = match settings.allocator_socket.clone() {
-        Some(config) => match listener::bind(&config.path) {
-            Ok(bound) => {
-                tracing::info!(path = %config.path.display(), "listening for allocator reports");
-                metrics.set_allocator_socket_up(true);
-                let path = config.path.clone();
-                let task = tokio::spawn(listener::serve(
-                    bound,
-                    config,
-                    allocator_reports.clone(),
-                    metrics.clone(),
-                ));
-                Some((task, path))
+        Some(config) => {
+            match listener::spawn(config.clone(), allocator_reports.clone(), metrics.clone()) {
+                Ok(handle) => {
+                    tracing::info!(path = %config.path.display(), "listening for allocator reports");
+                    metrics.set_allocator_socket_up(true);
+                    Some(handle)
+                }
+                Err(error) => {
+                    tracing::error!(%error, "allocator reports are off");
+                    None
+                }
             }
-            Err(error) => {
-                tracing::error!(%error, "allocator reports are off");
-                None
-            }
-        },
+        }
         None => None,
     };
     let (intervals_tx, intervals_rx) = mpsc::channel(16);

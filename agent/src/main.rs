@@ -60,9 +60,12 @@ struct Cli {
     #[arg(long, env = "HEADROOM_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
     /// Unix socket for allocator reports from training processes (default
-    /// /run/headroom/allocator.sock; empty turns it off).
+    /// /run/headroom/allocator.sock).
     #[arg(long, env = "HEADROOM_ALLOCATOR_SOCKET")]
     allocator_socket: Option<PathBuf>,
+    /// Do not open the allocator socket (wins over --allocator-socket).
+    #[arg(long)]
+    no_allocator_socket: bool,
 }
 
 fn main() -> ExitCode {
@@ -102,7 +105,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             poll_interval_ms: cli.poll_interval_ms,
             sample_interval_ms: cli.sample_interval_ms,
             metrics_listen: cli.metrics_listen,
-            allocator_socket: cli.allocator_socket,
+            allocator_socket: if cli.no_allocator_socket {
+                Some(PathBuf::new())
+            } else {
+                cli.allocator_socket
+            },
         },
     )?;
     let (source, node): (Box<dyn GpuSource>, String) = match config.source {
@@ -159,6 +166,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 path: config.allocator_socket.clone(),
                 procfs_root: config.procfs_root.clone(),
                 max_clients: config.allocator_max_clients,
+                max_clients_per_user: config.allocator_max_clients_per_user,
             }
         }),
     };

@@ -227,7 +227,7 @@ async fn pytorch_allocator_reports_reach_the_api_and_raise_alerts_with_remedies(
     assert_eq!(
         allocator["reserved_bytes"],
         50 * GIB,
-        "the impostor's 2 bytes never land"
+        "reports count for the sender's pid as the kernel gives it, never the pid claimed"
     );
     assert_eq!(allocator["fragmentation_bytes"], 20 * GIB);
     assert_eq!(allocator["inactive_split_bytes"], 12 * GIB);

@@ -257,10 +257,13 @@ async fn allocator_reports_are_stored_once_per_report(store: Arc<dyn Store>) {
         sample(ts + 2000, Some(report(ts + 1900, 35 * GIB, 5))),
         fixtures::process_sample(GPU1, ts + 2000, 888, 4 * GIB),
     ];
-    for b in [&b1, &b2, &b3] {
+    // A later batch carrying an older report (an agent's delayed interval)
+    // does not take the latest back.
+    let mut b4 = fixtures::batch(4, ts + 3000);
+    b4.process_samples = vec![sample(ts + 3000, Some(report(ts + 1000, 31 * GIB, 3)))];
+    for b in [&b1, &b2, &b3, &b4] {
         write(&*store, &session, b).await;
     }
-    // A replayed older batch does not take the latest back.
     let procs = store.processes(ts).await.unwrap();
     let trainer = procs.iter().find(|p| p.pid == 777).unwrap();
     let latest = trainer.allocator.as_ref().unwrap();
@@ -293,9 +296,13 @@ async fn allocator_reports_are_stored_once_per_report(store: Arc<dyn Store>) {
         .unwrap();
     assert_eq!(series.start_time_ms, ts - 60_000);
     let retries: Vec<i64> = series.points.iter().map(|p| p.alloc_retries).collect();
-    assert_eq!(retries, vec![2, 5], "one point per report");
+    assert_eq!(
+        retries,
+        vec![2, 3, 5],
+        "one point per report, in report order"
+    );
     assert_eq!(series.points[0].fragmentation_bytes, (20 * GIB) as i64);
-    assert_eq!(series.points[1].reserved_bytes, (50 * GIB) as i64);
+    assert_eq!(series.points[2].reserved_bytes, (50 * GIB) as i64);
     // Folded into one bucket, the highest values survive.
     let one = store
         .allocator_series(&AllocatorSeriesQuery {
@@ -306,7 +313,7 @@ async fn allocator_reports_are_stored_once_per_report(store: Arc<dyn Store>) {
         .unwrap()
         .unwrap();
     assert_eq!(one.points.len(), 1);
-    assert_eq!(one.points[0].reports, 2);
+    assert_eq!(one.points[0].reports, 3);
     assert_eq!(one.points[0].fragmentation_bytes, (20 * GIB) as i64);
     assert_eq!(one.points[0].alloc_retries, 5);
     assert!(

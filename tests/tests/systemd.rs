@@ -116,7 +116,7 @@ fn agent_reports_ready_and_feeds_the_watchdog() {
         .args(["--collector-url", "http://127.0.0.1:1"])
         .args(["--metrics-listen", "127.0.0.1:0"])
         // Not the host's /run/headroom.
-        .args(["--allocator-socket", ""]);
+        .arg("--no-allocator-socket");
     assert_ready_then_fed(&notifications(agent));
 }
 

@@ -1,28 +1,35 @@
 //! The local socket training processes report on. Every connection is tied
 //! to its sender by the kernel (`SO_PEERCRED`): a report counts only for the
 //! process that holds the connection, whatever pid it claims, and one that
-//! claims another process's pid is refused. Bounded in clients, line length
-//! and rate, so a misbehaving job cannot make the agent miss a GPU poll.
+//! claims another process's pid is refused. Bounded in clients (overall and
+//! per user), line length, rate and idle time, and served on a thread of its
+//! own, so a misbehaving job can neither starve the uplink nor make the agent
+//! miss a GPU poll.
 
+use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::Semaphore;
+use tokio::sync::watch;
 use tokio_stream::StreamExt;
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
-use super::AllocatorReports;
 use super::report::{self, MAX_LINE_BYTES};
-use crate::attribution::process::parse_status;
+use super::{AllocatorReports, Sender};
+use crate::attribution::process::{parse_btime, parse_stat, parse_status, start_time_ms};
 use crate::metrics::{AgentMetrics, AllocatorOutcome};
+use crate::time::epoch_ms_now;
 
-/// Reports closer together than this from one connection are dropped: the
-/// client sends one a second, and the sampler joins one per interval.
-const MIN_REPORT_SPACING: Duration = Duration::from_millis(100);
+/// Lines closer together than this on one connection are dropped unread:
+/// the client sends one a second, and the sampler joins one per interval.
+const MIN_LINE_SPACING: Duration = Duration::from_millis(100);
+/// A connection that sends no line for this long is closed (the client
+/// reconnects on its next report).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ListenError {
@@ -40,20 +47,26 @@ pub enum ListenError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot start the allocator socket's thread: {0}")]
+    Thread(std::io::Error),
 }
 
 #[derive(Debug, Clone)]
 pub struct ListenerConfig {
     pub path: PathBuf,
-    /// The host's /proc, to learn a sender's pid inside its own namespace.
+    /// The host's /proc, to learn a sender's start time and its pid inside
+    /// its own namespace.
     pub procfs_root: PathBuf,
     pub max_clients: usize,
+    /// Connections one user may hold at once, so one user's jobs cannot
+    /// lock out everyone else's.
+    pub max_clients_per_user: usize,
 }
 
 /// Binds the socket, replacing a stale one a previous run left (but never
 /// one that still answers), and opens it to every local user: jobs run as
 /// anyone, and the kernel vouches for who each sender is.
-pub fn bind(path: &Path) -> Result<UnixListener, ListenError> {
+pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ListenError> {
     if let Some(dir) = path.parent()
         && !dir.as_os_str().is_empty()
     {
@@ -82,23 +95,92 @@ pub fn bind(path: &Path) -> Result<UnixListener, ListenError> {
         path: path.to_owned(),
         source,
     };
-    let listener = UnixListener::bind(path).map_err(bind_error)?;
+    let listener = std::os::unix::net::UnixListener::bind(path).map_err(bind_error)?;
+    listener.set_nonblocking(true).map_err(bind_error)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(bind_error)?;
     Ok(listener)
 }
 
-/// Accepts reporters until the task is aborted.
-pub async fn serve(
-    listener: UnixListener,
+/// The listener's thread; dropping or stopping it ends the thread and
+/// removes the socket file.
+#[derive(Debug)]
+pub struct ListenerHandle {
+    path: PathBuf,
+    stop: watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ListenerHandle {
+    pub fn stop(mut self) {
+        self.shut_down();
+    }
+
+    fn shut_down(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl Drop for ListenerHandle {
+    fn drop(&mut self) {
+        self.shut_down();
+    }
+}
+
+/// Binds and serves on a thread with a runtime of its own.
+pub fn spawn(
     config: ListenerConfig,
     reports: Arc<AllocatorReports>,
     metrics: Arc<AgentMetrics>,
+) -> Result<ListenerHandle, ListenError> {
+    let listener = bind(&config.path)?;
+    let (stop, stopped) = watch::channel(false);
+    let path = config.path.clone();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ListenError::Thread)?;
+    let thread = std::thread::Builder::new()
+        .name("headroom-allocator".into())
+        .spawn(move || runtime.block_on(serve(listener, config, reports, metrics, stopped)))
+        .map_err(ListenError::Thread)?;
+    Ok(ListenerHandle {
+        path,
+        stop,
+        thread: Some(thread),
+    })
+}
+
+/// Accepts reporters until `stop` turns true.
+pub async fn serve(
+    listener: std::os::unix::net::UnixListener,
+    config: ListenerConfig,
+    reports: Arc<AllocatorReports>,
+    metrics: Arc<AgentMetrics>,
+    mut stop: watch::Receiver<bool>,
 ) {
-    let slots = Arc::new(Semaphore::new(config.max_clients));
-    let connections = AtomicU64::new(0);
-    let procfs_root = Arc::new(config.procfs_root);
+    let listener = match UnixListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::error!(%error, "allocator socket: cannot serve");
+            return;
+        }
+    };
+    let per_user: Arc<Mutex<HashMap<u32, usize>>> = Arc::default();
+    let open = Arc::new(AtomicU64::new(0));
+    let mut next_connection: u64 = 0;
+    let config = Arc::new(config);
+    let mut tasks = tokio::task::JoinSet::new();
     loop {
-        let stream = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.changed() => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+        };
+        let stream = match accepted {
             Ok((stream, _)) => stream,
             Err(error) => {
                 tracing::warn!(%error, "allocator socket: accept failed");
@@ -106,24 +188,73 @@ pub async fn serve(
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
+        let Some(slot) = Slot::claim(&stream, &config, &per_user, &open) else {
             metrics.record_allocator(AllocatorOutcome::RefusedClient);
             tracing::warn!(
                 max_clients = config.max_clients,
+                max_clients_per_user = config.max_clients_per_user,
                 "allocator socket: too many reporting processes; connection refused"
             );
             continue;
         };
-        let connection = connections.fetch_add(1, Ordering::Relaxed);
+        next_connection += 1;
+        let connection = next_connection;
         let reports = reports.clone();
         let metrics = metrics.clone();
-        let procfs_root = procfs_root.clone();
-        tokio::spawn(async move {
+        let config = config.clone();
+        tasks.spawn(async move {
             metrics.allocator_client_connected(true);
-            handle(stream, connection, &procfs_root, &reports, &metrics).await;
+            handle(stream, connection, &config.procfs_root, &reports, &metrics).await;
             metrics.allocator_client_connected(false);
             drop(slot);
         });
+    }
+}
+
+/// A connection's place under the overall and per-user limits, given back
+/// when it closes.
+struct Slot {
+    uid: u32,
+    per_user: Arc<Mutex<HashMap<u32, usize>>>,
+    open: Arc<AtomicU64>,
+}
+
+impl Slot {
+    fn claim(
+        stream: &UnixStream,
+        config: &ListenerConfig,
+        per_user: &Arc<Mutex<HashMap<u32, usize>>>,
+        open: &Arc<AtomicU64>,
+    ) -> Option<Self> {
+        let uid = stream.peer_cred().ok()?.uid();
+        let mut users = per_user.lock().ok()?;
+        let mine = users.entry(uid).or_default();
+        if open.load(Ordering::Relaxed) >= config.max_clients as u64
+            || *mine >= config.max_clients_per_user
+        {
+            return None;
+        }
+        *mine += 1;
+        open.fetch_add(1, Ordering::Relaxed);
+        Some(Self {
+            uid,
+            per_user: per_user.clone(),
+            open: open.clone(),
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+        if let Ok(mut users) = self.per_user.lock()
+            && let Some(count) = users.get_mut(&self.uid)
+        {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                users.remove(&self.uid);
+            }
+        }
     }
 }
 
@@ -146,8 +277,13 @@ async fn handle(
         return;
     };
     let own_pids = pids_of(pid, procfs_root);
+    let sender = Sender {
+        pid,
+        start_time_ms: start_time_of(pid, procfs_root),
+        connection,
+    };
     let mut lines = FramedRead::new(stream, LinesCodec::new_with_max_length(MAX_LINE_BYTES));
-    let mut last_accepted: Option<Instant> = None;
+    let mut last_line: Option<Instant> = None;
     let mut complained = false;
     let mut complain = |what: String| {
         if complained {
@@ -157,24 +293,37 @@ async fn handle(
             tracing::warn!(pid, "allocator report refused: {what}");
         }
     };
-    while let Some(line) = lines.next().await {
-        let line = match line {
-            Ok(line) => line,
-            Err(LinesCodecError::MaxLineLengthExceeded) => {
+    loop {
+        let line = match tokio::time::timeout(IDLE_TIMEOUT, lines.next()).await {
+            Err(_) => {
+                tracing::debug!(pid, "allocator socket: idle connection closed");
+                break;
+            }
+            Ok(None) => break,
+            Ok(Some(Ok(line))) => line,
+            Ok(Some(Err(LinesCodecError::MaxLineLengthExceeded))) => {
                 metrics.record_allocator(AllocatorOutcome::TooLong);
                 complain(format!(
                     "a line longer than {MAX_LINE_BYTES} bytes; connection closed"
                 ));
                 break;
             }
-            Err(LinesCodecError::Io(error)) => {
+            Ok(Some(Err(LinesCodecError::Io(error)))) => {
                 // Invalid UTF-8 lands here too.
                 metrics.record_allocator(AllocatorOutcome::Malformed);
                 complain(format!("unreadable input ({error}); connection closed"));
                 break;
             }
         };
-        match report::parse(line.as_bytes()) {
+        // Every line counts against the rate, and a line over it is not
+        // even parsed: a flood costs the agent a read, no more.
+        let now = Instant::now();
+        if last_line.is_some_and(|t| now.duration_since(t) < MIN_LINE_SPACING) {
+            metrics.record_allocator(AllocatorOutcome::RateLimited);
+            continue;
+        }
+        last_line = Some(now);
+        match report::parse(line.as_bytes(), epoch_ms_now()) {
             Err(error) => {
                 metrics.record_allocator(AllocatorOutcome::Malformed);
                 complain(error.to_string());
@@ -187,14 +336,8 @@ async fn handle(
                 ));
             }
             Ok(report) => {
-                let now = Instant::now();
-                if last_accepted.is_some_and(|t| now.duration_since(t) < MIN_REPORT_SPACING) {
-                    metrics.record_allocator(AllocatorOutcome::RateLimited);
-                    continue;
-                }
-                last_accepted = Some(now);
                 metrics.record_allocator(AllocatorOutcome::Accepted);
-                reports.record(pid, connection, report.devices);
+                reports.record(sender, report.devices);
             }
         }
     }
@@ -213,6 +356,14 @@ fn pids_of(pid: u32, procfs_root: &Path) -> Vec<u32> {
         pids.push(*inner);
     }
     pids
+}
+
+/// When the sender started (epoch ms), as attribution computes it for the
+/// NVML samples the report will be joined to.
+fn start_time_of(pid: u32, procfs_root: &Path) -> Option<i64> {
+    let stat = std::fs::read(procfs_root.join(pid.to_string()).join("stat")).ok()?;
+    let btime = parse_btime(&std::fs::read_to_string(procfs_root.join("stat")).ok()?)?;
+    start_time_ms(btime, parse_stat(&stat)?.start_ticks)
 }
 
 #[cfg(test)]
@@ -254,9 +405,6 @@ mod tests {
     async fn accepts_its_own_pid_refuses_another_and_cuts_overlong_lines() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run/allocator.sock");
-        let listener = bind(&path).unwrap();
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o666, "every local user may report");
         let reports = Arc::new(AllocatorReports::default());
         let metrics = AgentMetrics::new(
             "n",
@@ -265,35 +413,56 @@ mod tests {
                 gpus: vec![],
             },
         );
-        let server = tokio::spawn(serve(
-            listener,
+        let server = spawn(
             ListenerConfig {
                 path: path.clone(),
                 procfs_root: PathBuf::from("/proc"),
-                max_clients: 4,
+                max_clients: 8,
+                max_clients_per_user: 2,
             },
             reports.clone(),
             metrics.clone(),
-        ));
+        )
+        .unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o666, "every local user may report");
 
         let own = std::process::id();
         let mut client = std::os::unix::net::UnixStream::connect(&path).unwrap();
-        // Another process's pid first: refused, nothing recorded.
-        client.write_all(line(own + 1, 5).as_bytes()).unwrap();
-        client.write_all(b"{\"v\":1,\n").unwrap();
+        // Another process's pid: refused, nothing recorded. The garbage line
+        // right behind it is over the rate and dropped unread.
+        let burst = format!("{}{{\"v\":1,\n", line(own + 1, 5));
+        client.write_all(burst.as_bytes()).unwrap();
         until("the refusals", || {
-            counter(&metrics, "wrong_pid") == 1 && counter(&metrics, "malformed") == 1
+            counter(&metrics, "wrong_pid") == 1 && counter(&metrics, "rate_limited") == 1
         })
         .await;
         assert!(reports.is_empty());
+        std::thread::sleep(MIN_LINE_SPACING);
+        client.write_all(b"{\"v\":1,\n").unwrap();
+        until("the malformed line", || counter(&metrics, "malformed") == 1).await;
+        std::thread::sleep(MIN_LINE_SPACING);
         client.write_all(line(own, 7).as_bytes()).unwrap();
         until("the report", || reports.len() == 1).await;
-        // Too fast after the last one: dropped.
-        client.write_all(line(own, 9).as_bytes()).unwrap();
-        until("rate limiting", || counter(&metrics, "rate_limited") == 1).await;
         assert_eq!(counter(&metrics, "accepted"), 1);
 
+        // This user's second connection is allowed, the third is not.
+        let second = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        let third = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        until("the per-user limit", || {
+            counter(&metrics, "refused_client") == 1
+        })
+        .await;
+        drop(second);
+        drop(third);
+
         // A line past the limit ends that connection only.
+        until("the freed slot", || {
+            metrics
+                .render()
+                .contains("headroom_agent_allocator_clients{node=\"n\"} 1")
+        })
+        .await;
         let mut flooder = std::os::unix::net::UnixStream::connect(&path).unwrap();
         let _ = flooder.write_all(&vec![b'x'; MAX_LINE_BYTES + 2]);
         until("the overlong line", || counter(&metrics, "too_long") == 1).await;
@@ -302,11 +471,12 @@ mod tests {
             reports.is_empty()
         })
         .await;
-        server.abort();
+        server.stop();
+        assert!(!path.exists(), "the socket is removed on stop");
     }
 
-    #[tokio::test]
-    async fn replaces_a_stale_socket_but_not_a_live_one() {
+    #[test]
+    fn replaces_a_stale_socket_but_not_a_live_one() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("allocator.sock");
         let first = bind(&path).unwrap();

@@ -21,14 +21,28 @@ use crate::window::ProcessSample;
 
 /// A report older than this is not joined: the process stopped reporting.
 const DEFAULT_FRESH_FOR: Duration = Duration::from_secs(5);
+/// Start times from two reads of /proc may differ by the rounding of
+/// clock ticks and a drifting boot time; a reused pid starts much later.
+const START_TIME_TOLERANCE_MS: i64 = 2_000;
 
 #[derive(Debug)]
 struct Latest {
     /// The connection that sent it, so a closed connection withdraws only
     /// its own report.
     connection: u64,
+    /// When the connecting process started (epoch ms), so a report is never
+    /// joined to a later process that reuses the pid.
+    start_time_ms: Option<i64>,
     received: Instant,
     devices: Vec<DeviceReport>,
+}
+
+/// Who sent a report, as the kernel and /proc say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sender {
+    pub pid: u32,
+    pub start_time_ms: Option<i64>,
+    pub connection: u64,
 }
 
 /// The newest report of every process currently reporting, by host pid.
@@ -52,14 +66,15 @@ impl AllocatorReports {
         }
     }
 
-    /// Records a verified report; `pid` is the sender's host pid as the
-    /// kernel gave it, never the pid the report claims.
-    pub fn record(&self, pid: u32, connection: u64, devices: Vec<DeviceReport>) {
+    /// Records a verified report under the sender's host pid as the kernel
+    /// gave it, never the pid the report claims.
+    pub fn record(&self, sender: Sender, devices: Vec<DeviceReport>) {
         if let Ok(mut latest) = self.latest.lock() {
             latest.insert(
-                pid,
+                sender.pid,
                 Latest {
-                    connection,
+                    connection: sender.connection,
+                    start_time_ms: sender.start_time_ms,
                     received: Instant::now(),
                     devices,
                 },
@@ -108,6 +123,12 @@ impl AllocatorReports {
             let Some(report) = latest.get(&s.last.pid) else {
                 continue;
             };
+            if let Some(started) = report.start_time_ms
+                && s.last.start_time_ms != 0
+                && (started - s.last.start_time_ms).abs() > START_TIME_TOLERANCE_MS
+            {
+                continue;
+            }
             let key = report::uuid_key(&s.last.device_uuid);
             let by_uuid = report
                 .devices
@@ -160,12 +181,32 @@ mod tests {
         }
     }
 
+    fn sender(pid: u32, connection: u64) -> Sender {
+        Sender {
+            pid,
+            start_time_ms: Some(1),
+            connection,
+        }
+    }
+
+    #[test]
+    fn a_reused_pid_does_not_inherit_the_report() {
+        let reports = AllocatorReports::default();
+        reports.record(sender(7, 1), vec![device(Some("aa"), 10)]);
+        let mut same = vec![sample(7, "GPU-aa")];
+        reports.attach(&mut same);
+        assert!(same[0].allocator.is_some());
+        let mut reused = vec![sample(7, "GPU-aa")];
+        reused[0].last.start_time_ms = 1 + 60_000;
+        reports.attach(&mut reused);
+        assert_eq!(reused[0].allocator, None);
+    }
+
     #[test]
     fn joins_by_uuid_whatever_the_prefix() {
         let reports = AllocatorReports::default();
         reports.record(
-            7,
-            1,
+            sender(7, 1),
             vec![device(Some("aa"), 10), device(Some("MIG-BB"), 20)],
         );
         let mut samples = vec![
@@ -182,7 +223,7 @@ mod tests {
     #[test]
     fn a_report_without_uuid_joins_only_where_it_is_unambiguous() {
         let reports = AllocatorReports::default();
-        reports.record(7, 1, vec![device(None, 10)]);
+        reports.record(sender(7, 1), vec![device(None, 10)]);
         let mut one = vec![sample(7, "GPU-aa")];
         reports.attach(&mut one);
         assert_eq!(one[0].allocator.unwrap().reserved_bytes, 10);
@@ -194,7 +235,7 @@ mod tests {
     #[test]
     fn stale_and_withdrawn_reports_are_not_joined() {
         let reports = AllocatorReports::new(Duration::ZERO);
-        reports.record(7, 1, vec![device(Some("aa"), 10)]);
+        reports.record(sender(7, 1), vec![device(Some("aa"), 10)]);
         std::thread::sleep(Duration::from_millis(2));
         let mut samples = vec![sample(7, "GPU-aa")];
         reports.attach(&mut samples);
@@ -202,7 +243,7 @@ mod tests {
         assert!(reports.is_empty(), "stale reports are dropped");
 
         let reports = AllocatorReports::default();
-        reports.record(7, 2, vec![device(Some("aa"), 10)]);
+        reports.record(sender(7, 2), vec![device(Some("aa"), 10)]);
         reports.forget(7, 1);
         assert_eq!(reports.len(), 1, "an older connection cannot withdraw it");
         reports.forget(7, 2);

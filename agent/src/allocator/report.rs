@@ -4,8 +4,9 @@
 
 use serde::Deserialize;
 
-/// A line longer than this is refused before it is parsed.
-pub const MAX_LINE_BYTES: usize = 64 * 1024;
+/// A line longer than this is refused before it is parsed (64 devices take
+/// about 20 KiB).
+pub const MAX_LINE_BYTES: usize = 32 * 1024;
 /// Devices one process can report (a DGX node has 8; MIG can make 56).
 pub const MAX_DEVICES: usize = 64;
 const MAX_UUID_BYTES: usize = 96;
@@ -27,7 +28,10 @@ pub enum ReportError {
 struct WireReport {
     v: u32,
     pid: u32,
-    ts_ms: i64,
+    /// The sender's clock; the agent stamps reports with its own receive
+    /// time instead, so a wrong clock cannot get a batch refused.
+    #[serde(rename = "ts_ms")]
+    _sender_ts_ms: i64,
     devices: Vec<WireDevice>,
 }
 
@@ -87,7 +91,8 @@ pub fn uuid_key(uuid: &str) -> String {
     bare.to_ascii_lowercase()
 }
 
-pub fn parse(line: &[u8]) -> Result<Report, ReportError> {
+/// Parses one line received at `received_ms` (the agent's clock).
+pub fn parse(line: &[u8], received_ms: i64) -> Result<Report, ReportError> {
     let wire: WireReport =
         serde_json::from_slice(line).map_err(|e| ReportError::Malformed(e.to_string()))?;
     if wire.v != 1 {
@@ -99,7 +104,7 @@ pub fn parse(line: &[u8]) -> Result<Report, ReportError> {
     let devices = wire
         .devices
         .into_iter()
-        .map(|d| device(d, wire.ts_ms))
+        .map(|d| device(d, received_ms))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Report {
         claimed_pid: wire.pid,
@@ -126,9 +131,6 @@ fn device(d: WireDevice, timestamp_ms: i64) -> Result<DeviceReport, ReportError>
             )));
         }
     }
-    if d.reserved_bytes > i64::MAX as u64 || d.alloc_retries > i64::MAX as u64 {
-        return Err(bad("counter out of range".into()));
-    }
     let uuid_key = match d.uuid.as_deref() {
         None | Some("") => None,
         Some(u)
@@ -147,17 +149,23 @@ fn device(d: WireDevice, timestamp_ms: i64) -> Result<DeviceReport, ReportError>
     Ok(DeviceReport {
         index: d.index,
         uuid_key,
+        // The collector stores signed 64-bit values; clamping here keeps an
+        // absurd counter from getting the whole batch refused there.
         stats: AllocatorStats {
             timestamp_ms,
-            allocated_bytes: d.allocated_bytes,
-            reserved_bytes: d.reserved_bytes,
-            active_bytes: d.active_bytes,
-            inactive_split_bytes: d.inactive_split_bytes,
-            peak_allocated_bytes: d.peak_allocated_bytes,
-            alloc_retries: d.alloc_retries,
-            ooms: d.ooms.min(i64::MAX as u64),
+            allocated_bytes: clamp(d.allocated_bytes),
+            reserved_bytes: clamp(d.reserved_bytes),
+            active_bytes: clamp(d.active_bytes),
+            inactive_split_bytes: clamp(d.inactive_split_bytes),
+            peak_allocated_bytes: clamp(d.peak_allocated_bytes),
+            alloc_retries: clamp(d.alloc_retries),
+            ooms: clamp(d.ooms),
         },
     })
+}
+
+fn clamp(value: u64) -> u64 {
+    value.min(i64::MAX as u64)
 }
 
 #[cfg(test)]
@@ -169,19 +177,22 @@ mod tests {
 
     #[test]
     fn reads_what_the_python_client_writes() {
-        let report = parse(GOOD.as_bytes()).unwrap();
+        let report = parse(GOOD.as_bytes(), 5).unwrap();
         assert_eq!(report.claimed_pid, 4242);
         let d = &report.devices[0];
         assert_eq!(d.uuid_key.as_deref(), Some("ab12-cd"));
         assert_eq!(d.stats.reserved_bytes, 30);
         assert_eq!(d.stats.alloc_retries, 2);
-        assert_eq!(d.stats.timestamp_ms, 1_700_000_000_000);
+        assert_eq!(
+            d.stats.timestamp_ms, 5,
+            "the agent's clock, not the sender's"
+        );
     }
 
     #[test]
     fn uuid_is_optional_and_prefixes_do_not_matter() {
         let line = GOOD.replace(r#""uuid":"GPU-AB12-cd","#, "");
-        assert_eq!(parse(line.as_bytes()).unwrap().devices[0].uuid_key, None);
+        assert_eq!(parse(line.as_bytes(), 1).unwrap().devices[0].uuid_key, None);
         assert_eq!(uuid_key("MIG-Ab"), uuid_key("ab"));
         assert_eq!(uuid_key("GPU-ab"), "ab");
     }
@@ -211,13 +222,29 @@ mod tests {
             ("not json".to_owned(), "not a report"),
         ];
         for (line, expected) in cases {
-            let err = parse(line.as_bytes()).unwrap_err().to_string();
+            let err = parse(line.as_bytes(), 1).unwrap_err().to_string();
             assert!(err.contains(expected), "{line}: {err}");
         }
         let many = format!(
             r#"{{"v":1,"pid":1,"ts_ms":1,"devices":[{}]}}"#,
             vec![r#"{"index":0,"allocated_bytes":0,"reserved_bytes":0,"active_bytes":0,"inactive_split_bytes":0,"peak_allocated_bytes":0,"alloc_retries":0,"ooms":0}"#; 65].join(",")
         );
-        assert_eq!(parse(many.as_bytes()), Err(ReportError::TooManyDevices(65)));
+        assert_eq!(
+            parse(many.as_bytes(), 1),
+            Err(ReportError::TooManyDevices(65))
+        );
+    }
+
+    #[test]
+    fn counters_past_what_the_collector_stores_are_clamped() {
+        let line = GOOD
+            .replace(
+                "\"reserved_bytes\":30",
+                "\"reserved_bytes\":18446744073709551615",
+            )
+            .replace("\"ooms\":1", "\"ooms\":18446744073709551615");
+        let stats = parse(line.as_bytes(), 1).unwrap().devices[0].stats;
+        assert_eq!(stats.reserved_bytes, i64::MAX as u64);
+        assert_eq!(stats.ooms, i64::MAX as u64);
     }
 }

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 WIRE_VERSION = 1
 MAX_DEVICES = 64
-MAX_LINE_BYTES = 65536  # including the terminating newline
+MAX_LINE_BYTES = 32768  # including the terminating newline (the agent refuses longer lines)
 
 # Counter fields, in wire order (after "index" and "uuid").
 COUNTER_FIELDS = (

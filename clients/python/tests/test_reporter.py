@@ -122,7 +122,7 @@ class DeliveryTest(ReporterTestCase):
         reporter = self.reporter(lambda: [dict(DEVICE, index=i) for i in range(100)])
         reporter.tick()
         number, pid, line = agent.lines.get(timeout=5)
-        self.assertLessEqual(len(line) + 1, 65536)
+        self.assertLessEqual(len(line) + 1, 32768)
         devices = json.loads(line)["devices"]
         self.assertEqual([d["index"] for d in devices], list(range(64)))
 

@@ -195,6 +195,7 @@ impl Alerting {
                         allocated: u64::try_from(a.allocated).unwrap_or(0),
                         reserved: u64::try_from(a.reserved).unwrap_or(0),
                         inactive_split: u64::try_from(a.inactive_split).unwrap_or(0),
+                        peak_allocated: u64::try_from(a.peak_allocated).unwrap_or(0),
                         alloc_retries: u64::try_from(a.alloc_retries).unwrap_or(0),
                         ooms: u64::try_from(a.ooms).unwrap_or(0),
                     }),

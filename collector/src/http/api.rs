@@ -85,17 +85,19 @@ impl SeriesQuery {
     /// checked.
     fn resolve(&self, now_ms: i64) -> Result<(i64, i64, u32), ApiError> {
         let to = self.to.unwrap_or(now_ms);
-        let from = self.from.unwrap_or(to - DEFAULT_RANGE_MS);
+        let from = self.from.unwrap_or(to.saturating_sub(DEFAULT_RANGE_MS));
         if from >= to {
             return Err(ApiError::BadRequest(format!(
                 "`from` ({from}) must be before `to` ({to})"
             )));
         }
-        if to - from > MAX_RANGE_MS {
-            return Err(ApiError::BadRequest(format!(
-                "range of {} days is longer than the 400-day limit",
-                (to - from) / 86_400_000
-            )));
+        match to.checked_sub(from) {
+            Some(span) if span <= MAX_RANGE_MS => {}
+            _ => {
+                return Err(ApiError::BadRequest(format!(
+                    "range from {from} to {to} is longer than the 400-day limit"
+                )));
+            }
         }
         let max_points = self.max_points.unwrap_or(1000);
         if !(1..=10_000).contains(&max_points) {

@@ -332,11 +332,13 @@ pub fn batch(
                 p.start_time_ms
             ));
         }
-        let allocator = p
-            .allocator
-            .as_ref()
-            .map(|a| allocator_row(&at, a, now_ms, limits))
-            .transpose()?;
+        // Allocator figures come from the job itself, not from NVML: an
+        // impossible one is dropped and logged, the sample is kept.
+        let allocator = p.allocator.as_ref().and_then(|a| {
+            allocator_row(&at, a, now_ms, limits)
+                .map_err(|error| tracing::warn!(node = %b.node, %error, "allocator stats dropped"))
+                .ok()
+        });
         process_samples.push(ProcessSampleRow {
             device_id: id,
             timestamp_ms: ts,

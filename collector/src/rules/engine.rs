@@ -170,12 +170,18 @@ struct ProcessState {
 /// Allocator reports older than this no longer hold an allocator alert up.
 const ALLOCATOR_STALE_MS: i64 = 60_000;
 
+/// Advice goes with a pending or firing alert, not with its resolution.
 fn with_remedy(
     change: Option<AlertChange>,
     remedy: impl FnOnce() -> String,
 ) -> Option<AlertChange> {
     change.map(|mut c| {
-        c.remedy = remedy();
+        if matches!(
+            c.transition,
+            Transition::Pending { .. } | Transition::Firing { .. }
+        ) {
+            c.remedy = remedy();
+        }
         c
     })
 }
@@ -533,8 +539,8 @@ impl Engine {
             .last()
             .filter(|a| o.timestamp_ms - a.timestamp_ms <= ALLOCATOR_STALE_MS)
             .copied();
-        let fragmented = fresh_report
-            .is_some_and(|a| a.fragmentation_ratio() >= self.config.fragmentation.min_ratio);
+        let fragmented =
+            fresh_report.is_some_and(|a| a.waste_ratio() >= self.config.fragmentation.min_ratio);
         let labels = &state.labels;
 
         let l = &self.config.leak;
@@ -627,12 +633,11 @@ impl Engine {
             let scale = if held { 0.75 } else { 1.0 };
             let condition = report
                 .filter(|a| {
-                    a.fragmentation() as f64 >= f.min_waste.0 as f64 * scale
-                        && a.fragmentation_ratio() >= f.min_ratio * scale
+                    a.waste() as f64 >= f.min_waste.0 as f64 * scale
+                        && a.waste_ratio() >= f.min_ratio * scale
                 })
                 .map(|_| Severity::Warning);
-            let (waste, ratio) =
-                report.map_or((0, 0.0), |a| (a.fragmentation(), a.fragmentation_ratio()));
+            let (waste, ratio) = report.map_or((0, 0.0), |a| (a.waste(), a.waste_ratio()));
             out.extend(with_remedy(
                 Self::change(
                     &mut state.fragmentation,
@@ -644,17 +649,20 @@ impl Engine {
                     || match report.filter(|_| condition.is_some()) {
                         Some(a) => (
                             format!(
-                                "{} on {}: the allocator holds {} but only {} is in live tensors; {} ({:.0} %) is fragmented cache",
+                                "{} on {}: the allocator holds {} but its tensors never needed more than {} (now {}); {} ({:.0} %) is cache even the peak leaves unused",
                                 process_name(labels),
                                 device_name(labels),
                                 HumanBytes(a.reserved),
+                                HumanBytes(a.peak_allocated.max(a.allocated)),
                                 HumanBytes(a.allocated),
-                                HumanBytes(a.fragmentation()),
-                                a.fragmentation_ratio() * 100.0,
+                                HumanBytes(a.waste()),
+                                a.waste_ratio() * 100.0,
                             ),
                             serde_json::json!({
                                 "allocated_bytes": a.allocated, "reserved_bytes": a.reserved,
-                                "fragmentation_bytes": a.fragmentation(), "fragmentation_ratio": a.fragmentation_ratio(),
+                                "peak_allocated_bytes": a.peak_allocated,
+                                "waste_bytes": a.waste(), "waste_ratio": a.waste_ratio(),
+                                "fragmentation_bytes": a.fragmentation(),
                                 "inactive_split_bytes": a.inactive_split,
                             }),
                         ),
@@ -671,7 +679,12 @@ impl Engine {
         let r = &self.config.alloc_retries;
         if r.enabled {
             let held = state.alloc_retries.lifecycle.is_active();
-            let recent = state.allocator.retries_in_window();
+            // Counts from a report that stopped coming say nothing about now.
+            let recent = if report.is_some() {
+                state.allocator.retries_in_window()
+            } else {
+                0
+            };
             let condition = (recent >= u64::from(r.min_retries)
                 || (held && state.allocator.retried_within(r.window.ms(), now)))
             .then_some(Severity::Warning);
@@ -940,6 +953,9 @@ impl Engine {
                 for (tracked, rule) in [
                     (&mut p.leak, "leak"),
                     (&mut p.watermark, "process_watermark"),
+                    (&mut p.fragmentation, "fragmentation"),
+                    (&mut p.alloc_retries, "alloc_retries"),
+                    (&mut p.allocator_oom, "allocator_oom"),
                 ] {
                     let labels = &p.labels;
                     out.extend(Self::change(tracked, rule, now_ms, None, 0, labels, || {
@@ -1298,6 +1314,7 @@ mod tests {
             allocated,
             reserved,
             inactive_split: reserved - allocated,
+            peak_allocated: allocated,
             alloc_retries: retries,
             ooms,
         })
@@ -1322,7 +1339,9 @@ mod tests {
             .collect();
         assert_eq!(fired.len(), 1, "{all:?}");
         assert!(
-            fired[0].summary.contains("20 GiB (40 %) is fragmented"),
+            fired[0]
+                .summary
+                .contains("20 GiB (40 %) is cache even the peak leaves unused"),
             "{}",
             fired[0].summary
         );
@@ -1336,10 +1355,21 @@ mod tests {
         let held = e.observe_process(&training(240_000, stats(240_000, 32 * GIB, 50 * GIB, 0, 0)));
         assert!(transitions(&held, "fragmentation").is_empty());
         let done = e.observe_process(&training(300_000, stats(300_000, 45 * GIB, 50 * GIB, 0, 0)));
-        assert_eq!(
-            transitions(&done, "fragmentation"),
-            vec![Transition::Resolved]
-        );
+        let resolved: Vec<&AlertChange> =
+            done.iter().filter(|c| c.rule == "fragmentation").collect();
+        assert_eq!(resolved.len(), 1);
+        assert_eq!(resolved[0].transition, Transition::Resolved);
+        assert!(resolved[0].remedy.is_empty(), "no advice on resolution");
+
+        // Between steps a healthy job's live tensors drop while the cache
+        // stays for the next step: not fragmentation when the peak used it.
+        let mut healthy = Engine::new(rules("[fragmentation]\nfor = \"0s\"\n"));
+        let mut between_steps = stats(0, 20 * GIB, 50 * GIB, 0, 0);
+        if let Some(s) = between_steps.as_mut() {
+            s.peak_allocated = 48 * GIB;
+        }
+        let quiet = healthy.observe_process(&training(0, between_steps));
+        assert!(transitions(&quiet, "fragmentation").is_empty(), "{quiet:?}");
     }
 
     #[test]
@@ -1379,6 +1409,21 @@ mod tests {
             transitions(&resolved, "alloc_retries"),
             vec![Transition::Resolved]
         );
+
+        // A process that stops reporting while retrying: the alert resolves
+        // a window after the last retry, not when the process exits.
+        let mut e = Engine::new(rules("[alloc_retries]\nwindow = \"5m\"\nmin_retries = 3\n"));
+        e.observe_process(&training(0, stats(0, 70 * GIB, 75 * GIB, 0, 0)));
+        let fired = e.observe_process(&training(30_000, stats(30_000, 70 * GIB, 75 * GIB, 5, 0)));
+        assert_eq!(transitions(&fired, "alloc_retries").len(), 1);
+        let mut later = Vec::new();
+        for t in (60_000..=400_000).step_by(20_000) {
+            later.extend(e.observe_process(&training(t, None)));
+        }
+        assert_eq!(
+            transitions(&later, "alloc_retries"),
+            vec![Transition::Resolved]
+        );
     }
 
     #[test]
@@ -1395,6 +1440,12 @@ mod tests {
             fired[0].summary
         );
         assert!(fired[0].remedy.contains("gradient accumulation"));
+        // The process exits: its OOM alert resolves with it.
+        let gone = e.tick(1_000 + PROCESS_GONE_MS + 1);
+        assert_eq!(
+            transitions(&gone, "allocator_oom"),
+            vec![Transition::Resolved]
+        );
         // A process that does not report raises nothing.
         let mut quiet = Engine::new(rules(""));
         let none = quiet.observe_process(&training(0, None));

@@ -11,11 +11,12 @@ const CUT_THE_PEAK: &str = "Cut the job's peak memory: activation checkpointing 
      dtype=torch.bfloat16)), or smaller micro-batches with gradient accumulation to keep the \
      effective batch size.";
 
-/// Memory the allocator holds but cannot hand out.
+/// Memory the allocator holds beyond the job's peak need.
 pub fn fragmentation(waste: u64, ratio: f64) -> String {
     format!(
-        "The allocator holds {:.1} GiB ({:.0} % of what it reserved) in no live tensor, so \
-         other processes cannot use it and large requests may still fail. {EXPANDABLE_SEGMENTS} \
+        "The allocator holds {:.1} GiB ({:.0} % of what it reserved) more than the job's \
+         tensors ever needed at once: freed blocks split too finely to reuse. Other processes \
+         cannot use that memory, and large requests may still fail. {EXPANDABLE_SEGMENTS} \
          Calling torch.cuda.empty_cache() between phases (after evaluation) hands the cache back.",
         waste as f64 / f64::from(1u32 << 30),
         ratio * 100.0

@@ -142,7 +142,8 @@ pub fn redact_url(url: &str) -> String {
 
 /// Width of the buckets that fold `[from_ms, to_ms]` into at most `max_points`.
 pub(crate) fn bucket_width_ms(from_ms: i64, to_ms: i64, max_points: u32) -> i64 {
-    let span = to_ms.saturating_sub(from_ms).max(1);
+    // Both ends are included: the range holds `to − from + 1` milliseconds.
+    let span = to_ms.saturating_sub(from_ms).saturating_add(1).max(1);
     let points = i64::from(max_points.max(1));
     ((span + points - 1) / points).max(1)
 }
@@ -492,8 +493,10 @@ mod tests {
 
     #[test]
     fn buckets_cover_the_range_in_at_most_max_points() {
-        assert_eq!(bucket_width_ms(0, 1000, 1000), 1);
-        assert_eq!(bucket_width_ms(0, 86_400_000, 1000), 86_400);
+        // [0, 999] is 1000 ms: one per point; [0, 1000] is one more.
+        assert_eq!(bucket_width_ms(0, 999, 1000), 1);
+        assert_eq!(bucket_width_ms(0, 1000, 1000), 2);
+        assert_eq!(bucket_width_ms(0, 86_399_999, 1000), 86_400);
         assert_eq!(bucket_width_ms(0, 1001, 1000), 2);
         assert_eq!(bucket_width_ms(5, 5, 0), 1);
     }
