@@ -333,6 +333,87 @@ async fn allocator_reports_are_stored_once_per_report(store: Arc<dyn Store>) {
     );
 }
 
+async fn gpu_page_reads_process_series_and_events(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let start = now_ms() - 60_000;
+    for i in 0..10u64 {
+        let ts = start + i as i64 * 1000;
+        let mut b = fixtures::batch(i + 1, ts);
+        b.process_samples = [
+            fixtures::process_sample(GPU0, ts, 777, (30 + i) * GIB),
+            fixtures::process_sample(GPU0, ts, 778, 5 * GIB),
+            fixtures::process_sample(GPU1, ts, 779, 9 * GIB),
+        ]
+        .into_iter()
+        .map(|mut p| {
+            p.start_time_ms = start - 60_000;
+            p
+        })
+        .collect();
+        if i == 4 {
+            b.events = vec![pb::Event {
+                kind: pb::EventKind::Xid as i32,
+                timestamp_ms: ts,
+                uuid: GPU0.into(),
+                code: 79,
+                pid: 0,
+                detail: "fallen off the bus".into(),
+            }];
+        }
+        write(&*store, &session, &b).await;
+    }
+    // Two buckets of 5 s: every process's points share the buckets' starts,
+    // so they stack, and each keeps its bucket's highest value.
+    let series = store
+        .process_series(GPU0, start, start + 9_999, 2)
+        .await
+        .unwrap()
+        .unwrap();
+    let pids: Vec<i64> = series.iter().map(|p| p.pid).collect();
+    assert_eq!(pids, vec![777, 778], "biggest first, only this GPU's");
+    assert_eq!(
+        series[0].points,
+        vec![
+            (start, (34 * GIB + GIB / 4) as i64),
+            (start + 5000, (39 * GIB + GIB / 4) as i64)
+        ],
+        "memory used at its highest poll"
+    );
+    assert_eq!(series[1].points[0].0, start);
+    assert_eq!(series[0].peak_bytes, (39 * GIB + GIB / 4) as i64);
+    assert!(
+        store
+            .process_series("GPU-nope", start, start + 1, 10)
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let events = store
+        .device_events(GPU0, start, start + 10_000, 100)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!((events[0].kind.as_str(), events[0].code), ("xid", 79));
+    assert_eq!(events[0].timestamp_ms, start + 4000);
+    assert!(
+        store
+            .device_events(GPU1, start, start + 10_000, 100)
+            .await
+            .unwrap()
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        store
+            .device_events("GPU-nope", start, start + 1, 10)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
 fn update(kind: UpdateKind, at_ms: i64, channels: &[&str]) -> AlertUpdate {
     AlertUpdate {
         fingerprint: "fp-1".into(),
@@ -572,6 +653,7 @@ conformance!(
     series_folds_buckets_keeping_extremes,
     process_keeps_its_peak_and_latest,
     allocator_reports_are_stored_once_per_report,
+    gpu_page_reads_process_series_and_events,
     alert_lifecycle_notifies_once_per_change,
     outbox_leases_retries_and_delivers,
     silences_match_until_they_expire,

@@ -244,9 +244,10 @@ impl Alerting {
             .and_then(|e| e.config().notify.dashboard_url.clone());
         for change in changes {
             let labels = serde_json::to_value(&change.labels).unwrap_or_default();
-            let silenced = labels
-                .as_object()
-                .is_some_and(|l| silences.iter().any(|s| s.matches(l)));
+            // A silence may name the rule as well as labels.
+            let mut matchable = labels.as_object().cloned().unwrap_or_default();
+            matchable.insert("rule".to_owned(), change.rule.into());
+            let silenced = silences.iter().any(|s| s.matches(&matchable));
             let kind = match change.transition {
                 Transition::Pending { .. } => UpdateKind::Pending,
                 Transition::Firing { escalated, .. } => UpdateKind::Firing { escalated },

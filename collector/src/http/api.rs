@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use crate::store::{
-    AllocatorSeries, AllocatorSeriesQuery, DeviceView, NodeView, ProcessView, SeriesPoint,
-    StoreError,
+    AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, NodeView, ProcessSeries,
+    ProcessView, SeriesPoint, StoreError,
 };
 
 /// A process counts as current when it was seen this recently.
@@ -188,5 +188,73 @@ pub async fn allocator(
     match series {
         Some(series) => Ok(Json(AllocatorResponse { from, to, series })),
         None => Err(ApiError::NotFound(format!("no process {pid} on {uuid:?}"))),
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProcessSeriesResponse {
+    uuid: String,
+    from: i64,
+    to: i64,
+    processes: Vec<ProcessSeries>,
+}
+
+/// Memory of each process on one device over a range, for a stacked chart.
+pub async fn process_series(
+    State(state): State<AppState>,
+    Path(uuid): Path<String>,
+    query: Result<Query<SeriesQuery>, QueryRejection>,
+) -> Result<Json<ProcessSeriesResponse>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let (from, to, max_points) = q.resolve(state.clock.now_ms())?;
+    match state
+        .store
+        .process_series(&uuid, from, to, max_points)
+        .await?
+    {
+        Some(processes) => Ok(Json(ProcessSeriesResponse {
+            uuid,
+            from,
+            to,
+            processes,
+        })),
+        None => Err(ApiError::NotFound(format!(
+            "no GPU or MIG instance {uuid:?}"
+        ))),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct EventsQuery {
+    from: Option<i64>,
+    to: Option<i64>,
+    /// At most this many, newest first (1..=10000, default 500).
+    limit: Option<i64>,
+}
+
+/// XID errors, lost GPUs, hung calls and MIG changes of one device.
+pub async fn device_events(
+    State(state): State<AppState>,
+    Path(uuid): Path<String>,
+    query: Result<Query<EventsQuery>, QueryRejection>,
+) -> Result<Json<Vec<EventView>>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let range = SeriesQuery {
+        from: q.from,
+        to: q.to,
+        max_points: None,
+    };
+    let (from, to, _) = range.resolve(state.clock.now_ms())?;
+    let limit = q.limit.unwrap_or(500);
+    if !(1..=10_000).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "`limit` = {limit} is outside 1..=10000"
+        )));
+    }
+    match state.store.device_events(&uuid, from, to, limit).await? {
+        Some(events) => Ok(Json(events)),
+        None => Err(ApiError::NotFound(format!(
+            "no GPU or MIG instance {uuid:?}"
+        ))),
     }
 }

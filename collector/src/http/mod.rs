@@ -2,6 +2,7 @@
 
 mod alerts;
 mod api;
+mod stream;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +26,36 @@ pub struct AppState {
 
 const INDEX_HTML: &str = include_str!("../../../web/index.html");
 
+/// The dashboard's files, built into the binary: no CDN, nothing to deploy
+/// beside it. Vendored libraries change only with a new binary, so they
+/// may be cached; the app's own files are revalidated.
+const ASSETS: &[(&str, &str, &str, &str)] = &[
+    (
+        "app.js",
+        "text/javascript; charset=utf-8",
+        "no-cache",
+        include_str!("../../../web/app.js"),
+    ),
+    (
+        "app.css",
+        "text/css; charset=utf-8",
+        "no-cache",
+        include_str!("../../../web/app.css"),
+    ),
+    (
+        "uPlot.iife.min.js",
+        "text/javascript; charset=utf-8",
+        "public, max-age=86400",
+        include_str!("../../../web/vendor/uPlot.iife.min.js"),
+    ),
+    (
+        "uPlot.min.css",
+        "text/css; charset=utf-8",
+        "public, max-age=86400",
+        include_str!("../../../web/vendor/uPlot.min.css"),
+    ),
+];
+
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/", get(index))
@@ -33,6 +64,13 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/nodes", get(api::nodes))
         .route("/api/v1/gpus", get(api::gpus))
         .route("/api/v1/gpus/{uuid}/series", get(api::series))
+        .route("/assets/{file}", get(asset))
+        .route("/api/v1/stream", get(stream::fleet))
+        .route(
+            "/api/v1/gpus/{uuid}/processes/series",
+            get(api::process_series),
+        )
+        .route("/api/v1/gpus/{uuid}/events", get(api::device_events))
         .route("/api/v1/processes", get(api::processes))
         .route(
             "/api/v1/gpus/{uuid}/processes/{pid}/allocator",
@@ -69,6 +107,20 @@ async fn metrics(axum::extract::State(state): axum::extract::State<AppState>) ->
         )],
         state.metrics.render(figures),
     )
+}
+
+async fn asset(axum::extract::Path(file): axum::extract::Path<String>) -> axum::response::Response {
+    match ASSETS.iter().find(|(name, ..)| *name == file) {
+        Some((_, content_type, cache, body)) => (
+            [
+                (header::CONTENT_TYPE, *content_type),
+                (header::CACHE_CONTROL, *cache),
+            ],
+            *body,
+        )
+            .into_response(),
+        None => api::not_found().await.into_response(),
+    }
 }
 
 async fn index() -> impl IntoResponse {

@@ -172,7 +172,7 @@ pub trait AlertStore: Send + Sync {
     async fn active_alert_counts(&self) -> Result<ActiveAlertCounts, StoreError>;
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, sqlx::FromRow)]
 pub struct ActiveAlertCounts {
     pub pending: i64,
     pub firing: i64,

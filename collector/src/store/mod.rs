@@ -72,6 +72,110 @@ pub trait Store: AlertStore + Send + Sync + std::fmt::Debug + 'static {
         &self,
         query: &AllocatorSeriesQuery<'_>,
     ) -> Result<Option<AllocatorSeries>, StoreError>;
+
+    /// The memory of each process on device `uuid` in `[from_ms, to_ms]`,
+    /// folded into the same buckets as [`Store::device_series`] (each
+    /// bucket's highest value, stamped with the bucket's start), the
+    /// `MAX_PROCESSES_PER_SERIES` biggest first. `None` when the device is
+    /// unknown.
+    async fn process_series(
+        &self,
+        uuid: &str,
+        from_ms: i64,
+        to_ms: i64,
+        max_points: u32,
+    ) -> Result<Option<Vec<ProcessSeries>>, StoreError>;
+
+    /// Events the agent reported for device `uuid` in `[from_ms, to_ms]`,
+    /// newest first, at most `limit`. `None` when the device is unknown.
+    async fn device_events(
+        &self,
+        uuid: &str,
+        from_ms: i64,
+        to_ms: i64,
+        limit: i64,
+    ) -> Result<Option<Vec<EventView>>, StoreError>;
+}
+
+/// Processes a series lists at most; the rest of a crowded GPU's processes
+/// are left out, smallest first.
+pub const MAX_PROCESSES_PER_SERIES: usize = 50;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProcessSeries {
+    pub pid: i64,
+    pub start_time_ms: i64,
+    pub name: String,
+    pub user: String,
+    pub slurm_job_id: String,
+    pub pod_uid: String,
+    pub peak_bytes: i64,
+    /// `[bucket start (epoch ms), highest memory used in the bucket]`.
+    pub points: Vec<(i64, i64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct EventView {
+    pub timestamp_ms: i64,
+    /// `xid`, `gpu_lost`, `nvml_hung`, `mig_reconfigured`, …
+    pub kind: String,
+    pub code: i64,
+    pub pid: i64,
+    pub detail: String,
+}
+
+/// One bucket of one process, as both backends read it.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct ProcessBucket {
+    pub process_id: i64,
+    pub timestamp_ms: i64,
+    pub used: i64,
+}
+
+/// A process that held memory on a device within a range.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct ProcessMeta {
+    pub id: i64,
+    pub pid: i64,
+    pub start_time_ms: i64,
+    pub name: String,
+    pub user: String,
+    pub slurm_job_id: String,
+    pub pod_uid: String,
+}
+
+/// Puts each process's buckets under it, biggest peak first.
+pub(crate) fn process_series_from(
+    meta: Vec<ProcessMeta>,
+    buckets: Vec<ProcessBucket>,
+) -> Vec<ProcessSeries> {
+    let mut points: HashMap<i64, Vec<(i64, i64)>> = HashMap::new();
+    for b in buckets {
+        points
+            .entry(b.process_id)
+            .or_default()
+            .push((b.timestamp_ms, b.used));
+    }
+    let mut series: Vec<ProcessSeries> = meta
+        .into_iter()
+        .filter_map(|m| {
+            let mut pts = points.remove(&m.id)?;
+            pts.sort_unstable();
+            Some(ProcessSeries {
+                pid: m.pid,
+                start_time_ms: m.start_time_ms,
+                name: m.name,
+                user: m.user,
+                slurm_job_id: m.slurm_job_id,
+                pod_uid: m.pod_uid,
+                peak_bytes: pts.iter().map(|(_, v)| *v).max().unwrap_or(0),
+                points: pts,
+            })
+        })
+        .collect();
+    series.sort_by(|a, b| b.peak_bytes.cmp(&a.peak_bytes).then(a.pid.cmp(&b.pid)));
+    series.truncate(MAX_PROCESSES_PER_SERIES);
+    series
 }
 
 #[derive(Debug, Clone, Copy)]

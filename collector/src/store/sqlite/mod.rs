@@ -16,9 +16,10 @@ mod alerts;
 
 use crate::model::{AllocatorRow, NodeSession, Registration, StoreBatch, WriteOutcome};
 use crate::store::{
-    AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceRow, DeviceView, NodeView,
-    PROCESS_COLUMNS, ProcessKey, ProcessRow, ProcessView, SeriesPoint, SessionDevice, Store,
-    StoreError, bucket_width_ms, session_from,
+    AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceRow, DeviceView, EventView,
+    NodeView, PROCESS_COLUMNS, ProcessBucket, ProcessKey, ProcessMeta, ProcessRow, ProcessSeries,
+    ProcessView, SeriesPoint, SessionDevice, Store, StoreError, bucket_width_ms,
+    process_series_from, session_from,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -391,6 +392,74 @@ impl Store for SqliteStore {
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(ProcessView::from).collect())
+    }
+
+    async fn process_series(
+        &self,
+        uuid: &str,
+        from_ms: i64,
+        to_ms: i64,
+        max_points: u32,
+    ) -> Result<Option<Vec<ProcessSeries>>, StoreError> {
+        let device: Option<i64> = sqlx::query_scalar("SELECT id FROM devices WHERE uuid = ?1")
+            .bind(uuid)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(device) = device else {
+            return Ok(None);
+        };
+        let meta = sqlx::query_as::<_, ProcessMeta>(
+            "SELECT id, pid, start_time_ms, name, user_name AS user, slurm_job_id, pod_uid FROM processes
+             WHERE device_id = ?1 AND last_seen_ms >= ?2 AND first_seen_ms <= ?3",
+        )
+        .bind(device)
+        .bind(from_ms)
+        .bind(to_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        let buckets = sqlx::query_as::<_, ProcessBucket>(
+            "SELECT s.process_id, ?2 + ((s.ts_ms - ?2) / ?4) * ?4 AS timestamp_ms, MAX(s.used_max) AS used
+             FROM process_samples s JOIN processes p ON p.id = s.process_id
+             WHERE p.device_id = ?1 AND p.last_seen_ms >= ?2 AND p.first_seen_ms <= ?3
+                 AND s.ts_ms BETWEEN ?2 AND ?3
+             GROUP BY s.process_id, (s.ts_ms - ?2) / ?4",
+        )
+        .bind(device)
+        .bind(from_ms)
+        .bind(to_ms)
+        .bind(bucket_width_ms(from_ms, to_ms, max_points))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(Some(process_series_from(meta, buckets)))
+    }
+
+    async fn device_events(
+        &self,
+        uuid: &str,
+        from_ms: i64,
+        to_ms: i64,
+        limit: i64,
+    ) -> Result<Option<Vec<EventView>>, StoreError> {
+        let device: Option<i64> = sqlx::query_scalar("SELECT id FROM devices WHERE uuid = ?1")
+            .bind(uuid)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(device) = device else {
+            return Ok(None);
+        };
+        Ok(Some(
+            sqlx::query_as::<_, EventView>(
+                "SELECT ts_ms AS timestamp_ms, kind, code, pid, detail FROM events
+                 WHERE device_id = ?1 AND ts_ms BETWEEN ?2 AND ?3
+                 ORDER BY ts_ms DESC LIMIT ?4",
+            )
+            .bind(device)
+            .bind(from_ms)
+            .bind(to_ms)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?,
+        ))
     }
 
     async fn allocator_series(

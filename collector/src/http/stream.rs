@@ -1,0 +1,94 @@
+//! `/api/v1/stream`: the fleet overview, live, as server-sent events. The
+//! first event (`snapshot`) carries every node, device and the alert counts;
+//! after that, once a second, an `update` carries only the devices whose
+//! latest sample changed (and those that went away), so a dashboard of
+//! thousands of GPUs costs a few kilobytes a second, not a reload.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::Stream;
+use serde::Serialize;
+
+use super::AppState;
+use crate::store::alerts::ActiveAlertCounts;
+use crate::store::{DeviceView, NodeView};
+
+const PERIOD: Duration = Duration::from_secs(1);
+
+#[derive(Serialize)]
+struct FleetMessage<'a> {
+    nodes: &'a [NodeView],
+    gpus: Vec<&'a DeviceView>,
+    removed: Vec<&'a str>,
+    alerts: Option<ActiveAlertCounts>,
+}
+
+struct Follower {
+    state: AppState,
+    /// What this client was last sent: each device's latest sample time.
+    sent: Option<HashMap<String, Option<i64>>>,
+}
+
+impl Follower {
+    async fn next_event(&mut self) -> Event {
+        let (nodes, devices) = match (
+            self.state.store.nodes().await,
+            self.state.store.latest_devices().await,
+        ) {
+            (Ok(nodes), Ok(devices)) => (nodes, devices),
+            (Err(error), _) | (_, Err(error)) => {
+                tracing::debug!(%error, "fleet stream: store unavailable");
+                return Event::default().comment("store unavailable");
+            }
+        };
+        let alerts = self.state.store.active_alert_counts().await.ok();
+        let stamp = |d: &DeviceView| d.latest.as_ref().map(|l| l.timestamp_ms);
+        let (kind, changed, removed) = match &self.sent {
+            None => ("snapshot", devices.iter().collect(), Vec::new()),
+            Some(sent) => {
+                let changed: Vec<&DeviceView> = devices
+                    .iter()
+                    .filter(|d| sent.get(&d.uuid) != Some(&stamp(d)))
+                    .collect();
+                let present: std::collections::HashSet<&str> =
+                    devices.iter().map(|d| d.uuid.as_str()).collect();
+                let removed: Vec<&str> = sent
+                    .keys()
+                    .map(String::as_str)
+                    .filter(|u| !present.contains(u))
+                    .collect();
+                ("update", changed, removed)
+            }
+        };
+        let message = FleetMessage {
+            nodes: &nodes,
+            gpus: changed,
+            removed,
+            alerts,
+        };
+        let event = Event::default()
+            .event(kind)
+            .json_data(&message)
+            .unwrap_or_else(|_| Event::default().comment("encoding failed"));
+        self.sent = Some(devices.iter().map(|d| (d.uuid.clone(), stamp(d))).collect());
+        event
+    }
+}
+
+pub async fn fleet(
+    State(state): State<AppState>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let follower = Follower { state, sent: None };
+    let events = futures::stream::unfold(follower, |mut f| async move {
+        if f.sent.is_some() {
+            tokio::time::sleep(PERIOD).await;
+        }
+        let event = f.next_event().await;
+        Some((Ok(event), f))
+    });
+    Sse::new(events).keep_alive(KeepAlive::default())
+}

@@ -1,0 +1,94 @@
+// The dashboard in a real browser: Debian's Chromium, driven by
+// playwright-core. Usage: node dashboard.mjs BASE_URL ARTIFACT_DIR
+// Opens the fleet overview of the demo fleet, sees its tiles and a live
+// update, follows a tile to its GPU page, sees the memory chart drawn with
+// data, and acknowledges an alert. Saves a screenshot of each step in
+// ARTIFACT_DIR. Exits non-zero, naming the step, on the first failure.
+import { chromium } from "playwright-core";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+
+const [base, artifacts] = process.argv.slice(2);
+if (!base || !artifacts) {
+  console.error("usage: node dashboard.mjs BASE_URL ARTIFACT_DIR");
+  process.exit(2);
+}
+mkdirSync(artifacts, { recursive: true });
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+});
+let step = "start";
+const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
+const errors = [];
+page.on("pageerror", (e) => errors.push(e.message));
+page.on("console", (m) => { if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) errors.push(m.text()); });
+page.on("response", (r) => { if (r.status() >= 400) errors.push(`HTTP ${r.status()} for ${r.url()}`); });
+const shot = (name) => page.screenshot({ path: join(artifacts, `${name}.png`), fullPage: true });
+
+try {
+  step = "fleet overview shows a tile per GPU and MIG instance";
+  const started = Date.now();
+  await page.goto(base);
+  await page.waitForFunction(() => document.querySelectorAll(".tile").length >= 35, null, { timeout: 15000 });
+  const loadMs = Date.now() - started;
+  const tiles = await page.locator(".tile").count();
+  const firstTile = await page.locator(".tile").first().innerText();
+  if (!/GiB/.test(firstTile) || !/(OK|HIGH|CRITICAL)/.test(firstTile)) throw new Error(`tile text says no memory or level: ${firstTile}`);
+  await shot("1-fleet");
+
+  step = "live updates arrive over server-sent events";
+  const before = await page.evaluate(() => window.__headroom.updates);
+  await page.waitForFunction((n) => window.__headroom.updates >= n + 2, before, { timeout: 5000 });
+
+  step = "filters and sorting";
+  await page.selectOption("#f-sort", "headroom");
+  await page.fill("#f-user", "alice");
+  await page.waitForFunction(() => /of \d+ devices/.test(document.getElementById("f-count").textContent)
+    && document.querySelectorAll(".tile").length > 0 && document.querySelectorAll(".tile").length < 35, null, { timeout: 5000 });
+  await page.fill("#f-user", "");
+  await page.selectOption("#f-sort", "name");
+
+  step = "a tile leads to its GPU page with the memory chart drawn";
+  const tile = page.locator(".tile.lvl-ok, .tile.lvl-warn, .tile.lvl-crit").first();
+  const uuid = await tile.getAttribute("data-uuid");
+  await tile.click();
+  // The page navigates with pushState: wait on the URL itself, not a load.
+  await page.waitForFunction((u) => new URLSearchParams(location.search).get("gpu") === u, uuid, { timeout: 5000 });
+  await page.waitForFunction(() => {
+    const c = window.__headroom.charts.find((c) => c.headroomName === "memory");
+    return c && c.data[0].length >= 2 && c.data[1].some((v) => v > 0);
+  }, null, { timeout: 10000 });
+  if ((await page.locator("#chart-memory canvas").count()) === 0) throw new Error("no canvas in the memory chart");
+  await shot("2-gpu");
+
+  step = "the range picker reads a longer range";
+  await page.click("button[data-range='3600000']");
+  await page.waitForFunction(() => {
+    const p = new URLSearchParams(location.search);
+    const c = window.__headroom.charts.find((c) => c.headroomName === "memory");
+    return p.get("from") !== null && c && c.scales.x.max - c.scales.x.min > 3000;
+  }, null, { timeout: 10000 });
+
+  step = "an alert is acknowledged";
+  await page.goto(`${base}/?view=alerts`);
+  await page.fill("#operator", "playwright");
+  await page.waitForSelector("button[data-ack]", { timeout: 90000 });
+  const row = page.locator("tr:has(button[data-ack])").first();
+  const id = await row.getAttribute("data-alert");
+  await row.locator("button[data-ack]").click();
+  await page.waitForSelector(`tr[data-alert="${id}"] td.ack:has-text("ack playwright")`, { timeout: 5000 });
+  await shot("3-alerts");
+
+  if (errors.length) throw new Error(`errors in the page: ${errors.join(" | ")}`);
+  console.log(JSON.stringify({ ok: true, tiles, fleet_load_ms: loadMs }));
+} catch (e) {
+  await shot("failure").catch(() => {});
+  console.error(`FAILED at "${step}": ${e.message}`);
+  if (errors.length) console.error(`page errors: ${errors.join(" | ")}`);
+  process.exitCode = 1;
+} finally {
+  await browser.close();
+}

@@ -1,0 +1,633 @@
+"use strict";
+// Headroom's dashboard: one page, four views chosen by the URL, so every
+// view (and a GPU with its time range) has a link a Slack alert can carry:
+//   /                       fleet overview, live over server-sent events
+//   /?gpu=UUID&from=&to=    one GPU or MIG instance
+//   /?view=processes        memory by user, pod and job; leak suspects
+//   /?view=alerts           firing, pending, resolved; acknowledge, silence
+
+const GiB = 1024 ** 3;
+const MIN = 60_000;
+const RANGES = [["15m", 15 * MIN], ["1h", 60 * MIN], ["6h", 360 * MIN], ["24h", 1440 * MIN], ["7d", 7 * 1440 * MIN], ["30d", 30 * 1440 * MIN]];
+const fmtBytes = (b) => b == null ? "—" : (Math.abs(b) >= GiB ? (b / GiB).toFixed(1) + " GiB" : (b / 1024 ** 2).toFixed(0) + " MiB");
+const fmtRate = (b) => b == null ? "—" : (b / 1e9).toFixed(2) + " GB/s";
+const fmtTime = (ms) => new Date(ms).toLocaleString();
+const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+// Used fraction decides the level; the text says it too, so colour is never the only signal.
+const level = (frac) => frac >= 0.95 ? "crit" : frac >= 0.9 ? "warn" : "ok";
+const LEVEL_TEXT = { ok: "OK", warn: "HIGH", crit: "CRITICAL", none: "NO DATA" };
+
+// What the page knows, shared by the views; tests read it through window.__headroom.
+const state = { nodes: [], gpus: new Map(), alerts: { pending: 0, firing: 0 }, processes: [], updates: 0, charts: [], connected: false };
+window.__headroom = state;
+
+async function getJson(url, options) {
+  const r = await fetch(url, options);
+  if (!r.ok) {
+    let message = `HTTP ${r.status}`;
+    try { message = (await r.json()).error || message; } catch (_) { /* not JSON */ }
+    throw new Error(`${url}: ${message}`);
+  }
+  return r.json();
+}
+
+function setStatus(text) { document.getElementById("status").textContent = text; }
+
+// ---------------------------------------------------------------- live data
+
+let stream = null;
+function connectStream() {
+  if (stream) return;
+  stream = new EventSource("/api/v1/stream");
+  stream.addEventListener("snapshot", (e) => { applyFleet(JSON.parse(e.data), true); });
+  stream.addEventListener("update", (e) => { applyFleet(JSON.parse(e.data), false); });
+  stream.onopen = () => { state.connected = true; };
+  stream.onerror = () => { state.connected = false; setStatus("live updates interrupted; reconnecting…"); };
+}
+
+function applyFleet(msg, snapshot) {
+  if (snapshot) state.gpus = new Map();
+  for (const d of msg.gpus || []) state.gpus.set(d.uuid, d);
+  for (const uuid of msg.removed || []) state.gpus.delete(uuid);
+  if (msg.nodes) state.nodes = msg.nodes;
+  if (msg.alerts) state.alerts = msg.alerts;
+  state.updates += 1;
+  setStatus(`live · updated ${new Date().toLocaleTimeString()}`);
+  renderSummary();
+  if (currentView === "fleet") scheduleFleetRender();
+}
+
+function renderSummary() {
+  const devices = [...state.gpus.values()];
+  const gpus = devices.filter((d) => d.kind === "gpu").length;
+  const low = devices.filter((d) => d.latest && d.latest.headroom_pct < 10).length;
+  document.getElementById("summary").innerHTML =
+    `<span><b>${state.nodes.length}</b> nodes</span><span><b>${gpus}</b> GPUs</span><span><b>${devices.length - gpus}</b> MIG instances</span>` +
+    `<span><b>${low}</b> below 10 % headroom</span>`;
+  const a = state.alerts;
+  document.getElementById("alert-count").innerHTML = a.firing || a.pending
+    ? `<span class="${a.firing ? "text-crit" : "text-warn"}">(${a.firing} firing, ${a.pending} pending)</span>` : "";
+}
+
+// ---------------------------------------------------------------- routing
+
+let currentView = null;
+function params() { return new URLSearchParams(location.search); }
+
+function navigate(url) {
+  history.pushState(null, "", url);
+  route();
+}
+
+document.addEventListener("click", (e) => {
+  const a = e.target.closest("a[href^='/']");
+  if (!a || e.ctrlKey || e.metaKey || e.shiftKey || e.button !== 0) return;
+  e.preventDefault();
+  navigate(a.getAttribute("href"));
+});
+window.addEventListener("popstate", route);
+
+function route() {
+  for (const c of state.charts) c.destroy();
+  state.charts = [];
+  const p = params();
+  currentView = p.get("gpu") ? "gpu" : (p.get("view") || "fleet");
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === currentView);
+  const view = document.getElementById("view");
+  view.innerHTML = "";
+  const show = { fleet: showFleet, gpu: showGpu, processes: showProcesses, alerts: showAlerts }[currentView] || showFleet;
+  show(view, p).catch((err) => { view.innerHTML = `<p class="text-crit">${esc(err.message)}</p>`; });
+}
+
+// ---------------------------------------------------------------- fleet
+
+const fleetFilter = { node: "", user: "", job: "", pod: "", sort: "name" };
+let fleetRenderPending = false;
+
+async function showFleet(view) {
+  document.title = "Headroom — fleet";
+  view.innerHTML = `
+    <div class="controls">
+      <label>sort <select id="f-sort"><option value="name">node, GPU</option><option value="headroom">headroom, least first</option><option value="used">used, most first</option></select></label>
+      <label>node <input id="f-node" placeholder="gpu-node-0"></label>
+      <label>user <input id="f-user" placeholder="alice"></label>
+      <label>Slurm job <input id="f-job" placeholder="4817263"></label>
+      <label>pod <input id="f-pod" placeholder="pod uid"></label>
+      <span class="muted" id="f-count"></span>
+    </div>
+    <div id="fleet"></div>`;
+  for (const key of ["node", "user", "job", "pod", "sort"]) {
+    const el = document.getElementById(`f-${key}`);
+    el.value = fleetFilter[key];
+    el.addEventListener("input", () => { fleetFilter[key] = el.value.trim(); if (key !== "node" && key !== "sort") refreshProcesses(); scheduleFleetRender(); });
+  }
+  await refreshProcesses();
+  scheduleFleetRender();
+}
+
+async function refreshProcesses() {
+  try { state.processes = await getJson("/api/v1/processes"); } catch (_) { /* the fleet still shows */ }
+}
+
+function scheduleFleetRender() {
+  if (fleetRenderPending) return;
+  fleetRenderPending = true;
+  requestAnimationFrame(() => { fleetRenderPending = false; if (currentView === "fleet") renderFleet(); });
+}
+
+// Devices that a process matching the user/job/pod filters runs on (a
+// MIG instance's process also selects its GPU).
+function devicesMatchingProcesses() {
+  const { user, job, pod } = fleetFilter;
+  if (!user && !job && !pod) return null;
+  const match = new Set();
+  for (const p of state.processes) {
+    if (user && !p.user.includes(user)) continue;
+    if (job && !p.slurm_job_id.includes(job)) continue;
+    if (pod && !p.pod_uid.includes(pod)) continue;
+    match.add(p.device_uuid);
+    const d = state.gpus.get(p.device_uuid);
+    if (d && d.parent_uuid) match.add(d.parent_uuid);
+  }
+  return match;
+}
+
+function tileNumbers(d) {
+  const s = d.latest;
+  if (!s) return null;
+  const total = s.memory_total_bytes;
+  const frac = total > 0 ? (s.memory_used_bytes + s.memory_reserved_bytes) / total : 0;
+  const peakFrac = total > 0 ? (s.memory_used_max_bytes + s.memory_reserved_bytes) / total : 0;
+  return { s, total, frac, peakFrac, lvl: level(Math.max(frac, peakFrac)) };
+}
+
+// A tile's class and contents; the element itself is kept across updates
+// so that a click or a hover is never lost to a re-render.
+function tileParts(d) {
+  const n = tileNumbers(d);
+  const label = d.kind === "mig" ? `MIG ${esc(d.mig_profile || "")}` : `GPU ${d.index}`;
+  if (!n) {
+    return { cls: "tile lvl-none", inner: `<span class="level">${LEVEL_TEXT.none}</span><div class="name">${label}</div><div class="muted">${esc(d.name)}</div>` };
+  }
+  const { s, total, frac, peakFrac, lvl } = n;
+  return {
+    cls: `tile lvl-${lvl}`,
+    inner: `<span class="level">${LEVEL_TEXT[lvl]}</span><div class="name">${label}${d.kind === "mig" ? ` <span class="mig muted">GI ${d.mig_gpu_instance_id}</span>` : ""}</div>
+    <div class="big">${fmtBytes(s.memory_used_bytes)} / ${fmtBytes(total)}</div>
+    <div class="bar"><span class="used" style="width:${Math.min(100, frac * 100).toFixed(1)}%"></span><span class="peak" style="left:${Math.min(100, peakFrac * 100).toFixed(1)}%"></span></div>
+    <div>peak ${fmtBytes(s.memory_used_max_bytes)} · headroom <b>${fmtBytes(s.headroom_bytes)}</b> (${s.headroom_pct.toFixed(0)} %)</div>`,
+  };
+}
+
+const tileShell = (d) => `<a class="tile" href="/?gpu=${encodeURIComponent(d.uuid)}" data-uuid="${esc(d.uuid)}" title="${esc(d.node)}: ${esc(d.name)}"></a>`;
+let fleetLayoutKey = "";
+
+function renderFleet() {
+  const box = document.getElementById("fleet");
+  if (!box) return;
+  const byProcess = devicesMatchingProcesses();
+  const nodeFilter = fleetFilter.node;
+  const devices = [...state.gpus.values()].filter((d) =>
+    (!nodeFilter || d.node.includes(nodeFilter)) && (!byProcess || byProcess.has(d.uuid)));
+  const headroom = (d) => d.latest ? d.latest.headroom_pct : Infinity;
+  const used = (d) => d.latest ? (d.latest.memory_used_bytes + d.latest.memory_reserved_bytes) / Math.max(1, d.latest.memory_total_bytes) : -1;
+  const byName = fleetFilter.sort === "name";
+  if (!byName) devices.sort(fleetFilter.sort === "headroom" ? (a, b) => headroom(a) - headroom(b) : (a, b) => used(b) - used(a));
+  // Rebuild the layout only when the set or order of tiles changes; every
+  // other update rewrites the tiles that changed, in place.
+  const key = `${fleetFilter.sort}|${state.nodes.map((n) => n.name).join(",")}|${devices.map((d) => d.uuid).join(",")}`;
+  if (key !== fleetLayoutKey || !box.firstChild) {
+    fleetLayoutKey = key;
+    let html = "";
+    if (byName) {
+      const groups = new Map();
+      for (const d of devices) {
+        if (!groups.has(d.node)) groups.set(d.node, []);
+        groups.get(d.node).push(d);
+      }
+      for (const n of state.nodes) {
+        const list = groups.get(n.name);
+        if (!list) continue;
+        html += `<div class="node-group"><h2>${esc(n.name)} <span class="muted">${n.gpu_count} GPUs${n.mig_instance_count ? `, ${n.mig_instance_count} MIG instances` : ""}, driver ${esc(n.driver_version)}</span><span class="stale" data-node="${esc(n.name)}"></span></h2>
+          <div class="tiles">${list.map(tileShell).join("")}</div></div>`;
+      }
+    } else {
+      html = `<div class="tiles">${devices.map(tileShell).join("")}</div>`;
+    }
+    box.innerHTML = html || `<p class="muted">no device matches</p>`;
+  }
+  for (const el of box.querySelectorAll(".tile")) {
+    const d = state.gpus.get(el.dataset.uuid);
+    if (!d) continue;
+    const { cls, inner } = tileParts(d);
+    if (el.className !== cls) el.className = cls;
+    if (el.dataset.sig !== inner) { el.innerHTML = inner; el.dataset.sig = inner; }
+  }
+  for (const el of box.querySelectorAll(".stale")) {
+    const n = state.nodes.find((x) => x.name === el.dataset.node);
+    const ageS = n ? Math.round((Date.now() - n.last_seen_ms) / 1000) : 0;
+    const text = ageS > 10 ? ` silent for ${ageS} s` : "";
+    if (el.textContent !== text) { el.textContent = text; el.className = `stale${text ? " text-crit" : ""}`; }
+  }
+  document.getElementById("f-count").textContent = `${devices.length} of ${state.gpus.size} devices`;
+}
+
+// ---------------------------------------------------------------- one GPU
+
+function rangeFromUrl(p) {
+  const to = Number(p.get("to")) || Date.now();
+  const from = Number(p.get("from")) || to - 15 * MIN;
+  return { from, to };
+}
+
+async function showGpu(view, p) {
+  const uuid = p.get("gpu");
+  const { from, to } = rangeFromUrl(p);
+  const live = !p.get("to");
+  let d = state.gpus.get(uuid);
+  if (!d) {
+    const all = await getJson("/api/v1/gpus");
+    for (const g of all) state.gpus.set(g.uuid, g);
+    d = state.gpus.get(uuid);
+  }
+  if (!d) throw new Error(`no GPU or MIG instance ${uuid}`);
+  document.title = `Headroom — ${d.node} GPU ${d.index}`;
+  const span = to - from;
+  const rangeButtons = RANGES.map(([name, ms]) =>
+    `<button data-range="${ms}" class="${Math.abs(ms - span) < 1000 ? "active" : ""}">${name}</button>`).join("");
+  const s = d.latest;
+  view.innerHTML = `
+    <h2>${esc(d.node)} · ${d.kind === "mig" ? `MIG ${esc(d.mig_profile)} on GPU ${d.index}` : `GPU ${d.index}`} <span class="muted">${esc(d.name)} · ${esc(d.uuid)}</span></h2>
+    <p>${s ? `used ${fmtBytes(s.memory_used_bytes)} of ${fmtBytes(s.memory_total_bytes)}, peak ${fmtBytes(s.memory_used_max_bytes)}, reserved ${fmtBytes(s.memory_reserved_bytes)}, <b>headroom ${fmtBytes(s.headroom_bytes)} (${s.headroom_pct.toFixed(1)} %)</b>` : "no sample yet"}</p>
+    <div class="ranges">${rangeButtons} <span class="muted">${fmtTime(from)} → ${live ? "now" : fmtTime(to)}</span></div>
+    <h3>Memory</h3><div id="chart-memory" class="chart"></div>
+    <div class="grid2">
+      <div><h3>Memory by process (stacked)</h3><div id="chart-processes" class="chart"></div></div>
+      <div><h3>PCIe</h3><div id="chart-pcie" class="chart"></div></div>
+    </div>
+    <div id="mig-layout"></div>
+    <h3>Processes now</h3><div id="gpu-processes"></div>
+    <h3>Allocator of reporting processes</h3><div id="gpu-allocators" class="muted">none reports</div>
+    <h3>Alerts and events in this range</h3><div id="gpu-events"></div>`;
+  for (const b of view.querySelectorAll("button[data-range]")) {
+    b.addEventListener("click", () => {
+      const ms = Number(b.dataset.range);
+      navigate(`/?gpu=${encodeURIComponent(uuid)}&from=${Date.now() - ms}`);
+    });
+  }
+  const q = `from=${from}&to=${to}&max_points=600`;
+  const [series, procSeries, events, alerts] = await Promise.all([
+    getJson(`/api/v1/gpus/${encodeURIComponent(uuid)}/series?${q}`),
+    getJson(`/api/v1/gpus/${encodeURIComponent(uuid)}/processes/series?${q}`),
+    getJson(`/api/v1/gpus/${encodeURIComponent(uuid)}/events?from=${from}&to=${to}`),
+    getJson("/api/v1/alerts?state=active"),
+  ]);
+  const resolved = await getJson("/api/v1/alerts?state=resolved&limit=500");
+  const deviceAlerts = [...alerts, ...resolved].filter((a) => a.labels.device_uuid === uuid &&
+    (a.fired_at_ms || a.started_at_ms) <= to && (a.resolved_at_ms == null || a.resolved_at_ms >= from));
+  const markers = [
+    ...events.map((e) => ({ t: e.timestamp_ms, text: e.kind === "xid" ? `XID ${e.code}` : e.kind, color: "#c62828" })),
+    ...deviceAlerts.map((a) => ({ t: a.fired_at_ms || a.started_at_ms, text: a.rule, color: "#b26a00" })),
+  ].filter((m) => m.t >= from && m.t <= to);
+  drawMemoryChart(series, markers, from, to);
+  drawProcessChart(procSeries, from, to);
+  drawPcieChart(series, from, to, d.kind === "mig");
+  renderMigLayout(d);
+  renderGpuProcesses(uuid);
+  renderEvents(events, deviceAlerts);
+}
+
+const chartWidth = (id) => Math.max(320, (document.getElementById(id)?.clientWidth || 800) - 10);
+const seconds = (ms) => ms / 1000;
+
+// Vertical lines with a label for XID events and alerts.
+function markerPlugin(markers) {
+  return {
+    hooks: {
+      draw: [(u) => {
+        const ctx = u.ctx;
+        ctx.save();
+        ctx.font = `${11 * devicePixelRatio}px sans-serif`;
+        for (const m of markers) {
+          const x = Math.round(u.valToPos(seconds(m.t), "x", true));
+          if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+          ctx.strokeStyle = m.color; ctx.fillStyle = m.color; ctx.lineWidth = 1.5 * devicePixelRatio;
+          ctx.beginPath(); ctx.moveTo(x, u.bbox.top); ctx.lineTo(x, u.bbox.top + u.bbox.height); ctx.stroke();
+          ctx.fillText(m.text, x + 3 * devicePixelRatio, u.bbox.top + 12 * devicePixelRatio);
+        }
+        ctx.restore();
+      }],
+    },
+  };
+}
+
+const gibAxis = { size: 64, values: (u, vals) => vals.map((v) => (v / GiB).toFixed(0) + " GiB") };
+
+function drawMemoryChart(series, markers, from, to) {
+  const pts = series.points;
+  const x = pts.map((p) => seconds(p.timestamp_ms));
+  const data = [x, pts.map((p) => p.memory_used_bytes), pts.map((p) => p.memory_used_min_bytes), pts.map((p) => p.memory_used_max_bytes),
+    pts.map((p) => p.memory_reserved_bytes), pts.map((p) => p.memory_total_bytes)];
+  const chart = new uPlot({
+    width: chartWidth("chart-memory"), height: 260,
+    scales: { x: { time: true, min: seconds(from), max: seconds(to) }, y: { range: (u, min, max) => [0, Math.max(max, 1)] } },
+    series: [{}, { label: "used (mean)", stroke: "#1565c0", width: 1.5 },
+      { label: "min", stroke: "rgba(21,101,192,.35)", width: 1 }, { label: "max (peak between samples)", stroke: "rgba(198,40,40,.7)", width: 1 },
+      { label: "reserved", stroke: "#7b1fa2", width: 1, dash: [4, 4] }, { label: "total", stroke: "#333", width: 1.5 }],
+    bands: [{ series: [3, 2], fill: "rgba(21,101,192,.12)" }],
+    axes: [{}, gibAxis],
+    plugins: [markerPlugin(markers)],
+  }, data, document.getElementById("chart-memory"));
+  chart.headroomName = "memory";
+  state.charts.push(chart);
+}
+
+const PALETTE = ["#1565c0", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#5d4037", "#9e9d24", "#455a64", "#c62828"];
+
+function drawProcessChart(procSeries, from, to) {
+  const box = document.getElementById("chart-processes");
+  const procs = procSeries.processes;
+  if (procs.length === 0) { box.innerHTML = `<p class="muted">no process in this range</p>`; return; }
+  // One x axis for every process: the union of their bucket times.
+  const times = [...new Set(procs.flatMap((p) => p.points.map((pt) => pt[0])))].sort((a, b) => a - b);
+  const index = new Map(times.map((t, i) => [t, i]));
+  const top = procs.slice(0, 9);
+  const rest = procs.slice(9);
+  const columns = top.map((p) => {
+    const col = new Array(times.length).fill(0);
+    for (const [t, v] of p.points) col[index.get(t)] = v;
+    return col;
+  });
+  if (rest.length) {
+    const col = new Array(times.length).fill(0);
+    for (const p of rest) for (const [t, v] of p.points) col[index.get(t)] += v;
+    columns.push(col);
+  }
+  const labels = top.map((p) => `pid ${p.pid} ${p.user} ${p.name.slice(0, 30)}`).concat(rest.length ? [`${rest.length} more`] : []);
+  // Stacked: each series is the sum of itself and those below; drawn top
+  // first so each fill covers only its own slice.
+  const stacked = columns.map((_, i) => columns.slice(0, i + 1).reduce((acc, col) => acc.map((v, j) => v + col[j])));
+  const order = stacked.map((_, i) => i).reverse();
+  const chart = new uPlot({
+    width: chartWidth("chart-processes"), height: 220,
+    scales: { x: { time: true, min: seconds(from), max: seconds(to) }, y: { range: (u, min, max) => [0, Math.max(max, 1)] } },
+    series: [{}, ...order.map((i) => ({ label: labels[i], stroke: PALETTE[i % PALETTE.length], fill: PALETTE[i % PALETTE.length] + "99", width: 1,
+      value: (u, v, si, di) => di == null ? "—" : fmtBytes(columns[i][di]) }))],
+    axes: [{}, gibAxis],
+    legend: { live: true },
+  }, [times.map(seconds), ...order.map((i) => stacked[i])], box);
+  chart.headroomName = "processes";
+  state.charts.push(chart);
+}
+
+function drawPcieChart(series, from, to, isMig) {
+  const box = document.getElementById("chart-pcie");
+  if (isMig) { box.innerHTML = `<p class="muted">NVML reports PCIe per GPU, not per MIG instance</p>`; return; }
+  const pts = series.points;
+  const chart = new uPlot({
+    width: chartWidth("chart-pcie"), height: 220,
+    scales: { x: { time: true, min: seconds(from), max: seconds(to) } },
+    series: [{}, { label: "TX", stroke: "#00838f", width: 1.5, value: (u, v) => fmtRate(v) }, { label: "RX", stroke: "#ef6c00", width: 1.5, value: (u, v) => fmtRate(v) }],
+    axes: [{}, { size: 72, values: (u, vals) => vals.map((v) => (v / 1e9).toFixed(1) + " GB/s") }],
+  }, [pts.map((p) => seconds(p.timestamp_ms)), pts.map((p) => p.pcie_tx_bytes_per_s), pts.map((p) => p.pcie_rx_bytes_per_s)], box);
+  chart.headroomName = "pcie";
+  state.charts.push(chart);
+}
+
+// The GPU's memory as a bar cut into its MIG instances, in proportion to
+// each instance's memory, with what each one uses.
+function renderMigLayout(d) {
+  const gpuUuid = d.kind === "mig" ? d.parent_uuid : d.uuid;
+  const gpu = state.gpus.get(gpuUuid);
+  const instances = [...state.gpus.values()].filter((m) => m.parent_uuid === gpuUuid)
+    .sort((a, b) => (a.mig_gpu_instance_id - b.mig_gpu_instance_id) || (a.mig_compute_instance_id - b.mig_compute_instance_id));
+  const box = document.getElementById("mig-layout");
+  if (!gpu || instances.length === 0) { box.innerHTML = ""; return; }
+  const width = 800, height = 46;
+  const total = gpu.memory_total_bytes || instances.reduce((acc, m) => acc + m.memory_total_bytes, 0);
+  let x = 0;
+  const rects = instances.map((m, i) => {
+    const w = Math.max(2, m.memory_total_bytes / total * width);
+    const used = m.latest ? m.latest.memory_used_bytes / Math.max(1, m.memory_total_bytes) : 0;
+    const color = PALETTE[i % PALETTE.length];
+    const here = m.uuid === d.uuid ? `stroke="#000" stroke-width="3"` : "";
+    const out = `<a href="/?gpu=${encodeURIComponent(m.uuid)}"><g><title>${esc(m.mig_profile)} GI ${m.mig_gpu_instance_id} CI ${m.mig_compute_instance_id}: ${fmtBytes(m.latest?.memory_used_bytes)} of ${fmtBytes(m.memory_total_bytes)}</title>
+      <rect x="${x}" y="0" width="${w}" height="${height}" fill="${color}" opacity=".45" ${here}></rect>
+      <rect x="${x}" y="0" width="${w * Math.min(1, used)}" height="${height}" fill="${color}"></rect>
+      <text x="${x + 6}" y="18">${esc(m.mig_profile)} (GI ${m.mig_gpu_instance_id})</text>
+      <text x="${x + 6}" y="36">${fmtBytes(m.latest?.memory_used_bytes)} / ${fmtBytes(m.memory_total_bytes)}</text></g></a>`;
+    x += w;
+    return out;
+  }).join("");
+  const free = Math.max(0, width - x);
+  box.innerHTML = `<h3>MIG layout of GPU ${gpu.index} <span class="muted">(${instances.length} instances; darker = used)</span></h3>
+    <svg class="mig-layout" width="${width}" height="${height}" role="img" aria-label="MIG layout">${rects}
+    ${free > 1 ? `<rect x="${x}" y="0" width="${free}" height="${height}" fill="#ddd"></rect><text x="${x + 6}" y="28" style="fill:#555">unallocated</text>` : ""}</svg>`;
+}
+
+async function renderGpuProcesses(uuid) {
+  await refreshProcesses();
+  const inside = new Set([uuid, ...[...state.gpus.values()].filter((m) => m.parent_uuid === uuid).map((m) => m.uuid)]);
+  const procs = state.processes.filter((p) => inside.has(p.device_uuid));
+  document.getElementById("gpu-processes").innerHTML = processTable(procs) ;
+  const reporting = procs.filter((p) => p.allocator);
+  if (reporting.length) {
+    const charts = await Promise.all(reporting.slice(0, 6).map(allocatorBlock));
+    document.getElementById("gpu-allocators").innerHTML = charts.join("");
+    document.getElementById("gpu-allocators").classList.remove("muted");
+  }
+}
+
+function renderEvents(events, alerts) {
+  const rows = [
+    ...alerts.map((a) => ({ t: a.fired_at_ms || a.started_at_ms, what: `<b>${esc(a.rule)}</b> ${esc(a.state)}: ${esc(a.summary)}` })),
+    ...events.map((e) => ({ t: e.timestamp_ms, what: `${esc(e.kind)}${e.code ? " " + e.code : ""}${e.pid ? " pid " + e.pid : ""} ${esc(e.detail)}` })),
+  ].sort((a, b) => b.t - a.t);
+  document.getElementById("gpu-events").innerHTML = rows.length
+    ? `<table><thead><tr><th>when</th><th>what</th></tr></thead><tbody>${rows.map((r) => `<tr><td>${fmtTime(r.t)}</td><td class="wrap">${r.what}</td></tr>`).join("")}</tbody></table>`
+    : `<p class="muted">none</p>`;
+}
+
+// ---------------------------------------------------------------- processes
+
+function owner(p) {
+  return [p.slurm_job_id && "job " + p.slurm_job_id, p.pod_uid && "pod " + p.pod_uid.slice(0, 8), p.container_id && "ctr " + p.container_id.slice(0, 12)].filter(Boolean).join(", ") || "—";
+}
+
+function allocatorCells(a) {
+  if (!a) return `<td class="num muted">—</td><td class="num muted">—</td><td class="num muted">—</td><td class="num muted">—</td>`;
+  return `<td class="num">${fmtBytes(a.allocated_bytes)} / ${fmtBytes(a.reserved_bytes)}</td>
+    <td class="num ${a.fragmentation_ratio >= 0.3 ? "text-warn" : ""}">${fmtBytes(a.fragmentation_bytes)} (${(a.fragmentation_ratio * 100).toFixed(0)} %)</td>
+    <td class="num">${a.alloc_retries}</td><td class="num ${a.ooms > 0 ? "text-crit" : ""}">${a.ooms}</td>`;
+}
+
+function processTable(procs) {
+  if (procs.length === 0) return `<p class="muted">none</p>`;
+  return `<table><thead><tr><th>node</th><th>GPU</th><th class="num">pid</th><th>process</th><th>user</th><th>job / pod / container</th><th class="num">memory</th><th class="num">peak</th>
+    <th class="num" title="What the process's own allocator (PyTorch) says: bytes in live tensors / bytes it reserved">allocated / reserved</th>
+    <th class="num" title="Reserved but in no live tensor now">not in tensors</th><th class="num">retries</th><th class="num">OOMs</th></tr></thead><tbody>
+    ${procs.map((p) => `<tr><td>${esc(p.node)}</td><td><a href="/?gpu=${encodeURIComponent(p.device_uuid)}">${p.gpu_index}</a></td><td class="num">${p.pid}</td>
+      <td>${esc(p.name.slice(0, 60))}</td><td>${esc(p.user)}</td><td>${esc(owner(p))}</td>
+      <td class="num">${fmtBytes(p.memory_used_bytes)}</td><td class="num">${fmtBytes(p.memory_peak_bytes)}</td>${allocatorCells(p.allocator)}</tr>`).join("")}
+    </tbody></table>`;
+}
+
+function allocatorChart(series) {
+  const pts = series.points;
+  const w = 360, h = 110;
+  if (pts.length < 2) return `<svg width="${w}" height="${h}"><text x="8" y="20" fill="#666">waiting for reports…</text></svg>`;
+  const top = Math.max(...pts.map((p) => p.reserved_bytes), 1);
+  const x = (t) => ((t - series.from) / (series.to - series.from) * w).toFixed(1);
+  const y = (b) => (h - 4 - b / top * (h - 14)).toFixed(1);
+  const line = (f) => pts.map((p) => `${x(p.timestamp_ms)},${y(f(p))}`).join(" ");
+  return `<svg width="${w}" height="${h}" role="img" aria-label="allocated and reserved memory over time">
+    <polyline fill="none" stroke="#7b1fa2" stroke-width="1.5" points="${line((p) => p.reserved_bytes)}"/>
+    <polyline fill="none" stroke="#1565c0" stroke-width="1.5" points="${line((p) => p.allocated_bytes)}"/>
+    <text x="4" y="11" font-size="10" fill="#666">${fmtBytes(top)}</text></svg>`;
+}
+
+async function allocatorBlock(p) {
+  const url = `/api/v1/gpus/${encodeURIComponent(p.device_uuid)}/processes/${p.pid}/allocator?start_time_ms=${p.start_time_ms}&max_points=360`;
+  let series;
+  try { series = await getJson(url); } catch (_) { return ""; }
+  const a = p.allocator;
+  return `<div class="alloc"><b>${esc(p.node)} GPU ${p.gpu_index} · pid ${p.pid}</b> ${esc(p.user)} ${esc(p.name.slice(0, 40))}
+    ${allocatorChart(series)}
+    <span style="color:#1565c0">— allocated ${fmtBytes(a.allocated_bytes)}</span> · <span style="color:#7b1fa2">— reserved ${fmtBytes(a.reserved_bytes)}</span> ·
+    not in tensors ${fmtBytes(a.fragmentation_bytes)} · retries ${a.alloc_retries} · OOMs ${a.ooms}</div>`;
+}
+
+function groupBy(procs, key) {
+  const groups = new Map();
+  for (const p of procs) {
+    const k = key(p);
+    if (!k) continue;
+    const g = groups.get(k) || { key: k, memory: 0, processes: 0, devices: new Set(), nodes: new Set() };
+    g.memory += p.memory_used_bytes; g.processes += 1; g.devices.add(p.device_uuid); g.nodes.add(p.node);
+    groups.set(k, g);
+  }
+  return [...groups.values()].sort((a, b) => b.memory - a.memory);
+}
+
+function groupTable(title, groups) {
+  return `<div><h3>${title}</h3>${groups.length ? `<table><thead><tr><th>${title.split(" ").pop()}</th><th class="num">memory</th><th class="num">processes</th><th class="num">GPUs</th><th class="num">nodes</th></tr></thead><tbody>
+    ${groups.slice(0, 20).map((g) => `<tr><td>${esc(g.key)}</td><td class="num">${fmtBytes(g.memory)}</td><td class="num">${g.processes}</td><td class="num">${g.devices.size}</td><td class="num">${g.nodes.size}</td></tr>`).join("")}
+    </tbody></table>` : `<p class="muted">none</p>`}</div>`;
+}
+
+async function showProcesses(view) {
+  document.title = "Headroom — processes and jobs";
+  view.innerHTML = `<p class="muted">loading…</p>`;
+  await refreshProcesses();
+  const alerts = await getJson("/api/v1/alerts?state=active");
+  const procs = state.processes;
+  const leaks = alerts.filter((a) => a.rule === "leak");
+  view.innerHTML = `
+    <div class="grid2">
+      ${groupTable("Memory by user", groupBy(procs, (p) => p.user))}
+      ${groupTable("Memory by Slurm job", groupBy(procs, (p) => p.slurm_job_id))}
+      ${groupTable("Memory by pod", groupBy(procs, (p) => p.pod_uid))}
+      ${groupTable("Memory by container", groupBy(procs, (p) => p.container_id && p.container_id.slice(0, 12)))}
+    </div>
+    <h3>Leak suspects</h3>
+    ${leaks.length ? `<table><thead><tr><th>state</th><th>process</th><th class="num">growth</th><th>since</th><th>GPU</th></tr></thead><tbody>
+      ${leaks.map((a) => `<tr><td>${esc(a.state)}</td><td>pid ${esc(a.labels.pid)} ${esc(a.labels.process)} (${esc(a.labels.user || "")})</td>
+        <td class="num">${fmtBytes(a.details.growth_bytes_per_min)}/min</td><td>${a.details.since_ms ? fmtTime(a.details.since_ms) : "—"}</td>
+        <td><a href="/?gpu=${encodeURIComponent(a.labels.device_uuid)}">${esc(a.labels.node)} GPU ${esc(a.labels.gpu)}</a></td></tr>`).join("")}</tbody></table>`
+      : `<p class="muted">no process leaks right now</p>`}
+    <h3>Top consumers across the fleet</h3>${processTable(procs.slice(0, 25))}
+    <h3>Allocator of reporting processes</h3><div id="proc-allocators" class="muted">none reports</div>`;
+  const reporting = procs.filter((p) => p.allocator).slice(0, 6);
+  if (reporting.length) {
+    const box = document.getElementById("proc-allocators");
+    box.innerHTML = (await Promise.all(reporting.map(allocatorBlock))).join("");
+    box.classList.remove("muted");
+  }
+}
+
+// ---------------------------------------------------------------- alerts
+
+function operator() { return localStorage.getItem("headroom-operator") || ""; }
+
+async function showAlerts(view, p) {
+  document.title = "Headroom — alerts";
+  const which = p.get("state") === "resolved" ? "resolved" : "active";
+  view.innerHTML = `
+    <div class="controls">
+      <label>your name (for acknowledgements and silences) <input id="operator" value="${esc(operator())}" placeholder="alice"></label>
+      <span><a href="/?view=alerts">active</a> · <a href="/?view=alerts&state=resolved">resolved</a></span>
+    </div>
+    <div id="alert-list"><p class="muted">loading…</p></div>
+    <h3>Silences</h3><div id="silence-list"></div>`;
+  document.getElementById("operator").addEventListener("input", (e) => localStorage.setItem("headroom-operator", e.target.value.trim()));
+  await renderAlertList(which);
+  await renderSilences();
+}
+
+async function renderAlertList(which) {
+  const alerts = await getJson(`/api/v1/alerts?state=${which}&limit=500`);
+  const rows = alerts.map((a) => {
+    const where = a.labels.device_uuid ? `<a href="/?gpu=${encodeURIComponent(a.labels.device_uuid)}&from=${(a.fired_at_ms || a.started_at_ms) - 3_600_000}&to=${Math.min(Date.now(), (a.resolved_at_ms || Date.now()) + 600_000)}">${esc(a.labels.node)} GPU ${esc(a.labels.gpu)}</a>` : esc(a.labels.node || "");
+    const ack = a.acknowledged_by ? `ack ${esc(a.acknowledged_by)}` : (which === "active" ? `<button class="small" data-ack="${a.id}">acknowledge</button>` : "");
+    const silence = which === "active" ? `<button class="small" data-silence="${a.id}">silence 1 h</button>` : "";
+    return `<tr data-alert="${a.id}"><td class="${a.severity === "critical" ? "text-crit" : "text-warn"}">${esc(a.severity)}</td><td>${esc(a.state)}</td><td>${esc(a.rule)}</td>
+      <td>${where}</td><td class="wrap">${esc(a.summary)}${a.remedy ? `<div class="remedy">What to try: ${esc(a.remedy)}</div>` : ""}</td>
+      <td>${fmtTime(a.fired_at_ms || a.started_at_ms)}${a.resolved_at_ms ? " → " + fmtTime(a.resolved_at_ms) : ""}</td><td class="ack">${ack} ${silence}</td></tr>`;
+  });
+  const box = document.getElementById("alert-list");
+  box.innerHTML = rows.length ? `<table><thead><tr><th>severity</th><th>state</th><th>rule</th><th>where</th><th>what</th><th>when</th><th></th></tr></thead><tbody>${rows.join("")}</tbody></table>`
+    : `<p class="muted">no ${which} alerts</p>`;
+  for (const b of box.querySelectorAll("button[data-ack]")) b.addEventListener("click", () => acknowledge(b.dataset.ack, which));
+  for (const b of box.querySelectorAll("button[data-silence]")) {
+    b.addEventListener("click", () => silence(alerts.find((a) => String(a.id) === b.dataset.silence), which));
+  }
+}
+
+function whoOrComplain() {
+  const who = operator();
+  if (!who) {
+    const input = document.getElementById("operator");
+    input.focus();
+    setStatus("enter your name first: acknowledgements and silences say who did them");
+  }
+  return who;
+}
+
+async function acknowledge(id, which) {
+  const who = whoOrComplain();
+  if (!who) return;
+  try {
+    await getJson(`/api/v1/alerts/${id}/ack`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ by: who }) });
+  } catch (err) { setStatus(err.message); }
+  await renderAlertList(which);
+}
+
+async function silence(alert, which) {
+  const who = whoOrComplain();
+  if (!who || !alert) return;
+  const matchers = {};
+  for (const k of ["node", "device_uuid", "rule"]) if (alert.labels[k]) matchers[k] = alert.labels[k];
+  matchers.rule = alert.rule;
+  try {
+    await getJson("/api/v1/silences", { method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ matchers, comment: `silenced from the dashboard: ${alert.summary.slice(0, 200)}`, created_by: who, ends_at_ms: Date.now() + 3_600_000 }) });
+  } catch (err) { setStatus(err.message); }
+  await renderAlertList(which);
+  await renderSilences();
+}
+
+async function renderSilences() {
+  const list = await getJson("/api/v1/silences");
+  const box = document.getElementById("silence-list");
+  box.innerHTML = list.length ? `<table><thead><tr><th>matches</th><th>by</th><th>until</th><th>comment</th><th></th></tr></thead><tbody>
+    ${list.map((s) => `<tr><td>${esc(Object.entries(s.matchers).map(([k, v]) => `${k}=${v}`).join(", "))}</td><td>${esc(s.created_by)}</td><td>${fmtTime(s.ends_at_ms)}</td>
+      <td class="wrap">${esc(s.comment)}</td><td><button class="small" data-expire="${s.id}">expire</button></td></tr>`).join("")}</tbody></table>` : `<p class="muted">none</p>`;
+  for (const b of box.querySelectorAll("button[data-expire]")) {
+    b.addEventListener("click", async () => { await fetch(`/api/v1/silences/${b.dataset.expire}`, { method: "DELETE" }); await renderSilences(); });
+  }
+}
+
+// ---------------------------------------------------------------- start
+
+connectStream();
+route();
