@@ -45,7 +45,17 @@ function connectStream() {
   stream.onerror = () => { state.connected = false; setStatus("live updates interrupted; reconnecting…"); };
 }
 
+// How long after a sample its tile changes, and what a fleet render costs
+// (the last few hundred of each), for the benchmark in tests/browser.
+state.sampleToScreenMs = [];
+state.renderMs = [];
+const remember = (list, value) => { list.push(value); if (list.length > 500) list.shift(); };
+
 function applyFleet(msg, snapshot) {
+  if (!snapshot) {
+    const now = Date.now();
+    for (const d of msg.gpus || []) if (d.latest) remember(state.sampleToScreenMs, now - d.latest.timestamp_ms);
+  }
   if (snapshot) state.gpus = new Map();
   for (const d of msg.gpus || []) state.gpus.set(d.uuid, d);
   for (const uuid of msg.removed || []) state.gpus.delete(uuid);
@@ -119,9 +129,15 @@ async function showFleet(view) {
   for (const key of ["node", "user", "job", "pod", "sort"]) {
     const el = document.getElementById(`f-${key}`);
     el.value = fleetFilter[key];
-    el.addEventListener("input", () => { fleetFilter[key] = el.value.trim(); if (key !== "node" && key !== "sort") refreshProcesses(); scheduleFleetRender(); });
+    el.addEventListener("input", async () => {
+      fleetFilter[key] = el.value.trim();
+      // The process list is needed only to filter by user, job or pod:
+      // fetched then, not on every load of a large fleet.
+      if (key !== "node" && key !== "sort") await refreshProcesses();
+      scheduleFleetRender();
+    });
   }
-  await refreshProcesses();
+  if (fleetFilter.user || fleetFilter.job || fleetFilter.pod) await refreshProcesses();
   scheduleFleetRender();
 }
 
@@ -132,7 +148,13 @@ async function refreshProcesses() {
 function scheduleFleetRender() {
   if (fleetRenderPending) return;
   fleetRenderPending = true;
-  requestAnimationFrame(() => { fleetRenderPending = false; if (currentView === "fleet") renderFleet(); });
+  requestAnimationFrame(() => {
+    fleetRenderPending = false;
+    if (currentView !== "fleet") return;
+    const t0 = performance.now();
+    renderFleet();
+    remember(state.renderMs, performance.now() - t0);
+  });
 }
 
 // Devices that a process matching the user/job/pod filters runs on (a

@@ -134,7 +134,7 @@ impl AlertStore for SqliteStore {
             filter.sql_states()
         ))
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reader)
         .await?)
     }
 
@@ -172,7 +172,7 @@ impl AlertStore for SqliteStore {
              FROM silences WHERE starts_at_ms <= ?1 AND ends_at_ms > ?1 ORDER BY id",
         )
         .bind(now_ms)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reader)
         .await?)
     }
 
@@ -232,14 +232,14 @@ impl AlertStore for SqliteStore {
     async fn undelivered_notifications(&self) -> Result<i64, StoreError> {
         Ok(
             sqlx::query_scalar("SELECT COUNT(*) FROM outbox WHERE delivered_at_ms IS NULL")
-                .fetch_one(&self.pool)
+                .fetch_one(&self.reader)
                 .await?,
         )
     }
 
     async fn active_alert_counts(&self) -> Result<ActiveAlertCounts, StoreError> {
         Ok(sqlx::query_as(ACTIVE_ALERT_COUNTS_SQL)
-            .fetch_one(&self.pool)
+            .fetch_one(&self.reader)
             .await?)
     }
 }

@@ -26,7 +26,12 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite"
 
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
+    /// Writes, and reads inside a write's transaction.
     pool: SqlitePool,
+    /// Dashboard and API reads, on connections of their own: SQLite (in WAL
+    /// mode) lets them run while a batch commits, instead of queueing behind
+    /// every agent's write for a pool connection.
+    reader: SqlitePool,
 }
 
 impl SqliteStore {
@@ -54,12 +59,20 @@ impl SqliteStore {
             .min_connections(1)
             .idle_timeout(None)
             .max_lifetime(None)
-            .connect_with(options)
+            .connect_with(options.clone())
             .await?;
         if in_memory {
             MIGRATOR.run(&pool).await?;
+            let reader = pool.clone();
+            return Ok(Self { pool, reader });
         }
-        Ok(Self { pool })
+        let reader = SqlitePoolOptions::new()
+            .max_connections(4)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options.read_only(true))
+            .await?;
+        Ok(Self { pool, reader })
     }
 }
 
@@ -327,7 +340,7 @@ impl Store for SqliteStore {
              FROM nodes n LEFT JOIN devices d ON d.node_id = n.id AND d.present
              GROUP BY n.id ORDER BY n.name",
         )
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reader)
         .await?)
     }
 
@@ -343,7 +356,7 @@ impl Store for SqliteStore {
              WHERE d.present
              ORDER BY n.name, d.gpu_index, d.parent_id IS NOT NULL, d.mig_gpu_instance_id, d.mig_compute_instance_id",
         )
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reader)
         .await?;
         Ok(rows.into_iter().map(DeviceView::from).collect())
     }
@@ -357,7 +370,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<Vec<SeriesPoint>>, StoreError> {
         let device: Option<i64> = sqlx::query_scalar("SELECT id FROM devices WHERE uuid = ?1")
             .bind(uuid)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reader)
             .await?;
         let Some(device) = device else {
             return Ok(None);
@@ -376,7 +389,7 @@ impl Store for SqliteStore {
         .bind(from_ms)
         .bind(to_ms)
         .bind(bucket_width_ms(from_ms, to_ms, max_points))
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reader)
         .await?;
         Ok(Some(points))
     }
@@ -389,7 +402,7 @@ impl Store for SqliteStore {
              ORDER BY p.memory_last DESC, n.name, p.pid"
         ))
         .bind(since_ms)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reader)
         .await?;
         Ok(rows.into_iter().map(ProcessView::from).collect())
     }
@@ -403,7 +416,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<Vec<ProcessSeries>>, StoreError> {
         let device: Option<i64> = sqlx::query_scalar("SELECT id FROM devices WHERE uuid = ?1")
             .bind(uuid)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reader)
             .await?;
         let Some(device) = device else {
             return Ok(None);
@@ -415,7 +428,7 @@ impl Store for SqliteStore {
         .bind(device)
         .bind(from_ms)
         .bind(to_ms)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reader)
         .await?;
         let buckets = sqlx::query_as::<_, ProcessBucket>(
             "SELECT s.process_id, ?2 + ((s.ts_ms - ?2) / ?4) * ?4 AS timestamp_ms, MAX(s.used_max) AS used
@@ -428,7 +441,7 @@ impl Store for SqliteStore {
         .bind(from_ms)
         .bind(to_ms)
         .bind(bucket_width_ms(from_ms, to_ms, max_points))
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reader)
         .await?;
         Ok(Some(process_series_from(meta, buckets)))
     }
@@ -442,7 +455,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<Vec<EventView>>, StoreError> {
         let device: Option<i64> = sqlx::query_scalar("SELECT id FROM devices WHERE uuid = ?1")
             .bind(uuid)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reader)
             .await?;
         let Some(device) = device else {
             return Ok(None);
@@ -457,7 +470,7 @@ impl Store for SqliteStore {
             .bind(from_ms)
             .bind(to_ms)
             .bind(limit)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.reader)
             .await?,
         ))
     }
@@ -474,7 +487,7 @@ impl Store for SqliteStore {
         .bind(q.device_uuid)
         .bind(q.pid)
         .bind(q.start_time_ms)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.reader)
         .await?;
         let Some(process) = process else {
             return Ok(None);
@@ -491,7 +504,7 @@ impl Store for SqliteStore {
         .bind(q.from_ms)
         .bind(q.to_ms)
         .bind(bucket_width_ms(q.from_ms, q.to_ms, q.max_points))
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reader)
         .await?;
         Ok(Some(AllocatorSeries {
             device_uuid: q.device_uuid.to_owned(),
