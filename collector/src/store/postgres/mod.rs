@@ -29,6 +29,14 @@ pub struct PostgresStore {
 }
 
 impl PostgresStore {
+    /// The store's id of device `uuid`, for the reads that take a UUID.
+    async fn device_id(&self, uuid: &str) -> Result<Option<i32>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT id FROM devices WHERE uuid = $1")
+            .bind(uuid)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.parse()?;
         let pool = PgPoolOptions::new()
@@ -389,11 +397,7 @@ impl Store for PostgresStore {
         to_ms: i64,
         max_points: u32,
     ) -> Result<Option<Vec<SeriesPoint>>, StoreError> {
-        let device: Option<i32> = sqlx::query_scalar("SELECT id FROM devices WHERE uuid = $1")
-            .bind(uuid)
-            .fetch_optional(&self.pool)
-            .await?;
-        let Some(device) = device else {
+        let Some(device) = self.device_id(uuid).await? else {
             return Ok(None);
         };
         let points = sqlx::query_as::<_, SeriesPoint>(
@@ -434,11 +438,7 @@ impl Store for PostgresStore {
         to_ms: i64,
         max_points: u32,
     ) -> Result<Option<Vec<ProcessSeries>>, StoreError> {
-        let device: Option<i32> = sqlx::query_scalar("SELECT id FROM devices WHERE uuid = $1")
-            .bind(uuid)
-            .fetch_optional(&self.pool)
-            .await?;
-        let Some(device) = device else {
+        let Some(device) = self.device_id(uuid).await? else {
             return Ok(None);
         };
         let meta = sqlx::query_as::<_, ProcessMeta>(
@@ -473,11 +473,7 @@ impl Store for PostgresStore {
         to_ms: i64,
         limit: i64,
     ) -> Result<Option<Vec<EventView>>, StoreError> {
-        let device: Option<i32> = sqlx::query_scalar("SELECT id FROM devices WHERE uuid = $1")
-            .bind(uuid)
-            .fetch_optional(&self.pool)
-            .await?;
-        let Some(device) = device else {
+        let Some(device) = self.device_id(uuid).await? else {
             return Ok(None);
         };
         Ok(Some(

@@ -35,6 +35,14 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// The store's id of device `uuid`, for the reads that take a UUID.
+    async fn device_id(&self, uuid: &str) -> Result<Option<i64>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT id FROM devices WHERE uuid = ?1")
+            .bind(uuid)
+            .fetch_optional(&self.reader)
+            .await?)
+    }
+
     /// Opens (creating if needed) the database at `url`, e.g.
     /// `sqlite://headroom-data/headroom.db` or `sqlite::memory:`.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
@@ -368,11 +376,7 @@ impl Store for SqliteStore {
         to_ms: i64,
         max_points: u32,
     ) -> Result<Option<Vec<SeriesPoint>>, StoreError> {
-        let device: Option<i64> = sqlx::query_scalar("SELECT id FROM devices WHERE uuid = ?1")
-            .bind(uuid)
-            .fetch_optional(&self.reader)
-            .await?;
-        let Some(device) = device else {
+        let Some(device) = self.device_id(uuid).await? else {
             return Ok(None);
         };
         let points = sqlx::query_as::<_, SeriesPoint>(
@@ -414,11 +418,7 @@ impl Store for SqliteStore {
         to_ms: i64,
         max_points: u32,
     ) -> Result<Option<Vec<ProcessSeries>>, StoreError> {
-        let device: Option<i64> = sqlx::query_scalar("SELECT id FROM devices WHERE uuid = ?1")
-            .bind(uuid)
-            .fetch_optional(&self.reader)
-            .await?;
-        let Some(device) = device else {
+        let Some(device) = self.device_id(uuid).await? else {
             return Ok(None);
         };
         let meta = sqlx::query_as::<_, ProcessMeta>(
@@ -453,11 +453,7 @@ impl Store for SqliteStore {
         to_ms: i64,
         limit: i64,
     ) -> Result<Option<Vec<EventView>>, StoreError> {
-        let device: Option<i64> = sqlx::query_scalar("SELECT id FROM devices WHERE uuid = ?1")
-            .bind(uuid)
-            .fetch_optional(&self.reader)
-            .await?;
-        let Some(device) = device else {
+        let Some(device) = self.device_id(uuid).await? else {
             return Ok(None);
         };
         Ok(Some(
