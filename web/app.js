@@ -41,6 +41,7 @@ function connectStream() {
   stream = new EventSource("/api/v1/stream");
   stream.addEventListener("snapshot", (e) => { applyFleet(JSON.parse(e.data), true); });
   stream.addEventListener("update", (e) => { applyFleet(JSON.parse(e.data), false); });
+  stream.addEventListener("unavailable", (e) => { setStatus(`figures may be stale: ${e.data}`); });
   stream.onopen = () => { state.connected = true; };
   stream.onerror = () => { state.connected = false; setStatus("live updates interrupted; reconnecting…"); };
 }
@@ -60,7 +61,12 @@ function applyFleet(msg, snapshot) {
   for (const d of msg.gpus || []) state.gpus.set(d.uuid, d);
   for (const uuid of msg.removed || []) state.gpus.delete(uuid);
   if (msg.nodes) state.nodes = msg.nodes;
-  if (msg.alerts) state.alerts = msg.alerts;
+  if (msg.alerts) {
+    const changed = msg.alerts.pending !== state.alerts.pending || msg.alerts.firing !== state.alerts.firing;
+    state.alerts = msg.alerts;
+    // The alerts view follows new and resolved alerts without a reload.
+    if (changed && currentView === "alerts") renderAlertList(params().get("state") === "resolved" ? "resolved" : "active").catch(() => {});
+  }
   state.updates += 1;
   setStatus(`live · updated ${new Date().toLocaleTimeString()}`);
   renderSummary();
@@ -82,6 +88,10 @@ function renderSummary() {
 // ---------------------------------------------------------------- routing
 
 let currentView = null;
+// Bumped on every navigation: a view whose data arrives after the user
+// moved on must not draw over the next one.
+let routeGen = 0;
+const isCurrent = (gen) => gen === routeGen;
 function params() { return new URLSearchParams(location.search); }
 
 function navigate(url) {
@@ -105,8 +115,9 @@ function route() {
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === currentView);
   const view = document.getElementById("view");
   view.innerHTML = "";
+  const gen = ++routeGen;
   const show = { fleet: showFleet, gpu: showGpu, processes: showProcesses, alerts: showAlerts }[currentView] || showFleet;
-  show(view, p).catch((err) => { view.innerHTML = `<p class="text-crit">${esc(err.message)}</p>`; });
+  show(view, p, gen).catch((err) => { if (isCurrent(gen)) view.innerHTML = `<p class="text-crit">${esc(err.message)}</p>`; });
 }
 
 // ---------------------------------------------------------------- fleet
@@ -114,7 +125,7 @@ function route() {
 const fleetFilter = { node: "", user: "", job: "", pod: "", sort: "name" };
 let fleetRenderPending = false;
 
-async function showFleet(view) {
+async function showFleet(view, p, gen) {
   document.title = "Headroom — fleet";
   view.innerHTML = `
     <div class="controls">
@@ -138,7 +149,7 @@ async function showFleet(view) {
     });
   }
   if (fleetFilter.user || fleetFilter.job || fleetFilter.pod) await refreshProcesses();
-  scheduleFleetRender();
+  if (isCurrent(gen)) scheduleFleetRender();
 }
 
 async function refreshProcesses() {
@@ -262,7 +273,7 @@ function rangeFromUrl(p) {
   return { from, to };
 }
 
-async function showGpu(view, p) {
+async function showGpu(view, p, gen) {
   const uuid = p.get("gpu");
   const { from, to } = rangeFromUrl(p);
   const live = !p.get("to");
@@ -272,6 +283,7 @@ async function showGpu(view, p) {
     for (const g of all) state.gpus.set(g.uuid, g);
     d = state.gpus.get(uuid);
   }
+  if (!isCurrent(gen)) return;
   if (!d) throw new Error(`no GPU or MIG instance ${uuid}`);
   document.title = `Headroom — ${d.node} GPU ${d.index}`;
   const span = to - from;
@@ -305,6 +317,7 @@ async function showGpu(view, p) {
     getJson("/api/v1/alerts?state=active"),
   ]);
   const resolved = await getJson("/api/v1/alerts?state=resolved&limit=500");
+  if (!isCurrent(gen)) return;
   const deviceAlerts = [...alerts, ...resolved].filter((a) => a.labels.device_uuid === uuid &&
     (a.fired_at_ms || a.started_at_ms) <= to && (a.resolved_at_ms == null || a.resolved_at_ms >= from));
   const markers = [
@@ -315,7 +328,7 @@ async function showGpu(view, p) {
   drawProcessChart(procSeries, from, to);
   drawPcieChart(series, from, to, d.kind === "mig");
   renderMigLayout(d);
-  renderGpuProcesses(uuid);
+  renderGpuProcesses(uuid, gen);
   renderEvents(events, deviceAlerts);
 }
 
@@ -447,14 +460,16 @@ function renderMigLayout(d) {
     ${free > 1 ? `<rect x="${x}" y="0" width="${free}" height="${height}" fill="#ddd"></rect><text x="${x + 6}" y="28" style="fill:#555">unallocated</text>` : ""}</svg>`;
 }
 
-async function renderGpuProcesses(uuid) {
+async function renderGpuProcesses(uuid, gen) {
   await refreshProcesses();
+  if (!isCurrent(gen)) return;
   const inside = new Set([uuid, ...[...state.gpus.values()].filter((m) => m.parent_uuid === uuid).map((m) => m.uuid)]);
   const procs = state.processes.filter((p) => inside.has(p.device_uuid));
   document.getElementById("gpu-processes").innerHTML = processTable(procs) ;
   const reporting = procs.filter((p) => p.allocator);
   if (reporting.length) {
     const charts = await Promise.all(reporting.slice(0, 6).map(allocatorBlock));
+    if (!isCurrent(gen)) return;
     document.getElementById("gpu-allocators").innerHTML = charts.join("");
     document.getElementById("gpu-allocators").classList.remove("muted");
   }
@@ -537,11 +552,12 @@ function groupTable(title, groups) {
     </tbody></table>` : `<p class="muted">none</p>`}</div>`;
 }
 
-async function showProcesses(view) {
+async function showProcesses(view, p, gen) {
   document.title = "Headroom — processes and jobs";
   view.innerHTML = `<p class="muted">loading…</p>`;
   await refreshProcesses();
   const alerts = await getJson("/api/v1/alerts?state=active");
+  if (!isCurrent(gen)) return;
   const procs = state.processes;
   const leaks = alerts.filter((a) => a.rule === "leak");
   view.innerHTML = `
@@ -561,8 +577,10 @@ async function showProcesses(view) {
     <h3>Allocator of reporting processes</h3><div id="proc-allocators" class="muted">none reports</div>`;
   const reporting = procs.filter((p) => p.allocator).slice(0, 6);
   if (reporting.length) {
+    const blocks = await Promise.all(reporting.map(allocatorBlock));
+    if (!isCurrent(gen)) return;
     const box = document.getElementById("proc-allocators");
-    box.innerHTML = (await Promise.all(reporting.map(allocatorBlock))).join("");
+    box.innerHTML = blocks.join("");
     box.classList.remove("muted");
   }
 }
@@ -571,7 +589,7 @@ async function showProcesses(view) {
 
 function operator() { return localStorage.getItem("headroom-operator") || ""; }
 
-async function showAlerts(view, p) {
+async function showAlerts(view, p, gen) {
   document.title = "Headroom — alerts";
   const which = p.get("state") === "resolved" ? "resolved" : "active";
   view.innerHTML = `
@@ -582,12 +600,13 @@ async function showAlerts(view, p) {
     <div id="alert-list"><p class="muted">loading…</p></div>
     <h3>Silences</h3><div id="silence-list"></div>`;
   document.getElementById("operator").addEventListener("input", (e) => localStorage.setItem("headroom-operator", e.target.value.trim()));
-  await renderAlertList(which);
-  await renderSilences();
+  await renderAlertList(which, gen);
+  await renderSilences(gen);
 }
 
-async function renderAlertList(which) {
+async function renderAlertList(which, gen = routeGen) {
   const alerts = await getJson(`/api/v1/alerts?state=${which}&limit=500`);
+  if (!isCurrent(gen)) return;
   const rows = alerts.map((a) => {
     const where = a.labels.device_uuid ? `<a href="/?gpu=${encodeURIComponent(a.labels.device_uuid)}&from=${(a.fired_at_ms || a.started_at_ms) - 3_600_000}&to=${Math.min(Date.now(), (a.resolved_at_ms || Date.now()) + 600_000)}">${esc(a.labels.node)} GPU ${esc(a.labels.gpu)}</a>` : esc(a.labels.node || "");
     const ack = a.acknowledged_by ? `ack ${esc(a.acknowledged_by)}` : (which === "active" ? `<button class="small" data-ack="${a.id}">acknowledge</button>` : "");
@@ -638,8 +657,9 @@ async function silence(alert, which) {
   await renderSilences();
 }
 
-async function renderSilences() {
+async function renderSilences(gen = routeGen) {
   const list = await getJson("/api/v1/silences");
+  if (!isCurrent(gen)) return;
   const box = document.getElementById("silence-list");
   box.innerHTML = list.length ? `<table><thead><tr><th>matches</th><th>by</th><th>until</th><th>comment</th><th></th></tr></thead><tbody>
     ${list.map((s) => `<tr><td>${esc(Object.entries(s.matchers).map(([k, v]) => `${k}=${v}`).join(", "))}</td><td>${esc(s.created_by)}</td><td>${fmtTime(s.ends_at_ms)}</td>

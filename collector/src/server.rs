@@ -96,6 +96,7 @@ impl Collector {
             store: self.store,
             clock: self.clock,
             metrics,
+            shutdown: stopped.clone(),
         });
         let http_server = axum::serve(http, router).with_graceful_shutdown(wait(stopped));
         tokio::spawn(async move {

@@ -32,16 +32,18 @@ try {
   step = "fleet overview shows a tile per GPU and MIG instance";
   const started = Date.now();
   await page.goto(base);
-  await page.waitForFunction(() => document.querySelectorAll(".tile").length >= 35, null, { timeout: 15000 });
+  // Every tile with a sample: the demo prints its address before the first samples arrive.
+  await page.waitForFunction(() => document.querySelectorAll(".tile:not(.lvl-none)").length >= 35, null, { timeout: 15000 });
   const loadMs = Date.now() - started;
   const tiles = await page.locator(".tile").count();
   const firstTile = await page.locator(".tile").first().innerText();
   if (!/GiB/.test(firstTile) || !/(OK|HIGH|CRITICAL)/.test(firstTile)) throw new Error(`tile text says no memory or level: ${firstTile}`);
   await shot("1-fleet");
 
-  step = "live updates arrive over server-sent events";
-  const before = await page.evaluate(() => window.__headroom.updates);
-  await page.waitForFunction((n) => window.__headroom.updates >= n + 2, before, { timeout: 5000 });
+  step = "live updates arrive over server-sent events and change tiles";
+  const sigs = await page.evaluate(() => [...document.querySelectorAll(".tile")].map((t) => t.dataset.sig));
+  await page.waitForFunction(() => window.__headroom.sampleToScreenMs.length > 0, null, { timeout: 5000 });
+  await page.waitForFunction((before) => [...document.querySelectorAll(".tile")].some((t, i) => t.dataset.sig !== before[i]), sigs, { timeout: 5000 });
 
   step = "filters and sorting";
   await page.selectOption("#f-sort", "headroom");
@@ -50,11 +52,11 @@ try {
     && document.querySelectorAll(".tile").length > 0 && document.querySelectorAll(".tile").length < 35, null, { timeout: 5000 });
   await page.fill("#f-user", "");
   await page.selectOption("#f-sort", "name");
+  await page.waitForFunction(() => /^35 of 35 devices/.test(document.getElementById("f-count").textContent), null, { timeout: 5000 });
 
   step = "a tile leads to its GPU page with the memory chart drawn";
-  const tile = page.locator(".tile.lvl-ok, .tile.lvl-warn, .tile.lvl-crit").first();
-  const uuid = await tile.getAttribute("data-uuid");
-  await tile.click();
+  const uuid = await page.locator(".tile.lvl-ok, .tile.lvl-warn, .tile.lvl-crit").first().getAttribute("data-uuid");
+  await page.locator(`.tile[data-uuid="${uuid}"]`).click();
   // The page navigates with pushState: wait on the URL itself, not a load.
   await page.waitForFunction((u) => new URLSearchParams(location.search).get("gpu") === u, uuid, { timeout: 5000 });
   await page.waitForFunction(() => {
@@ -75,7 +77,9 @@ try {
   step = "an alert is acknowledged";
   await page.goto(`${base}/?view=alerts`);
   await page.fill("#operator", "playwright");
-  await page.waitForSelector("button[data-ack]", { timeout: 90000 });
+  // The list follows the alert counts live; an alert to acknowledge may
+  // still be minutes away in a fresh demo.
+  await page.waitForSelector("button[data-ack]", { timeout: 120000 });
   const row = page.locator("tr:has(button[data-ack])").first();
   const id = await row.getAttribute("data-alert");
   await row.locator("button[data-ack]").click();

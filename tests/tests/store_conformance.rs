@@ -362,7 +362,7 @@ async fn gpu_page_reads_process_series_and_events(store: Arc<dyn Store>) {
         }
         write(&*store, &session, &b).await;
     }
-    // Two buckets of 5 s: every process's points share the buckets' starts,
+    // Two buckets of 5 s: every process's points share the buckets' ends,
     // so they stack, and each keeps its bucket's highest value.
     let series = store
         .process_series(GPU0, start, start + 9_999, 2)
@@ -374,12 +374,12 @@ async fn gpu_page_reads_process_series_and_events(store: Arc<dyn Store>) {
     assert_eq!(
         series[0].points,
         vec![
-            (start, (34 * GIB + GIB / 4) as i64),
-            (start + 5000, (39 * GIB + GIB / 4) as i64)
+            (start + 4999, (34 * GIB + GIB / 4) as i64),
+            (start + 9999, (39 * GIB + GIB / 4) as i64)
         ],
         "memory used at its highest poll"
     );
-    assert_eq!(series[1].points[0].0, start);
+    assert_eq!(series[1].points[0].0, start + 4999);
     assert_eq!(series[0].peak_bytes, (39 * GIB + GIB / 4) as i64);
     assert!(
         store

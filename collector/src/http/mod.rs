@@ -22,6 +22,10 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub clock: Clock,
     pub metrics: Arc<CollectorMetrics>,
+    /// Turns true when the collector stops: endless responses (the event
+    /// stream) end then, so a graceful shutdown is not held up by an open
+    /// dashboard.
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
 }
 
 const INDEX_HTML: &str = include_str!("../../../web/index.html");

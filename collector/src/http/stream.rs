@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use serde::Serialize;
 
 use super::AppState;
@@ -31,6 +31,8 @@ struct Follower {
     state: AppState,
     /// What this client was last sent: each device's latest sample time.
     sent: Option<HashMap<String, Option<i64>>>,
+    /// False until the first event went out: only that one is not paced.
+    started: bool,
 }
 
 impl Follower {
@@ -42,7 +44,10 @@ impl Follower {
             (Ok(nodes), Ok(devices)) => (nodes, devices),
             (Err(error), _) | (_, Err(error)) => {
                 tracing::debug!(%error, "fleet stream: store unavailable");
-                return Event::default().comment("store unavailable");
+                // Named, so the page can say its figures are stale.
+                return Event::default()
+                    .event("unavailable")
+                    .data("the collector cannot read its store; retrying");
             }
         };
         let alerts = self.state.store.active_alert_counts().await.ok();
@@ -82,13 +87,22 @@ impl Follower {
 pub async fn fleet(
     State(state): State<AppState>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let follower = Follower { state, sent: None };
+    let mut shutdown = state.shutdown.clone();
+    let follower = Follower {
+        state,
+        sent: None,
+        started: false,
+    };
     let events = futures::stream::unfold(follower, |mut f| async move {
-        if f.sent.is_some() {
+        if f.started {
             tokio::time::sleep(PERIOD).await;
         }
+        f.started = true;
         let event = f.next_event().await;
         Some((Ok(event), f))
+    })
+    .take_until(async move {
+        let _ = shutdown.wait_for(|stop| *stop).await;
     });
     Sse::new(events).keep_alive(KeepAlive::default())
 }

@@ -75,9 +75,10 @@ pub trait Store: AlertStore + Send + Sync + std::fmt::Debug + 'static {
 
     /// The memory of each process on device `uuid` in `[from_ms, to_ms]`,
     /// folded into the same buckets as [`Store::device_series`] (each
-    /// bucket's highest value, stamped with the bucket's start), the
-    /// `MAX_PROCESSES_PER_SERIES` biggest first. `None` when the device is
-    /// unknown.
+    /// bucket's highest value), the `MAX_PROCESSES_PER_SERIES` biggest
+    /// first. Every process's points carry their bucket's end, so they stack;
+    /// a device series point carries its newest sample, at most one sample
+    /// interval earlier. `None` when the device is unknown.
     async fn process_series(
         &self,
         uuid: &str,
@@ -110,7 +111,8 @@ pub struct ProcessSeries {
     pub slurm_job_id: String,
     pub pod_uid: String,
     pub peak_bytes: i64,
-    /// `[bucket start (epoch ms), highest memory used in the bucket]`.
+    /// `[bucket end (epoch ms, at most the range's end), highest memory used
+    /// in the bucket]`.
     pub points: Vec<(i64, i64)>,
 }
 

@@ -431,7 +431,7 @@ impl Store for SqliteStore {
         .fetch_all(&self.reader)
         .await?;
         let buckets = sqlx::query_as::<_, ProcessBucket>(
-            "SELECT s.process_id, ?2 + ((s.ts_ms - ?2) / ?4) * ?4 AS timestamp_ms, MAX(s.used_max) AS used
+            "SELECT s.process_id, MIN(?3, ?2 + ((s.ts_ms - ?2) / ?4 + 1) * ?4 - 1) AS timestamp_ms, MAX(s.used_max) AS used
              FROM process_samples s JOIN processes p ON p.id = s.process_id
              WHERE p.device_id = ?1 AND p.last_seen_ms >= ?2 AND p.first_seen_ms <= ?3
                  AND s.ts_ms BETWEEN ?2 AND ?3
