@@ -62,21 +62,15 @@ pub fn spawn(
                 let now = Instant::now();
                 if flush_now && now < interval_end {
                     // A short interval now; the regular schedule carries on.
-                    let elapsed = u32::try_from(now.duration_since(interval_start).as_millis())
-                        .unwrap_or(u32::MAX)
-                        .max(1);
+                    let samples =
+                        close_interval(&mut window, &allocator_reports, interval_start, now);
                     interval_start = now;
-                    let mut samples = window.finish(epoch_ms_now(), elapsed);
-                    allocator_reports.attach(&mut samples.processes);
                     if intervals.blocking_send(samples).is_err() {
                         break;
                     }
                 } else if now >= interval_end {
-                    let elapsed = u32::try_from(now.duration_since(interval_start).as_millis())
-                        .unwrap_or(u32::MAX)
-                        .max(1);
-                    let mut samples = window.finish(epoch_ms_now(), elapsed);
-                    allocator_reports.attach(&mut samples.processes);
+                    let samples =
+                        close_interval(&mut window, &allocator_reports, interval_start, now);
                     interval_start = now;
                     interval_end += timing.sample_interval;
                     // After a long stall, realign instead of emitting a burst
@@ -97,4 +91,20 @@ pub fn spawn(
             }
             tracing::debug!("sampler stopped");
         })
+}
+
+/// Ends the interval that began at `start`: its samples, with the allocator
+/// reports of the processes in it joined.
+fn close_interval(
+    window: &mut SampleWindow,
+    allocator_reports: &AllocatorReports,
+    start: Instant,
+    now: Instant,
+) -> IntervalSamples {
+    let elapsed = u32::try_from(now.duration_since(start).as_millis())
+        .unwrap_or(u32::MAX)
+        .max(1);
+    let mut samples = window.finish(epoch_ms_now(), elapsed);
+    allocator_reports.attach(&mut samples.processes);
+    samples
 }

@@ -327,7 +327,7 @@ fn to_batch(node: &str, boot_id: &str, interval: IntervalSamples) -> pb::Batch {
                 slurm_job_id: p.last.owner.slurm_job_id.clone(),
                 container_runtime: p.last.owner.container_runtime.clone(),
                 pod_qos_class: p.last.owner.pod_qos_class.clone(),
-                allocator: p.allocator.map(|a| pb::AllocatorStats {
+                allocator: p.last.allocator.map(|a| pb::AllocatorStats {
                     timestamp_ms: a.timestamp_ms,
                     allocated_bytes: a.allocated_bytes,
                     reserved_bytes: a.reserved_bytes,

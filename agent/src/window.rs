@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use crate::allocator::AllocatorStats;
 use crate::source::{Inventory, Poll, ProcessReading, SourceEvent};
 
 /// One interval of one GPU or MIG instance.
@@ -32,8 +31,6 @@ pub struct ProcessSample {
     pub timestamp_ms: i64,
     pub last: ProcessReading,
     pub memory_used_max: u64,
-    /// What the process's own allocator last reported for this device.
-    pub allocator: Option<AllocatorStats>,
 }
 
 /// What one interval produced, ready to ship.
@@ -193,7 +190,6 @@ impl SampleWindow {
             .flat_map(BTreeMap::into_values)
             .map(|(last, max)| ProcessSample {
                 timestamp_ms: end_ms,
-                allocator: last.allocator,
                 last,
                 memory_used_max: max,
             })

@@ -140,7 +140,7 @@ impl AllocatorReports {
             .then(|| &report.devices[0]);
             // A report on the socket wins over what the source knew.
             if let Some(d) = by_uuid.or(only_one) {
-                s.allocator = Some(d.stats);
+                s.last.allocator = Some(d.stats);
             }
         }
     }
@@ -166,7 +166,6 @@ mod tests {
                 allocator: None,
             },
             memory_used_max: 100,
-            allocator: None,
         }
     }
 
@@ -195,11 +194,11 @@ mod tests {
         reports.record(sender(7, 1), vec![device(Some("aa"), 10)]);
         let mut same = vec![sample(7, "GPU-aa")];
         reports.attach(&mut same);
-        assert!(same[0].allocator.is_some());
+        assert!(same[0].last.allocator.is_some());
         let mut reused = vec![sample(7, "GPU-aa")];
         reused[0].last.start_time_ms = 1 + 60_000;
         reports.attach(&mut reused);
-        assert_eq!(reused[0].allocator, None);
+        assert_eq!(reused[0].last.allocator, None);
     }
 
     #[test]
@@ -215,9 +214,9 @@ mod tests {
             sample(8, "GPU-aa"),
         ];
         reports.attach(&mut samples);
-        assert_eq!(samples[0].allocator.unwrap().reserved_bytes, 10);
-        assert_eq!(samples[1].allocator.unwrap().reserved_bytes, 20);
-        assert_eq!(samples[2].allocator, None, "another process");
+        assert_eq!(samples[0].last.allocator.unwrap().reserved_bytes, 10);
+        assert_eq!(samples[1].last.allocator.unwrap().reserved_bytes, 20);
+        assert_eq!(samples[2].last.allocator, None, "another process");
     }
 
     #[test]
@@ -226,10 +225,10 @@ mod tests {
         reports.record(sender(7, 1), vec![device(None, 10)]);
         let mut one = vec![sample(7, "GPU-aa")];
         reports.attach(&mut one);
-        assert_eq!(one[0].allocator.unwrap().reserved_bytes, 10);
+        assert_eq!(one[0].last.allocator.unwrap().reserved_bytes, 10);
         let mut two = vec![sample(7, "GPU-aa"), sample(7, "GPU-bb")];
         reports.attach(&mut two);
-        assert!(two.iter().all(|s| s.allocator.is_none()));
+        assert!(two.iter().all(|s| s.last.allocator.is_none()));
     }
 
     #[test]
@@ -239,7 +238,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(2));
         let mut samples = vec![sample(7, "GPU-aa")];
         reports.attach(&mut samples);
-        assert_eq!(samples[0].allocator, None);
+        assert_eq!(samples[0].last.allocator, None);
         assert!(reports.is_empty(), "stale reports are dropped");
 
         let reports = AllocatorReports::default();

@@ -606,26 +606,23 @@ impl Engine {
                 },
             ));
         }
-        self.observe_allocator(o, fresh_report, fragmented, &mut out);
+        Self::observe_allocator(state, &self.config, o, fresh_report, fragmented, &mut out);
         out
     }
 
     /// Fragmentation, allocation retries and allocator OOMs of one process.
     fn observe_allocator(
-        &mut self,
+        state: &mut ProcessState,
+        config: &RulesConfig,
         o: &ProcessObservation<'_>,
         report: Option<AllocatorObservation>,
         fragmented: bool,
         out: &mut Vec<AlertChange>,
     ) {
-        let key = (o.device_uuid.to_owned(), o.pid, o.start_time_ms);
-        let Some(state) = self.processes.get_mut(&key) else {
-            return;
-        };
         let labels = &state.labels;
         let now = o.timestamp_ms;
 
-        let f = &self.config.fragmentation;
+        let f = &config.fragmentation;
         if f.enabled {
             let held = state.fragmentation.lifecycle.is_active();
             // Hysteresis: once firing, it holds down to three quarters of
@@ -676,7 +673,7 @@ impl Engine {
             ));
         }
 
-        let r = &self.config.alloc_retries;
+        let r = &config.alloc_retries;
         if r.enabled {
             let held = state.alloc_retries.lifecycle.is_active();
             // Counts from a report that stopped coming say nothing about now.
@@ -721,7 +718,7 @@ impl Engine {
             ));
         }
 
-        let m = &self.config.allocator_oom;
+        let m = &config.allocator_oom;
         if m.enabled {
             let last_oom = state.allocator.oom_within(m.resolve_after.ms(), now);
             let seen = state.allocator.ooms_seen();
