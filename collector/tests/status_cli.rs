@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use headroom_collector::Collector;
 use headroom_collector::ingest::validate::{self, Limits};
-use headroom_collector::store::{SqliteStore, Store};
+use headroom_collector::store::Store;
 use headroom_proto::v1 as pb;
 
 fn now_ms() -> i64 {
@@ -19,7 +19,7 @@ fn now_ms() -> i64 {
 async fn status_prints_the_fullest_gpu_first() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("s.db").display());
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::connect(&url).await.unwrap());
+    let store: Arc<dyn Store> = headroom_collector::store::connect(&url).await.unwrap();
     let gib = 1u64 << 30;
     let gpu = |uuid: &str, index| pb::Gpu {
         uuid: uuid.into(),

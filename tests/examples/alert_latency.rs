@@ -35,7 +35,7 @@ use headroom_agent::source::SimSource;
 use headroom_collector::Collector;
 use headroom_collector::clock::Clock;
 use headroom_collector::rules::config::RulesConfig;
-use headroom_collector::store::{self, SqliteStore, Store};
+use headroom_collector::store::{self, Store};
 use headroom_sim::Scenario;
 use headroom_tests::fixtures::now_ms;
 use headroom_tests::harness::RunningCollector;
@@ -234,7 +234,7 @@ async fn main() {
         _ => {
             let url = format!("sqlite://{}", dir.path().join("bench.db").display());
             (
-                Arc::new(SqliteStore::connect(&url).await.unwrap()),
+                headroom_collector::store::connect(&url).await.unwrap(),
                 "sqlite",
             )
         }

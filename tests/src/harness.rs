@@ -8,7 +8,6 @@ use headroom_collector::Collector;
 use headroom_collector::clock::Clock;
 use headroom_collector::rules::config::RulesConfig;
 use headroom_collector::server::ServeError;
-use headroom_collector::store::SqliteStore;
 use headroom_collector::store::Store;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -37,7 +36,7 @@ impl RunningCollector {
     /// rules with no notification channels.
     pub async fn start_sqlite_with_default_rules(dir: &std::path::Path) -> Self {
         let url = format!("sqlite://{}", dir.join("headroom.db").display());
-        let store: Arc<dyn Store> = Arc::new(SqliteStore::connect(&url).await.unwrap());
+        let store: Arc<dyn Store> = headroom_collector::store::connect(&url).await.unwrap();
         let collector = Collector::with_rules(store, RulesConfig::default(), Clock::System)
             .await
             .unwrap();

@@ -12,7 +12,7 @@ use headroom_agent::{AgentHandle, AgentSettings};
 use headroom_collector::Collector;
 use headroom_collector::clock::Clock;
 use headroom_collector::rules::config::RulesConfig;
-use headroom_collector::store::{self, SqliteStore, Store};
+use headroom_collector::store::{self, Store};
 use headroom_sim::Scenario;
 use headroom_tests::harness::{RunningCollector, eventually};
 use headroom_tests::postgres;
@@ -121,7 +121,7 @@ fn watermark_firings(received: &[Received]) -> Vec<Value> {
 async fn ramp_to_oom_sends_a_signed_webhook_that_names_the_gpu() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("alerts.db").display());
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::connect(&url).await.unwrap());
+    let store: Arc<dyn Store> = headroom_collector::store::connect(&url).await.unwrap();
     let receiver = Receiver::start().await;
     let collector = RunningCollector::start_collector(
         Collector::with_rules(store, rules(&receiver), Clock::System)
@@ -327,7 +327,7 @@ memory = { shape = "steady", level = "77GiB" }
 "#;
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("slack.db").display());
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::connect(&url).await.unwrap());
+    let store: Arc<dyn Store> = headroom_collector::store::connect(&url).await.unwrap();
     let slack = Receiver::start().await;
     let rules = RulesConfig::parse(
         &format!(

@@ -15,7 +15,7 @@ use std::time::Duration;
 use headroom_collector::Collector;
 use headroom_collector::clock::Clock;
 use headroom_collector::rules::config::RulesConfig;
-use headroom_collector::store::{SqliteStore, Store};
+use headroom_collector::store::Store;
 use headroom_sim::Scenario;
 use headroom_tests::harness::{RunningCollector, built, eventually};
 
@@ -173,7 +173,7 @@ async fn pytorch_allocator_reports_reach_the_api_and_raise_alerts_with_remedies(
     )
     .unwrap();
     let url = format!("sqlite://{}", dir.path().join("headroom.db").display());
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::connect(&url).await.unwrap());
+    let store: Arc<dyn Store> = headroom_collector::store::connect(&url).await.unwrap();
     let collector = RunningCollector::start_collector(
         Collector::with_rules(store, rules, Clock::System)
             .await

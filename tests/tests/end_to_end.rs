@@ -3,12 +3,11 @@
 //! scenario's values.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use headroom_agent::AgentSettings;
 use headroom_agent::source::SimSource;
-use headroom_collector::store::{self, SqliteStore};
+use headroom_collector::store;
 use headroom_sim::Scenario;
 use headroom_tests::fixtures::{GIB, now_ms};
 use headroom_tests::harness::{RunningCollector, eventually};
@@ -272,7 +271,7 @@ async fn agent_keeps_intervals_while_the_collector_is_down_and_delivers_them_in_
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    let store = Arc::new(SqliteStore::connect(&url).await.unwrap());
+    let store = headroom_collector::store::connect(&url).await.unwrap();
     let collector = RunningCollector::start_on(store, listener).await;
     let gpus = eventually("the agent to connect", Duration::from_secs(30), || {
         all_devices_sampled(&collector)

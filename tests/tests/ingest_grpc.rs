@@ -2,9 +2,6 @@
 //! input from agents.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use std::sync::Arc;
-
-use headroom_collector::store::SqliteStore;
 use headroom_proto::v1 as pb;
 use headroom_proto::v1::ingest_client::IngestClient;
 use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, NODE, now_ms};
@@ -22,7 +19,7 @@ struct Fixture {
 async fn collector() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("ingest.db").display());
-    let store = Arc::new(SqliteStore::connect(&url).await.unwrap());
+    let store = headroom_collector::store::connect(&url).await.unwrap();
     Fixture {
         collector: RunningCollector::start(store).await,
         _dir: dir,

@@ -9,7 +9,7 @@ use headroom_collector::model::{NodeSession, WriteOutcome};
 use headroom_collector::store::alerts::{
     ActiveAlertCounts, AlertFilter, AlertUpdate, NewNotification, NewSilence, UpdateKind,
 };
-use headroom_collector::store::{AllocatorSeriesQuery, SqliteStore, Store};
+use headroom_collector::store::{AllocatorSeriesQuery, Store};
 use headroom_proto::v1 as pb;
 use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, GPU1, GPU2, MIG_A, MIG_B, NODE, now_ms};
 use headroom_tests::postgres;
@@ -616,7 +616,7 @@ async fn silences_match_until_they_expire(store: Arc<dyn Store>) {
 async fn sqlite_store() -> (Arc<dyn Store>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("conformance.db").display());
-    (Arc::new(SqliteStore::connect(&url).await.unwrap()), dir)
+    (headroom_collector::store::connect(&url).await.unwrap(), dir)
 }
 
 macro_rules! conformance {

@@ -4,6 +4,7 @@
 
 pub mod alerts;
 mod postgres;
+pub mod rollup;
 mod sqlite;
 
 use std::collections::HashMap;
@@ -17,6 +18,7 @@ pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
 use crate::model::{DeviceMeta, NodeSession, Registration, StoreBatch, WriteOutcome};
+use rollup::{MaintenanceReport, StorageConfig, Watermarks};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -41,10 +43,33 @@ pub trait Store: AlertStore + Send + Sync + std::fmt::Debug + 'static {
     /// The session of an agent boot that registered earlier, if any.
     async fn session(&self, node: &str, boot_id: &str) -> Result<Option<NodeSession>, StoreError>;
 
-    /// Writes a batch in one transaction, unless a batch with the same or a
-    /// higher `seq` was already committed for its (node, boot): then nothing
-    /// is written and the outcome says so.
-    async fn write_batch(&self, batch: &StoreBatch) -> Result<WriteOutcome, StoreError>;
+    /// Writes batches, from any agents, in one transaction, leaving out each
+    /// batch whose (node, boot) already committed the same or a higher `seq`:
+    /// one outcome per batch, in order. Either all the new batches are
+    /// stored or, on error, none.
+    async fn write_batches(&self, batches: &[StoreBatch]) -> Result<Vec<WriteOutcome>, StoreError>;
+
+    /// [`Store::write_batches`] for a single batch.
+    async fn write_batch(&self, batch: &StoreBatch) -> Result<WriteOutcome, StoreError> {
+        let outcomes = self.write_batches(std::slice::from_ref(batch)).await?;
+        Ok(outcomes
+            .into_iter()
+            .next()
+            .unwrap_or(WriteOutcome::Duplicate { committed_seq: 0 }))
+    }
+
+    /// One maintenance pass: partitions ahead of time, rollups of finished
+    /// minutes and hours (and of late samples), retention. Where several
+    /// collectors share a database only one of them does the work; the
+    /// report says whether it was this one.
+    async fn maintain(&self, now_ms: i64) -> Result<MaintenanceReport, StoreError>;
+
+    /// How far the rollups are complete.
+    async fn watermarks(&self) -> Result<Watermarks, StoreError>;
+
+    /// Releases the store's connections (and the maintenance lock, so that
+    /// another collector takes over without waiting for a timeout).
+    async fn close(&self);
 
     async fn nodes(&self) -> Result<Vec<NodeView>, StoreError>;
 
@@ -225,10 +250,15 @@ pub(crate) struct ProcessKey {
 
 /// Opens the store a URL names, creating and migrating its schema.
 pub async fn connect(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    connect_with(url, StorageConfig::default()).await
+}
+
+/// [`connect`] with retention other than the defaults.
+pub async fn connect_with(url: &str, storage: StorageConfig) -> Result<Arc<dyn Store>, StoreError> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(PostgresStore::connect(url).await?))
+        Ok(Arc::new(PostgresStore::connect(url, storage).await?))
     } else if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::connect(url).await?))
+        Ok(Arc::new(SqliteStore::connect(url, storage).await?))
     } else {
         Err(StoreError::UnsupportedUrl(redact_url(url)))
     }

@@ -1,8 +1,11 @@
-//! Postgres: the production store. A batch is one transaction whose first
-//! statement claims its seq, and whose inserts send whole columns as arrays
-//! (`UNNEST`), one round trip per table rather than one per row.
+//! Postgres: the production store. Time-series tables are partitioned by
+//! day (week for hourly rollups) and expire by dropping partitions. A group
+//! of batches is one transaction whose first statement claims their seqs,
+//! and whose inserts send whole columns as arrays (`UNNEST`), one round trip
+//! per table rather than one per row.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,9 +13,12 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Row, Transaction};
 
 mod alerts;
+mod maintenance;
+mod write;
 
-use crate::model::{
-    AllocatorRow, NodeSession, ProcessSampleRow, Registration, StoreBatch, WriteOutcome,
+use crate::model::{NodeSession, Registration, StoreBatch, WriteOutcome};
+use crate::store::rollup::{
+    self, MaintenanceReport, StorageConfig, Watermarks, resolution_for, source_bounds,
 };
 use crate::store::{
     AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceRow, DeviceView, EventView,
@@ -26,6 +32,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgre
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    storage: StorageConfig,
+    leadership: Arc<maintenance::Leadership>,
 }
 
 impl PostgresStore {
@@ -37,15 +45,47 @@ impl PostgresStore {
             .await?)
     }
 
-    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+    pub async fn connect(url: &str, storage: StorageConfig) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.parse()?;
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options)
+            .connect_with(options.clone())
             .await?;
         MIGRATOR.run(&pool).await?;
-        Ok(Self { pool })
+        let store = Self {
+            pool,
+            storage,
+            leadership: Arc::new(maintenance::Leadership::new(options)),
+        };
+        // Today's partitions exist before the first batch, whoever leads.
+        let now = crate::clock::Clock::System.now_ms();
+        maintenance::ensure_partitions(
+            &store.pool,
+            now - store.storage.raw_retention_ms(),
+            now + rollup::DAY_MS,
+        )
+        .await?;
+        Ok(store)
+    }
+
+    /// Writes a group, creating the partitions it needs if a partition was
+    /// missing (maintenance makes them ahead of time; this covers a
+    /// collector that was down across a day boundary).
+    async fn write_group_creating_partitions(
+        &self,
+        batches: &[StoreBatch],
+    ) -> Result<Vec<WriteOutcome>, StoreError> {
+        match write::write_group(&self.pool, batches).await {
+            Err(StoreError::Database(e)) if is_missing_partition(&e) => {
+                if let Some((from, to)) = write::time_span(batches) {
+                    tracing::warn!(from, to, "a write met a missing partition; creating it");
+                    maintenance::ensure_partitions(&self.pool, from, to).await?;
+                }
+                write::write_group(&self.pool, batches).await
+            }
+            other => other,
+        }
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -170,193 +210,24 @@ impl Store for PostgresStore {
         Ok(Some(session))
     }
 
-    async fn write_batch(&self, batch: &StoreBatch) -> Result<WriteOutcome, StoreError> {
-        let seq = i64::try_from(batch.seq).unwrap_or(i64::MAX);
-        let mut tx = self.pool.begin().await?;
-        // Claiming the seq first takes the boot's row lock, so two copies of one
-        // batch arriving at two collectors cannot both be written.
-        let claimed = sqlx::query(
-            "UPDATE agent_boots SET committed_seq = $3 WHERE node_id = $1 AND boot_id = $2 AND committed_seq < $3",
-        )
-        .bind(batch.node_id)
-        .bind(&batch.boot_id)
-        .bind(seq)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if claimed == 0 {
-            let committed: Option<i64> = sqlx::query_scalar(
-                "SELECT committed_seq FROM agent_boots WHERE node_id = $1 AND boot_id = $2",
-            )
-            .bind(batch.node_id)
-            .bind(&batch.boot_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-            tx.rollback().await?;
-            return Ok(WriteOutcome::Duplicate {
-                committed_seq: committed.and_then(|c| u64::try_from(c).ok()).unwrap_or(0),
-            });
+    async fn write_batches(&self, batches: &[StoreBatch]) -> Result<Vec<WriteOutcome>, StoreError> {
+        if batches.is_empty() {
+            return Ok(Vec::new());
         }
+        self.write_group_creating_partitions(batches).await
+    }
 
-        if !batch.gpu_samples.is_empty() {
-            let s = &batch.gpu_samples;
-            let device: Vec<i32> = s.iter().map(|r| r.device_id as i32).collect();
-            let ts: Vec<i64> = s.iter().map(|r| r.timestamp_ms).collect();
-            let interval: Vec<i32> = s.iter().map(|r| r.interval_ms).collect();
-            let polls: Vec<i32> = s.iter().map(|r| r.poll_count).collect();
-            let last: Vec<i64> = s.iter().map(|r| r.used_last).collect();
-            let min: Vec<i64> = s.iter().map(|r| r.used_min).collect();
-            let max: Vec<i64> = s.iter().map(|r| r.used_max).collect();
-            let reserved: Vec<i64> = s.iter().map(|r| r.reserved).collect();
-            let total: Vec<i64> = s.iter().map(|r| r.total).collect();
-            let util: Vec<Option<i16>> = s.iter().map(|r| r.utilization_pct).collect();
-            let tx_rate: Vec<Option<i64>> = s.iter().map(|r| r.pcie_tx_bytes_per_s).collect();
-            let rx_rate: Vec<Option<i64>> = s.iter().map(|r| r.pcie_rx_bytes_per_s).collect();
-            sqlx::query(
-                "INSERT INTO gpu_samples (device_id, ts_ms, interval_ms, poll_count, used_last, used_min, used_max,
-                     reserved, total, utilization, pcie_tx, pcie_rx)
-                 SELECT * FROM UNNEST($1::int4[], $2::int8[], $3::int4[], $4::int4[], $5::int8[], $6::int8[], $7::int8[],
-                     $8::int8[], $9::int8[], $10::int2[], $11::int8[], $12::int8[])",
-            )
-            .bind(&device)
-            .bind(&ts)
-            .bind(&interval)
-            .bind(&polls)
-            .bind(&last)
-            .bind(&min)
-            .bind(&max)
-            .bind(&reserved)
-            .bind(&total)
-            .bind(&util)
-            .bind(&tx_rate)
-            .bind(&rx_rate)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx)
-                 SELECT DISTINCT ON (d) d, t, l, mi, ma, r, tot, u, tr, rr
-                 FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
-                     $8::int2[], $9::int8[], $10::int8[]) AS s(d, t, l, mi, ma, r, tot, u, tr, rr)
-                 ORDER BY d, t DESC
-                 ON CONFLICT (device_id) DO UPDATE SET ts_ms = EXCLUDED.ts_ms, used_last = EXCLUDED.used_last,
-                     used_min = EXCLUDED.used_min, used_max = EXCLUDED.used_max, reserved = EXCLUDED.reserved,
-                     total = EXCLUDED.total, utilization = EXCLUDED.utilization, pcie_tx = EXCLUDED.pcie_tx,
-                     pcie_rx = EXCLUDED.pcie_rx
-                 WHERE gpu_latest.ts_ms <= EXCLUDED.ts_ms",
-            )
-            .bind(&device)
-            .bind(&ts)
-            .bind(&last)
-            .bind(&min)
-            .bind(&max)
-            .bind(&reserved)
-            .bind(&total)
-            .bind(&util)
-            .bind(&tx_rate)
-            .bind(&rx_rate)
-            .execute(&mut *tx)
-            .await?;
-        }
+    async fn maintain(&self, now_ms: i64) -> Result<MaintenanceReport, StoreError> {
+        maintenance::run(&self.pool, &self.leadership, &self.storage, now_ms).await
+    }
 
-        if !batch.process_samples.is_empty() {
-            let p = &batch.process_samples;
-            let device: Vec<i32> = p.iter().map(|r| r.device_id as i32).collect();
-            let pid: Vec<i64> = p.iter().map(|r| r.pid).collect();
-            let start: Vec<i64> = p.iter().map(|r| r.start_time_ms).collect();
-            let ts: Vec<i64> = p.iter().map(|r| r.timestamp_ms).collect();
-            let last: Vec<i64> = p.iter().map(|r| r.used_last).collect();
-            let max: Vec<i64> = p.iter().map(|r| r.used_max).collect();
-            let name: Vec<&str> = p.iter().map(|r| r.name.as_str()).collect();
-            let uid: Vec<i64> = p.iter().map(|r| r.uid).collect();
-            let user: Vec<&str> = p.iter().map(|r| r.user.as_str()).collect();
-            let container: Vec<&str> = p.iter().map(|r| r.container_id.as_str()).collect();
-            let pod: Vec<&str> = p.iter().map(|r| r.pod_uid.as_str()).collect();
-            let job: Vec<&str> = p.iter().map(|r| r.slurm_job_id.as_str()).collect();
-            let runtime: Vec<&str> = p.iter().map(|r| r.container_runtime.as_str()).collect();
-            let qos: Vec<&str> = p.iter().map(|r| r.pod_qos_class.as_str()).collect();
-            sqlx::query(
-                "INSERT INTO processes AS p (device_id, pid, start_time_ms, name, uid, user_name, container_id, pod_uid,
-                     slurm_job_id, container_runtime, pod_qos_class, first_seen_ms, last_seen_ms, memory_last, memory_peak)
-                 SELECT DISTINCT ON (d, pid, st) d, pid, st, n, u, un, c, pod, j, rt, q, t, t, l, m
-                 FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::text[],
-                     $8::int8[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[])
-                     AS s(d, pid, st, t, l, m, n, u, un, c, pod, j, rt, q)
-                 ORDER BY d, pid, st, t DESC
-                 ON CONFLICT (device_id, pid, start_time_ms) DO UPDATE SET
-                     name = EXCLUDED.name, uid = EXCLUDED.uid, user_name = EXCLUDED.user_name,
-                     container_id = EXCLUDED.container_id, pod_uid = EXCLUDED.pod_uid, slurm_job_id = EXCLUDED.slurm_job_id,
-                     container_runtime = EXCLUDED.container_runtime, pod_qos_class = EXCLUDED.pod_qos_class,
-                     first_seen_ms = LEAST(p.first_seen_ms, EXCLUDED.first_seen_ms),
-                     memory_last = CASE WHEN EXCLUDED.last_seen_ms >= p.last_seen_ms THEN EXCLUDED.memory_last ELSE p.memory_last END,
-                     last_seen_ms = GREATEST(p.last_seen_ms, EXCLUDED.last_seen_ms),
-                     memory_peak = GREATEST(p.memory_peak, EXCLUDED.memory_peak)",
-            )
-            .bind(&device)
-            .bind(&pid)
-            .bind(&start)
-            .bind(&ts)
-            .bind(&last)
-            .bind(&max)
-            .bind(&name)
-            .bind(&uid)
-            .bind(&user)
-            .bind(&container)
-            .bind(&pod)
-            .bind(&job)
-            .bind(&runtime)
-            .bind(&qos)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "INSERT INTO process_samples (process_id, ts_ms, used_last, used_max)
-                 SELECT p.id, s.t, s.l, s.m
-                 FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[]) AS s(d, pid, st, t, l, m)
-                 JOIN processes p ON p.device_id = s.d AND p.pid = s.pid AND p.start_time_ms = s.st",
-            )
-            .bind(&device)
-            .bind(&pid)
-            .bind(&start)
-            .bind(&ts)
-            .bind(&last)
-            .bind(&max)
-            .execute(&mut *tx)
-            .await?;
-            write_allocator_samples(&mut tx, p).await?;
-        }
+    async fn watermarks(&self) -> Result<Watermarks, StoreError> {
+        maintenance::watermarks(&self.pool).await
+    }
 
-        if !batch.events.is_empty() {
-            let e = &batch.events;
-            let device: Vec<Option<i32>> =
-                e.iter().map(|r| r.device_id.map(|d| d as i32)).collect();
-            let ts: Vec<i64> = e.iter().map(|r| r.timestamp_ms).collect();
-            let kind: Vec<&str> = e.iter().map(|r| r.kind).collect();
-            let code: Vec<i64> = e.iter().map(|r| r.code).collect();
-            let pid: Vec<i64> = e.iter().map(|r| r.pid).collect();
-            let detail: Vec<&str> = e.iter().map(|r| r.detail.as_str()).collect();
-            sqlx::query(
-                "INSERT INTO events (node_id, device_id, ts_ms, kind, code, pid, detail)
-                 SELECT $1, * FROM UNNEST($2::int4[], $3::int8[], $4::text[], $5::int8[], $6::int8[], $7::text[])",
-            )
-            .bind(batch.node_id)
-            .bind(&device)
-            .bind(&ts)
-            .bind(&kind)
-            .bind(&code)
-            .bind(&pid)
-            .bind(&detail)
-            .execute(&mut *tx)
-            .await?;
-        }
-
-        if let Some(newest) = batch.newest_timestamp_ms() {
-            sqlx::query("UPDATE nodes SET last_seen_ms = GREATEST(last_seen_ms, $2) WHERE id = $1")
-                .bind(batch.node_id)
-                .bind(newest)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(WriteOutcome::Committed)
+    async fn close(&self) {
+        self.leadership.resign().await;
+        self.pool.close().await;
     }
 
     async fn nodes(&self) -> Result<Vec<NodeView>, StoreError> {
@@ -400,19 +271,45 @@ impl Store for PostgresStore {
         let Some(device) = self.device_id(uuid).await? else {
             return Ok(None);
         };
+        let width = bucket_width_ms(from_ms, to_ms, max_points);
+        let marks = maintenance::watermarks(&self.pool).await?;
+        let bounds = source_bounds(
+            resolution_for(from_ms, width, marks, &self.storage),
+            from_ms,
+            marks,
+        );
+        // Rollup rows count as `samples` samples of mean `used_avg`, so a
+        // bucket mixing resolutions still averages per sample.
         let points = sqlx::query_as::<_, SeriesPoint>(
-            "SELECT MAX(ts_ms) AS timestamp_ms, COUNT(*) AS samples,
-                 ROUND(AVG(used_last))::int8 AS memory_used_bytes, MIN(used_min) AS memory_used_min_bytes,
-                 MAX(used_max) AS memory_used_max_bytes, MAX(reserved) AS memory_reserved_bytes,
-                 MAX(total) AS memory_total_bytes, AVG(utilization)::float8 AS utilization_pct,
-                 ROUND(AVG(pcie_tx))::int8 AS pcie_tx_bytes_per_s, ROUND(AVG(pcie_rx))::int8 AS pcie_rx_bytes_per_s
-             FROM gpu_samples WHERE device_id = $1 AND ts_ms BETWEEN $2 AND $3
-             GROUP BY (ts_ms - $2) / $4 ORDER BY 1",
+            "WITH src AS (
+                 SELECT ts_ms AS at, last_ts_ms AS ts, samples, used_avg, used_min, used_max, reserved, total,
+                     utilization::float8 AS util, pcie_tx, pcie_rx
+                 FROM gpu_samples_1h WHERE device_id = $1 AND ts_ms >= $2 AND ts_ms < $5
+                 UNION ALL
+                 SELECT ts_ms, last_ts_ms, samples, used_avg, used_min, used_max, reserved, total,
+                     utilization::float8, pcie_tx, pcie_rx
+                 FROM gpu_samples_1m WHERE device_id = $1 AND ts_ms >= $5 AND ts_ms < $6
+                 UNION ALL
+                 SELECT ts_ms, ts_ms, 1, used_last, used_min, used_max, reserved, total,
+                     utilization::float8, pcie_tx, pcie_rx
+                 FROM gpu_samples WHERE device_id = $1 AND ts_ms >= $6 AND ts_ms <= $3)
+             SELECT MAX(ts) AS timestamp_ms, SUM(samples)::int8 AS samples,
+                 ROUND(SUM(used_avg::numeric * samples) / SUM(samples))::int8 AS memory_used_bytes,
+                 MIN(used_min) AS memory_used_min_bytes, MAX(used_max) AS memory_used_max_bytes,
+                 MAX(reserved) AS memory_reserved_bytes, MAX(total) AS memory_total_bytes,
+                 SUM(util * samples) / NULLIF(SUM(samples) FILTER (WHERE util IS NOT NULL), 0) AS utilization_pct,
+                 ROUND(SUM(pcie_tx::numeric * samples) / NULLIF(SUM(samples) FILTER (WHERE pcie_tx IS NOT NULL), 0))::int8
+                     AS pcie_tx_bytes_per_s,
+                 ROUND(SUM(pcie_rx::numeric * samples) / NULLIF(SUM(samples) FILTER (WHERE pcie_rx IS NOT NULL), 0))::int8
+                     AS pcie_rx_bytes_per_s
+             FROM src GROUP BY (at - $2) / $4 ORDER BY 1",
         )
         .bind(device)
         .bind(from_ms)
         .bind(to_ms)
-        .bind(bucket_width_ms(from_ms, to_ms, max_points))
+        .bind(width)
+        .bind(bounds.hour_end_ms)
+        .bind(bounds.minute_end_ms)
         .fetch_all(&self.pool)
         .await?;
         Ok(Some(points))
@@ -450,17 +347,33 @@ impl Store for PostgresStore {
         .bind(to_ms)
         .fetch_all(&self.pool)
         .await?;
+        let ids: Vec<i64> = meta.iter().map(|m| m.id).collect();
+        let width = bucket_width_ms(from_ms, to_ms, max_points);
+        let marks = maintenance::watermarks(&self.pool).await?;
+        let bounds = source_bounds(
+            resolution_for(from_ms, width, marks, &self.storage),
+            from_ms,
+            marks,
+        );
         let buckets = sqlx::query_as::<_, ProcessBucket>(
-            "SELECT s.process_id, LEAST($3, $2 + ((s.ts_ms - $2) / $4 + 1) * $4 - 1) AS timestamp_ms, MAX(s.used_max) AS used
-             FROM process_samples s JOIN processes p ON p.id = s.process_id
-             WHERE p.device_id = $1 AND p.last_seen_ms >= $2 AND p.first_seen_ms <= $3
-                 AND s.ts_ms BETWEEN $2 AND $3
-             GROUP BY s.process_id, (s.ts_ms - $2) / $4",
+            "WITH src AS (
+                 SELECT process_id, ts_ms AS at, used_max FROM process_samples_1h
+                 WHERE process_id = ANY($1) AND ts_ms >= $2 AND ts_ms < $5
+                 UNION ALL
+                 SELECT process_id, ts_ms, used_max FROM process_samples_1m
+                 WHERE process_id = ANY($1) AND ts_ms >= $5 AND ts_ms < $6
+                 UNION ALL
+                 SELECT process_id, ts_ms, used_max FROM process_samples
+                 WHERE process_id = ANY($1) AND ts_ms >= $6 AND ts_ms <= $3)
+             SELECT process_id, LEAST($3, $2 + ((at - $2) / $4 + 1) * $4 - 1) AS timestamp_ms, MAX(used_max) AS used
+             FROM src GROUP BY process_id, (at - $2) / $4",
         )
-        .bind(device)
+        .bind(&ids)
         .bind(from_ms)
         .bind(to_ms)
-        .bind(bucket_width_ms(from_ms, to_ms, max_points))
+        .bind(width)
+        .bind(bounds.hour_end_ms)
+        .bind(bounds.minute_end_ms)
         .fetch_all(&self.pool)
         .await?;
         Ok(Some(process_series_from(meta, buckets)))
@@ -531,76 +444,9 @@ impl Store for PostgresStore {
     }
 }
 
-/// The allocator reports that came with a batch's process samples: one row
-/// per report (a report joined to several intervals is stored once), and
-/// the newest one on the process's row.
-async fn write_allocator_samples(
-    tx: &mut Transaction<'_, Postgres>,
-    samples: &[ProcessSampleRow],
-) -> Result<(), StoreError> {
-    let reporting: Vec<(&ProcessSampleRow, &AllocatorRow)> = samples
-        .iter()
-        .filter_map(|s| s.allocator.as_ref().map(|a| (s, a)))
-        .collect();
-    if reporting.is_empty() {
-        return Ok(());
-    }
-    let column =
-        |f: fn(&AllocatorRow) -> i64| -> Vec<i64> { reporting.iter().map(|(_, a)| f(a)).collect() };
-    let device: Vec<i32> = reporting.iter().map(|(s, _)| s.device_id as i32).collect();
-    let pid: Vec<i64> = reporting.iter().map(|(s, _)| s.pid).collect();
-    let start: Vec<i64> = reporting.iter().map(|(s, _)| s.start_time_ms).collect();
-    let ts = column(|a| a.timestamp_ms);
-    let allocated = column(|a| a.allocated);
-    let reserved = column(|a| a.reserved);
-    let active = column(|a| a.active);
-    let inactive_split = column(|a| a.inactive_split);
-    let peak = column(|a| a.peak_allocated);
-    let retries = column(|a| a.alloc_retries);
-    let ooms = column(|a| a.ooms);
-    sqlx::query(
-        "INSERT INTO allocator_samples (process_id, ts_ms, allocated, reserved, active, inactive_split,
-             peak_allocated, alloc_retries, ooms)
-         SELECT p.id, s.t, s.a, s.r, s.ac, s.i, s.pk, s.rt, s.o
-         FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
-             $8::int8[], $9::int8[], $10::int8[], $11::int8[]) AS s(d, pid, st, t, a, r, ac, i, pk, rt, o)
-         JOIN processes p ON p.device_id = s.d AND p.pid = s.pid AND p.start_time_ms = s.st
-         ON CONFLICT (process_id, ts_ms) DO NOTHING",
-    )
-    .bind(&device)
-    .bind(&pid)
-    .bind(&start)
-    .bind(&ts)
-    .bind(&allocated)
-    .bind(&reserved)
-    .bind(&active)
-    .bind(&inactive_split)
-    .bind(&peak)
-    .bind(&retries)
-    .bind(&ooms)
-    .execute(&mut **tx)
-    .await?;
-    sqlx::query(
-        "UPDATE processes p SET alloc_ts_ms = s.t, alloc_allocated = s.a, alloc_reserved = s.r,
-             alloc_inactive_split = s.i, alloc_peak_allocated = s.pk, alloc_retries = s.rt, alloc_ooms = s.o
-         FROM (SELECT DISTINCT ON (d, pid, st) *
-               FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
-                   $8::int8[], $9::int8[], $10::int8[]) AS u(d, pid, st, t, a, r, i, pk, rt, o)
-               ORDER BY d, pid, st, t DESC) s
-         WHERE p.device_id = s.d AND p.pid = s.pid AND p.start_time_ms = s.st
-             AND (p.alloc_ts_ms IS NULL OR p.alloc_ts_ms <= s.t)",
-    )
-    .bind(&device)
-    .bind(&pid)
-    .bind(&start)
-    .bind(&ts)
-    .bind(&allocated)
-    .bind(&reserved)
-    .bind(&inactive_split)
-    .bind(&peak)
-    .bind(&retries)
-    .bind(&ooms)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
+/// "no partition of relation … found for row" (a check violation).
+fn is_missing_partition(error: &sqlx::Error) -> bool {
+    error.as_database_error().is_some_and(|e| {
+        e.code().as_deref() == Some("23514") && e.message().contains("no partition")
+    })
 }

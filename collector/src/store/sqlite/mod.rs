@@ -13,8 +13,13 @@ use sqlx::sqlite::{
 use sqlx::{Connection, Row, Sqlite, SqliteConnection, Transaction};
 
 mod alerts;
+mod maintenance;
 
 use crate::model::{AllocatorRow, NodeSession, Registration, StoreBatch, WriteOutcome};
+use crate::store::rollup::{
+    MINUTE_MS, MaintenanceReport, StorageConfig, Watermarks, late_minutes, resolution_for,
+    source_bounds,
+};
 use crate::store::{
     AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceRow, DeviceView, EventView,
     NodeView, PROCESS_COLUMNS, ProcessBucket, ProcessKey, ProcessMeta, ProcessRow, ProcessSeries,
@@ -32,6 +37,7 @@ pub struct SqliteStore {
     /// mode) lets them run while a batch commits, instead of queueing behind
     /// every agent's write for a pool connection.
     reader: SqlitePool,
+    storage: StorageConfig,
 }
 
 impl SqliteStore {
@@ -45,7 +51,7 @@ impl SqliteStore {
 
     /// Opens (creating if needed) the database at `url`, e.g.
     /// `sqlite://headroom-data/headroom.db` or `sqlite::memory:`.
-    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+    pub async fn connect(url: &str, storage: StorageConfig) -> Result<Self, StoreError> {
         let options = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
@@ -72,7 +78,11 @@ impl SqliteStore {
         if in_memory {
             MIGRATOR.run(&pool).await?;
             let reader = pool.clone();
-            return Ok(Self { pool, reader });
+            return Ok(Self {
+                pool,
+                reader,
+                storage,
+            });
         }
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
@@ -80,7 +90,11 @@ impl SqliteStore {
             .max_lifetime(None)
             .connect_with(options.read_only(true))
             .await?;
-        Ok(Self { pool, reader })
+        Ok(Self {
+            pool,
+            reader,
+            storage,
+        })
     }
 }
 
@@ -200,143 +214,65 @@ impl Store for SqliteStore {
         Ok(Some(session))
     }
 
-    async fn write_batch(&self, batch: &StoreBatch) -> Result<WriteOutcome, StoreError> {
-        let seq = i64::try_from(batch.seq).unwrap_or(i64::MAX);
+    async fn write_batches(&self, batches: &[StoreBatch]) -> Result<Vec<WriteOutcome>, StoreError> {
+        if batches.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut tx = self.pool.begin().await?;
-        // A write first, so the transaction holds the write lock from its start.
-        let claimed = sqlx::query(
-            "UPDATE agent_boots SET committed_seq = ?3 WHERE node_id = ?1 AND boot_id = ?2 AND committed_seq < ?3",
-        )
-        .bind(batch.node_id)
-        .bind(&batch.boot_id)
-        .bind(seq)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if claimed == 0 {
-            let committed: Option<i64> = sqlx::query_scalar(
-                "SELECT committed_seq FROM agent_boots WHERE node_id = ?1 AND boot_id = ?2",
-            )
-            .bind(batch.node_id)
-            .bind(&batch.boot_id)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let mut outcomes = Vec::with_capacity(batches.len());
+        let mut stored = false;
+        for batch in batches {
+            let outcome = write_one(&mut tx, batch).await?;
+            stored |= outcome == WriteOutcome::Committed;
+            outcomes.push(outcome);
+        }
+        if !stored {
             tx.rollback().await?;
-            return Ok(WriteOutcome::Duplicate {
-                committed_seq: committed.and_then(|c| u64::try_from(c).ok()).unwrap_or(0),
-            });
+            return Ok(outcomes);
         }
-
-        for s in &batch.gpu_samples {
-            sqlx::query(
-                "INSERT INTO gpu_samples (device_id, ts_ms, interval_ms, poll_count, used_last, used_min, used_max,
-                     reserved, total, utilization, pcie_tx, pcie_rx)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-            )
-            .bind(s.device_id)
-            .bind(s.timestamp_ms)
-            .bind(s.interval_ms)
-            .bind(s.poll_count)
-            .bind(s.used_last)
-            .bind(s.used_min)
-            .bind(s.used_max)
-            .bind(s.reserved)
-            .bind(s.total)
-            .bind(s.utilization_pct)
-            .bind(s.pcie_tx_bytes_per_s)
-            .bind(s.pcie_rx_bytes_per_s)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
-                 ON CONFLICT (device_id) DO UPDATE SET ts_ms = excluded.ts_ms, used_last = excluded.used_last,
-                     used_min = excluded.used_min, used_max = excluded.used_max, reserved = excluded.reserved,
-                     total = excluded.total, utilization = excluded.utilization, pcie_tx = excluded.pcie_tx,
-                     pcie_rx = excluded.pcie_rx
-                 WHERE gpu_latest.ts_ms <= excluded.ts_ms",
-            )
-            .bind(s.device_id)
-            .bind(s.timestamp_ms)
-            .bind(s.used_last)
-            .bind(s.used_min)
-            .bind(s.used_max)
-            .bind(s.reserved)
-            .bind(s.total)
-            .bind(s.utilization_pct)
-            .bind(s.pcie_tx_bytes_per_s)
-            .bind(s.pcie_rx_bytes_per_s)
-            .execute(&mut *tx)
-            .await?;
-        }
-
-        for p in &batch.process_samples {
-            let process_id: i64 = sqlx::query_scalar(
-                "INSERT INTO processes AS p (device_id, pid, start_time_ms, name, uid, user_name, container_id, pod_uid,
-                     slurm_job_id, first_seen_ms, last_seen_ms, memory_last, memory_peak, container_runtime, pod_qos_class)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13, ?14)
-                 ON CONFLICT (device_id, pid, start_time_ms) DO UPDATE SET
-                     name = excluded.name, uid = excluded.uid, user_name = excluded.user_name,
-                     container_id = excluded.container_id, pod_uid = excluded.pod_uid, slurm_job_id = excluded.slurm_job_id,
-                     container_runtime = excluded.container_runtime, pod_qos_class = excluded.pod_qos_class,
-                     first_seen_ms = MIN(p.first_seen_ms, excluded.first_seen_ms),
-                     memory_last = CASE WHEN excluded.last_seen_ms >= p.last_seen_ms THEN excluded.memory_last ELSE p.memory_last END,
-                     last_seen_ms = MAX(p.last_seen_ms, excluded.last_seen_ms),
-                     memory_peak = MAX(p.memory_peak, excluded.memory_peak)
-                 RETURNING id",
-            )
-            .bind(p.device_id)
-            .bind(p.pid)
-            .bind(p.start_time_ms)
-            .bind(&p.name)
-            .bind(p.uid)
-            .bind(&p.user)
-            .bind(&p.container_id)
-            .bind(&p.pod_uid)
-            .bind(&p.slurm_job_id)
-            .bind(p.timestamp_ms)
-            .bind(p.used_last)
-            .bind(p.used_max)
-            .bind(&p.container_runtime)
-            .bind(&p.pod_qos_class)
-            .fetch_one(&mut *tx)
-            .await?;
-            sqlx::query("INSERT INTO process_samples (process_id, ts_ms, used_last, used_max) VALUES (?1, ?2, ?3, ?4)")
-                .bind(process_id)
-                .bind(p.timestamp_ms)
-                .bind(p.used_last)
-                .bind(p.used_max)
+        // SQLite has one writer at a time: the rollup pass cannot move the
+        // watermark while this transaction holds the write lock.
+        let watermark: Option<i64> =
+            sqlx::query_scalar("SELECT done_until_ms FROM rollup_progress WHERE step_ms = ?1")
+                .bind(MINUTE_MS)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if let Some(watermark) = watermark {
+            let timestamps = batches
+                .iter()
+                .zip(&outcomes)
+                .filter(|(_, o)| **o == WriteOutcome::Committed)
+                .flat_map(|(b, _)| {
+                    b.gpu_samples
+                        .iter()
+                        .map(|s| s.timestamp_ms)
+                        .chain(b.process_samples.iter().map(|s| s.timestamp_ms))
+                });
+            for minute in late_minutes(timestamps, watermark) {
+                sqlx::query(
+                    "INSERT INTO rollup_pending (step_ms, bucket_ms) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+                )
+                .bind(MINUTE_MS)
+                .bind(minute)
                 .execute(&mut *tx)
                 .await?;
-            if let Some(a) = &p.allocator {
-                write_allocator_sample(&mut tx, process_id, a).await?;
             }
         }
-
-        for e in &batch.events {
-            sqlx::query(
-                "INSERT INTO events (node_id, device_id, ts_ms, kind, code, pid, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            )
-            .bind(batch.node_id)
-            .bind(e.device_id)
-            .bind(e.timestamp_ms)
-            .bind(e.kind)
-            .bind(e.code)
-            .bind(e.pid)
-            .bind(&e.detail)
-            .execute(&mut *tx)
-            .await?;
-        }
-
-        if let Some(newest) = batch.newest_timestamp_ms() {
-            sqlx::query("UPDATE nodes SET last_seen_ms = MAX(last_seen_ms, ?2) WHERE id = ?1")
-                .bind(batch.node_id)
-                .bind(newest)
-                .execute(&mut *tx)
-                .await?;
-        }
         tx.commit().await?;
-        Ok(WriteOutcome::Committed)
+        Ok(outcomes)
+    }
+
+    async fn maintain(&self, now_ms: i64) -> Result<MaintenanceReport, StoreError> {
+        maintenance::run(&self.pool, &self.storage, now_ms).await
+    }
+
+    async fn watermarks(&self) -> Result<Watermarks, StoreError> {
+        maintenance::watermarks(&self.reader).await
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+        self.reader.close().await;
     }
 
     async fn nodes(&self) -> Result<Vec<NodeView>, StoreError> {
@@ -379,20 +315,45 @@ impl Store for SqliteStore {
         let Some(device) = self.device_id(uuid).await? else {
             return Ok(None);
         };
+        let width = bucket_width_ms(from_ms, to_ms, max_points);
+        let marks = maintenance::watermarks(&self.reader).await?;
+        let bounds = source_bounds(
+            resolution_for(from_ms, width, marks, &self.storage),
+            from_ms,
+            marks,
+        );
+        // Rollup rows count as `samples` samples of mean `used_avg`, so a
+        // bucket mixing resolutions still averages per sample.
         let points = sqlx::query_as::<_, SeriesPoint>(
-            "SELECT MAX(ts_ms) AS timestamp_ms, COUNT(*) AS samples,
-                 CAST(ROUND(AVG(used_last)) AS INTEGER) AS memory_used_bytes, MIN(used_min) AS memory_used_min_bytes,
-                 MAX(used_max) AS memory_used_max_bytes, MAX(reserved) AS memory_reserved_bytes,
-                 MAX(total) AS memory_total_bytes, AVG(utilization) AS utilization_pct,
-                 CAST(ROUND(AVG(pcie_tx)) AS INTEGER) AS pcie_tx_bytes_per_s,
-                 CAST(ROUND(AVG(pcie_rx)) AS INTEGER) AS pcie_rx_bytes_per_s
-             FROM gpu_samples WHERE device_id = ?1 AND ts_ms BETWEEN ?2 AND ?3
-             GROUP BY (ts_ms - ?2) / ?4 ORDER BY 1",
+            "WITH src AS (
+                 SELECT ts_ms AS at, last_ts_ms AS ts, samples, used_avg, used_min, used_max, reserved, total,
+                     utilization AS util, pcie_tx, pcie_rx
+                 FROM gpu_samples_1h WHERE device_id = ?1 AND ts_ms >= ?2 AND ts_ms < ?5
+                 UNION ALL
+                 SELECT ts_ms, last_ts_ms, samples, used_avg, used_min, used_max, reserved, total,
+                     utilization, pcie_tx, pcie_rx
+                 FROM gpu_samples_1m WHERE device_id = ?1 AND ts_ms >= ?5 AND ts_ms < ?6
+                 UNION ALL
+                 SELECT ts_ms, ts_ms, 1, used_last, used_min, used_max, reserved, total,
+                     utilization, pcie_tx, pcie_rx
+                 FROM gpu_samples WHERE device_id = ?1 AND ts_ms >= ?6 AND ts_ms <= ?3)
+             SELECT MAX(ts) AS timestamp_ms, SUM(samples) AS samples,
+                 CAST(ROUND(SUM(CAST(used_avg AS REAL) * samples) / SUM(samples)) AS INTEGER) AS memory_used_bytes,
+                 MIN(used_min) AS memory_used_min_bytes, MAX(used_max) AS memory_used_max_bytes,
+                 MAX(reserved) AS memory_reserved_bytes, MAX(total) AS memory_total_bytes,
+                 SUM(util * samples) / NULLIF(SUM(samples) FILTER (WHERE util IS NOT NULL), 0) AS utilization_pct,
+                 CAST(ROUND(SUM(CAST(pcie_tx AS REAL) * samples)
+                     / NULLIF(SUM(samples) FILTER (WHERE pcie_tx IS NOT NULL), 0)) AS INTEGER) AS pcie_tx_bytes_per_s,
+                 CAST(ROUND(SUM(CAST(pcie_rx AS REAL) * samples)
+                     / NULLIF(SUM(samples) FILTER (WHERE pcie_rx IS NOT NULL), 0)) AS INTEGER) AS pcie_rx_bytes_per_s
+             FROM src GROUP BY (at - ?2) / ?4 ORDER BY 1",
         )
         .bind(device)
         .bind(from_ms)
         .bind(to_ms)
-        .bind(bucket_width_ms(from_ms, to_ms, max_points))
+        .bind(width)
+        .bind(bounds.hour_end_ms)
+        .bind(bounds.minute_end_ms)
         .fetch_all(&self.reader)
         .await?;
         Ok(Some(points))
@@ -430,17 +391,34 @@ impl Store for SqliteStore {
         .bind(to_ms)
         .fetch_all(&self.reader)
         .await?;
+        let width = bucket_width_ms(from_ms, to_ms, max_points);
+        let marks = maintenance::watermarks(&self.reader).await?;
+        let bounds = source_bounds(
+            resolution_for(from_ms, width, marks, &self.storage),
+            from_ms,
+            marks,
+        );
         let buckets = sqlx::query_as::<_, ProcessBucket>(
-            "SELECT s.process_id, MIN(?3, ?2 + ((s.ts_ms - ?2) / ?4 + 1) * ?4 - 1) AS timestamp_ms, MAX(s.used_max) AS used
-             FROM process_samples s JOIN processes p ON p.id = s.process_id
-             WHERE p.device_id = ?1 AND p.last_seen_ms >= ?2 AND p.first_seen_ms <= ?3
-                 AND s.ts_ms BETWEEN ?2 AND ?3
-             GROUP BY s.process_id, (s.ts_ms - ?2) / ?4",
+            "WITH procs AS (
+                 SELECT id FROM processes WHERE device_id = ?1 AND last_seen_ms >= ?2 AND first_seen_ms <= ?3),
+             src AS (
+                 SELECT process_id, ts_ms AS at, used_max FROM process_samples_1h
+                 WHERE process_id IN (SELECT id FROM procs) AND ts_ms >= ?2 AND ts_ms < ?5
+                 UNION ALL
+                 SELECT process_id, ts_ms, used_max FROM process_samples_1m
+                 WHERE process_id IN (SELECT id FROM procs) AND ts_ms >= ?5 AND ts_ms < ?6
+                 UNION ALL
+                 SELECT process_id, ts_ms, used_max FROM process_samples
+                 WHERE process_id IN (SELECT id FROM procs) AND ts_ms >= ?6 AND ts_ms <= ?3)
+             SELECT process_id, MIN(?3, ?2 + ((at - ?2) / ?4 + 1) * ?4 - 1) AS timestamp_ms, MAX(used_max) AS used
+             FROM src GROUP BY process_id, (at - ?2) / ?4",
         )
         .bind(device)
         .bind(from_ms)
         .bind(to_ms)
-        .bind(bucket_width_ms(from_ms, to_ms, max_points))
+        .bind(width)
+        .bind(bounds.hour_end_ms)
+        .bind(bounds.minute_end_ms)
         .fetch_all(&self.reader)
         .await?;
         Ok(Some(process_series_from(meta, buckets)))
@@ -552,4 +530,145 @@ async fn write_allocator_sample(
     .execute(&mut **tx)
     .await?;
     Ok(())
+}
+
+/// Writes one batch inside the group's transaction, unless its seq was
+/// already committed: the claim comes first, so a duplicate writes nothing.
+async fn write_one(
+    tx: &mut Transaction<'_, Sqlite>,
+    batch: &StoreBatch,
+) -> Result<WriteOutcome, StoreError> {
+    let seq = i64::try_from(batch.seq).unwrap_or(i64::MAX);
+    // A write first, so the transaction holds the write lock from its start.
+    let claimed = sqlx::query(
+            "UPDATE agent_boots SET committed_seq = ?3 WHERE node_id = ?1 AND boot_id = ?2 AND committed_seq < ?3",
+        )
+        .bind(batch.node_id)
+        .bind(&batch.boot_id)
+        .bind(seq)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+    if claimed == 0 {
+        let committed: Option<i64> = sqlx::query_scalar(
+            "SELECT committed_seq FROM agent_boots WHERE node_id = ?1 AND boot_id = ?2",
+        )
+        .bind(batch.node_id)
+        .bind(&batch.boot_id)
+        .fetch_optional(&mut **tx)
+        .await?;
+        return Ok(WriteOutcome::Duplicate {
+            committed_seq: committed.and_then(|c| u64::try_from(c).ok()).unwrap_or(0),
+        });
+    }
+
+    for s in &batch.gpu_samples {
+        sqlx::query(
+                "INSERT INTO gpu_samples (device_id, ts_ms, interval_ms, poll_count, used_last, used_min, used_max,
+                     reserved, total, utilization, pcie_tx, pcie_rx)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            )
+            .bind(s.device_id)
+            .bind(s.timestamp_ms)
+            .bind(s.interval_ms)
+            .bind(s.poll_count)
+            .bind(s.used_last)
+            .bind(s.used_min)
+            .bind(s.used_max)
+            .bind(s.reserved)
+            .bind(s.total)
+            .bind(s.utilization_pct)
+            .bind(s.pcie_tx_bytes_per_s)
+            .bind(s.pcie_rx_bytes_per_s)
+            .execute(&mut **tx)
+            .await?;
+        sqlx::query(
+                "INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                 ON CONFLICT (device_id) DO UPDATE SET ts_ms = excluded.ts_ms, used_last = excluded.used_last,
+                     used_min = excluded.used_min, used_max = excluded.used_max, reserved = excluded.reserved,
+                     total = excluded.total, utilization = excluded.utilization, pcie_tx = excluded.pcie_tx,
+                     pcie_rx = excluded.pcie_rx
+                 WHERE gpu_latest.ts_ms <= excluded.ts_ms",
+            )
+            .bind(s.device_id)
+            .bind(s.timestamp_ms)
+            .bind(s.used_last)
+            .bind(s.used_min)
+            .bind(s.used_max)
+            .bind(s.reserved)
+            .bind(s.total)
+            .bind(s.utilization_pct)
+            .bind(s.pcie_tx_bytes_per_s)
+            .bind(s.pcie_rx_bytes_per_s)
+            .execute(&mut **tx)
+            .await?;
+    }
+
+    for p in &batch.process_samples {
+        let process_id: i64 = sqlx::query_scalar(
+                "INSERT INTO processes AS p (device_id, pid, start_time_ms, name, uid, user_name, container_id, pod_uid,
+                     slurm_job_id, first_seen_ms, last_seen_ms, memory_last, memory_peak, container_runtime, pod_qos_class)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13, ?14)
+                 ON CONFLICT (device_id, pid, start_time_ms) DO UPDATE SET
+                     name = excluded.name, uid = excluded.uid, user_name = excluded.user_name,
+                     container_id = excluded.container_id, pod_uid = excluded.pod_uid, slurm_job_id = excluded.slurm_job_id,
+                     container_runtime = excluded.container_runtime, pod_qos_class = excluded.pod_qos_class,
+                     first_seen_ms = MIN(p.first_seen_ms, excluded.first_seen_ms),
+                     memory_last = CASE WHEN excluded.last_seen_ms >= p.last_seen_ms THEN excluded.memory_last ELSE p.memory_last END,
+                     last_seen_ms = MAX(p.last_seen_ms, excluded.last_seen_ms),
+                     memory_peak = MAX(p.memory_peak, excluded.memory_peak)
+                 RETURNING id",
+            )
+            .bind(p.device_id)
+            .bind(p.pid)
+            .bind(p.start_time_ms)
+            .bind(&p.name)
+            .bind(p.uid)
+            .bind(&p.user)
+            .bind(&p.container_id)
+            .bind(&p.pod_uid)
+            .bind(&p.slurm_job_id)
+            .bind(p.timestamp_ms)
+            .bind(p.used_last)
+            .bind(p.used_max)
+            .bind(&p.container_runtime)
+            .bind(&p.pod_qos_class)
+            .fetch_one(&mut **tx)
+            .await?;
+        sqlx::query("INSERT INTO process_samples (process_id, ts_ms, used_last, used_max) VALUES (?1, ?2, ?3, ?4)")
+                .bind(process_id)
+                .bind(p.timestamp_ms)
+                .bind(p.used_last)
+                .bind(p.used_max)
+                .execute(&mut **tx)
+                .await?;
+        if let Some(a) = &p.allocator {
+            write_allocator_sample(tx, process_id, a).await?;
+        }
+    }
+
+    for e in &batch.events {
+        sqlx::query(
+                "INSERT INTO events (node_id, device_id, ts_ms, kind, code, pid, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )
+            .bind(batch.node_id)
+            .bind(e.device_id)
+            .bind(e.timestamp_ms)
+            .bind(e.kind)
+            .bind(e.code)
+            .bind(e.pid)
+            .bind(&e.detail)
+            .execute(&mut **tx)
+            .await?;
+    }
+
+    if let Some(newest) = batch.newest_timestamp_ms() {
+        sqlx::query("UPDATE nodes SET last_seen_ms = MAX(last_seen_ms, ?2) WHERE id = ?1")
+            .bind(batch.node_id)
+            .bind(newest)
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(WriteOutcome::Committed)
 }

@@ -1,0 +1,428 @@
+//! Writing a group of batches, from any number of agents, in one
+//! transaction: the seq check of every batch, then one `UNNEST` insert per
+//! table for all of their rows. A batch whose seq was already committed is
+//! left out and reported as a duplicate, inside the same transaction that
+//! writes the others, so two collectors can never both store one batch.
+
+use std::collections::HashMap;
+
+use sqlx::postgres::PgPool;
+use sqlx::{Postgres, Row, Transaction};
+
+use crate::model::{
+    AllocatorRow, EventRow, GpuSampleRow, ProcessSampleRow, StoreBatch, WriteOutcome,
+};
+use crate::store::StoreError;
+use crate::store::rollup::{MINUTE_MS, late_minutes};
+
+/// Writes `batches` in one transaction; one outcome per batch, in order.
+pub(super) async fn write_group(
+    pool: &PgPool,
+    batches: &[StoreBatch],
+) -> Result<Vec<WriteOutcome>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let (outcomes, accepted) = claim_seqs(&mut tx, batches).await?;
+    if accepted.is_empty() {
+        tx.rollback().await?;
+        return Ok(outcomes);
+    }
+    // Holding the minute watermark's row in share mode until commit: the
+    // rollup job cannot move it past these rows' minutes without waiting for
+    // this transaction, so every row is either before the watermark and
+    // marked pending here, or after it and rolled up later.
+    let watermark: Option<i64> = sqlx::query_scalar(
+        "SELECT done_until_ms FROM rollup_progress WHERE step_ms = $1 FOR SHARE",
+    )
+    .bind(MINUTE_MS)
+    .fetch_optional(&mut *tx)
+    .await?;
+
+    let gpu: Vec<&GpuSampleRow> = accepted.iter().flat_map(|b| &b.gpu_samples).collect();
+    let processes: Vec<&ProcessSampleRow> =
+        accepted.iter().flat_map(|b| &b.process_samples).collect();
+    let events: Vec<(i64, &EventRow)> = accepted
+        .iter()
+        .flat_map(|b| b.events.iter().map(|e| (b.node_id, e)))
+        .collect();
+    write_gpu_samples(&mut tx, &gpu).await?;
+    write_process_samples(&mut tx, &processes).await?;
+    write_allocator_samples(&mut tx, &processes).await?;
+    write_events(&mut tx, &events).await?;
+    touch_nodes(&mut tx, &accepted).await?;
+    if let Some(watermark) = watermark {
+        let timestamps = gpu
+            .iter()
+            .map(|s| s.timestamp_ms)
+            .chain(processes.iter().map(|s| s.timestamp_ms));
+        let late = late_minutes(timestamps, watermark);
+        if !late.is_empty() {
+            // DO UPDATE, not DO NOTHING: it locks the pending row, so a rollup
+            // pass taking it concurrently waits for these samples.
+            sqlx::query(
+                "INSERT INTO rollup_pending (step_ms, bucket_ms) SELECT $1, UNNEST($2::int8[])
+                 ON CONFLICT (step_ms, bucket_ms) DO UPDATE SET bucket_ms = EXCLUDED.bucket_ms",
+            )
+            .bind(MINUTE_MS)
+            .bind(&late)
+            .execute(&mut *tx)
+            .await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(outcomes)
+}
+
+/// Locks the boots of `batches` (in key order, so two collectors writing
+/// overlapping groups cannot deadlock), decides which batches are new and
+/// moves each boot's committed seq.
+async fn claim_seqs<'b>(
+    tx: &mut Transaction<'_, Postgres>,
+    batches: &'b [StoreBatch],
+) -> Result<(Vec<WriteOutcome>, Vec<&'b StoreBatch>), StoreError> {
+    let nodes: Vec<i64> = batches.iter().map(|b| b.node_id).collect();
+    let boots: Vec<&str> = batches.iter().map(|b| b.boot_id.as_str()).collect();
+    let rows = sqlx::query(
+        "SELECT b.node_id, b.boot_id, b.committed_seq
+         FROM agent_boots b JOIN (SELECT DISTINCT * FROM UNNEST($1::int8[], $2::text[])) AS k(node_id, boot_id)
+             ON b.node_id = k.node_id AND b.boot_id = k.boot_id
+         ORDER BY b.node_id, b.boot_id
+         FOR UPDATE OF b",
+    )
+    .bind(&nodes)
+    .bind(&boots)
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut committed: HashMap<(i64, String), (i64, bool)> = HashMap::with_capacity(rows.len());
+    for row in rows {
+        committed.insert(
+            (row.try_get("node_id")?, row.try_get("boot_id")?),
+            (row.try_get("committed_seq")?, false),
+        );
+    }
+    let mut outcomes = Vec::with_capacity(batches.len());
+    let mut accepted = Vec::with_capacity(batches.len());
+    for batch in batches {
+        let seq = i64::try_from(batch.seq).unwrap_or(i64::MAX);
+        match committed.get_mut(&(batch.node_id, batch.boot_id.clone())) {
+            Some((current, moved)) if *current < seq => {
+                *current = seq;
+                *moved = true;
+                outcomes.push(WriteOutcome::Committed);
+                accepted.push(batch);
+            }
+            found => outcomes.push(WriteOutcome::Duplicate {
+                committed_seq: found.and_then(|(c, _)| u64::try_from(*c).ok()).unwrap_or(0),
+            }),
+        }
+    }
+    let moved: Vec<(&(i64, String), i64)> = committed
+        .iter()
+        .filter(|(_, (_, moved))| *moved)
+        .map(|(key, (seq, _))| (key, *seq))
+        .collect();
+    if !moved.is_empty() {
+        let nodes: Vec<i64> = moved.iter().map(|((n, _), _)| *n).collect();
+        let boots: Vec<&str> = moved.iter().map(|((_, b), _)| b.as_str()).collect();
+        let seqs: Vec<i64> = moved.iter().map(|(_, s)| *s).collect();
+        sqlx::query(
+            "UPDATE agent_boots b SET committed_seq = v.seq
+             FROM UNNEST($1::int8[], $2::text[], $3::int8[]) AS v(node_id, boot_id, seq)
+             WHERE b.node_id = v.node_id AND b.boot_id = v.boot_id",
+        )
+        .bind(&nodes)
+        .bind(&boots)
+        .bind(&seqs)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok((outcomes, accepted))
+}
+
+async fn write_gpu_samples(
+    tx: &mut Transaction<'_, Postgres>,
+    s: &[&GpuSampleRow],
+) -> Result<(), StoreError> {
+    if s.is_empty() {
+        return Ok(());
+    }
+    let device: Vec<i32> = s.iter().map(|r| r.device_id as i32).collect();
+    let ts: Vec<i64> = s.iter().map(|r| r.timestamp_ms).collect();
+    let interval: Vec<i32> = s.iter().map(|r| r.interval_ms).collect();
+    let polls: Vec<i32> = s.iter().map(|r| r.poll_count).collect();
+    let last: Vec<i64> = s.iter().map(|r| r.used_last).collect();
+    let min: Vec<i64> = s.iter().map(|r| r.used_min).collect();
+    let max: Vec<i64> = s.iter().map(|r| r.used_max).collect();
+    let reserved: Vec<i64> = s.iter().map(|r| r.reserved).collect();
+    let total: Vec<i64> = s.iter().map(|r| r.total).collect();
+    let util: Vec<Option<i16>> = s.iter().map(|r| r.utilization_pct).collect();
+    let tx_rate: Vec<Option<i64>> = s.iter().map(|r| r.pcie_tx_bytes_per_s).collect();
+    let rx_rate: Vec<Option<i64>> = s.iter().map(|r| r.pcie_rx_bytes_per_s).collect();
+    sqlx::query(
+        "INSERT INTO gpu_samples (device_id, ts_ms, interval_ms, poll_count, used_last, used_min, used_max,
+             reserved, total, utilization, pcie_tx, pcie_rx)
+         SELECT * FROM UNNEST($1::int4[], $2::int8[], $3::int4[], $4::int4[], $5::int8[], $6::int8[], $7::int8[],
+             $8::int8[], $9::int8[], $10::int2[], $11::int8[], $12::int8[])",
+    )
+    .bind(&device)
+    .bind(&ts)
+    .bind(&interval)
+    .bind(&polls)
+    .bind(&last)
+    .bind(&min)
+    .bind(&max)
+    .bind(&reserved)
+    .bind(&total)
+    .bind(&util)
+    .bind(&tx_rate)
+    .bind(&rx_rate)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx)
+         SELECT DISTINCT ON (d) d, t, l, mi, ma, r, tot, u, tr, rr
+         FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
+             $8::int2[], $9::int8[], $10::int8[]) AS s(d, t, l, mi, ma, r, tot, u, tr, rr)
+         ORDER BY d, t DESC
+         ON CONFLICT (device_id) DO UPDATE SET ts_ms = EXCLUDED.ts_ms, used_last = EXCLUDED.used_last,
+             used_min = EXCLUDED.used_min, used_max = EXCLUDED.used_max, reserved = EXCLUDED.reserved,
+             total = EXCLUDED.total, utilization = EXCLUDED.utilization, pcie_tx = EXCLUDED.pcie_tx,
+             pcie_rx = EXCLUDED.pcie_rx
+         WHERE gpu_latest.ts_ms <= EXCLUDED.ts_ms",
+    )
+    .bind(&device)
+    .bind(&ts)
+    .bind(&last)
+    .bind(&min)
+    .bind(&max)
+    .bind(&reserved)
+    .bind(&total)
+    .bind(&util)
+    .bind(&tx_rate)
+    .bind(&rx_rate)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+async fn write_process_samples(
+    tx: &mut Transaction<'_, Postgres>,
+    p: &[&ProcessSampleRow],
+) -> Result<(), StoreError> {
+    if p.is_empty() {
+        return Ok(());
+    }
+    let device: Vec<i32> = p.iter().map(|r| r.device_id as i32).collect();
+    let pid: Vec<i64> = p.iter().map(|r| r.pid).collect();
+    let start: Vec<i64> = p.iter().map(|r| r.start_time_ms).collect();
+    let ts: Vec<i64> = p.iter().map(|r| r.timestamp_ms).collect();
+    let last: Vec<i64> = p.iter().map(|r| r.used_last).collect();
+    let max: Vec<i64> = p.iter().map(|r| r.used_max).collect();
+    let name: Vec<&str> = p.iter().map(|r| r.name.as_str()).collect();
+    let uid: Vec<i64> = p.iter().map(|r| r.uid).collect();
+    let user: Vec<&str> = p.iter().map(|r| r.user.as_str()).collect();
+    let container: Vec<&str> = p.iter().map(|r| r.container_id.as_str()).collect();
+    let pod: Vec<&str> = p.iter().map(|r| r.pod_uid.as_str()).collect();
+    let job: Vec<&str> = p.iter().map(|r| r.slurm_job_id.as_str()).collect();
+    let runtime: Vec<&str> = p.iter().map(|r| r.container_runtime.as_str()).collect();
+    let qos: Vec<&str> = p.iter().map(|r| r.pod_qos_class.as_str()).collect();
+    sqlx::query(
+        "INSERT INTO processes AS p (device_id, pid, start_time_ms, name, uid, user_name, container_id, pod_uid,
+             slurm_job_id, container_runtime, pod_qos_class, first_seen_ms, last_seen_ms, memory_last, memory_peak)
+         SELECT DISTINCT ON (d, pid, st) d, pid, st, n, u, un, c, pod, j, rt, q,
+             MIN(t) OVER (PARTITION BY d, pid, st), t, l, MAX(m) OVER (PARTITION BY d, pid, st)
+         FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::text[],
+             $8::int8[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[])
+             AS s(d, pid, st, t, l, m, n, u, un, c, pod, j, rt, q)
+         ORDER BY d, pid, st, t DESC
+         ON CONFLICT (device_id, pid, start_time_ms) DO UPDATE SET
+             name = EXCLUDED.name, uid = EXCLUDED.uid, user_name = EXCLUDED.user_name,
+             container_id = EXCLUDED.container_id, pod_uid = EXCLUDED.pod_uid, slurm_job_id = EXCLUDED.slurm_job_id,
+             container_runtime = EXCLUDED.container_runtime, pod_qos_class = EXCLUDED.pod_qos_class,
+             first_seen_ms = LEAST(p.first_seen_ms, EXCLUDED.first_seen_ms),
+             memory_last = CASE WHEN EXCLUDED.last_seen_ms >= p.last_seen_ms THEN EXCLUDED.memory_last ELSE p.memory_last END,
+             last_seen_ms = GREATEST(p.last_seen_ms, EXCLUDED.last_seen_ms),
+             memory_peak = GREATEST(p.memory_peak, EXCLUDED.memory_peak)",
+    )
+    .bind(&device)
+    .bind(&pid)
+    .bind(&start)
+    .bind(&ts)
+    .bind(&last)
+    .bind(&max)
+    .bind(&name)
+    .bind(&uid)
+    .bind(&user)
+    .bind(&container)
+    .bind(&pod)
+    .bind(&job)
+    .bind(&runtime)
+    .bind(&qos)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO process_samples (process_id, ts_ms, used_last, used_max)
+         SELECT p.id, s.t, s.l, s.m
+         FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[]) AS s(d, pid, st, t, l, m)
+         JOIN processes p ON p.device_id = s.d AND p.pid = s.pid AND p.start_time_ms = s.st",
+    )
+    .bind(&device)
+    .bind(&pid)
+    .bind(&start)
+    .bind(&ts)
+    .bind(&last)
+    .bind(&max)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// The allocator reports that came with the process samples: one row per
+/// report (a report joined to several intervals is stored once), and the
+/// newest one on the process's row.
+async fn write_allocator_samples(
+    tx: &mut Transaction<'_, Postgres>,
+    samples: &[&ProcessSampleRow],
+) -> Result<(), StoreError> {
+    let reporting: Vec<(&ProcessSampleRow, &AllocatorRow)> = samples
+        .iter()
+        .filter_map(|s| s.allocator.as_ref().map(|a| (*s, a)))
+        .collect();
+    if reporting.is_empty() {
+        return Ok(());
+    }
+    let column =
+        |f: fn(&AllocatorRow) -> i64| -> Vec<i64> { reporting.iter().map(|(_, a)| f(a)).collect() };
+    let device: Vec<i32> = reporting.iter().map(|(s, _)| s.device_id as i32).collect();
+    let pid: Vec<i64> = reporting.iter().map(|(s, _)| s.pid).collect();
+    let start: Vec<i64> = reporting.iter().map(|(s, _)| s.start_time_ms).collect();
+    let ts = column(|a| a.timestamp_ms);
+    let allocated = column(|a| a.allocated);
+    let reserved = column(|a| a.reserved);
+    let active = column(|a| a.active);
+    let inactive_split = column(|a| a.inactive_split);
+    let peak = column(|a| a.peak_allocated);
+    let retries = column(|a| a.alloc_retries);
+    let ooms = column(|a| a.ooms);
+    sqlx::query(
+        "INSERT INTO allocator_samples (process_id, ts_ms, allocated, reserved, active, inactive_split,
+             peak_allocated, alloc_retries, ooms)
+         SELECT DISTINCT ON (p.id, s.t) p.id, s.t, s.a, s.r, s.ac, s.i, s.pk, s.rt, s.o
+         FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
+             $8::int8[], $9::int8[], $10::int8[], $11::int8[]) AS s(d, pid, st, t, a, r, ac, i, pk, rt, o)
+         JOIN processes p ON p.device_id = s.d AND p.pid = s.pid AND p.start_time_ms = s.st
+         ON CONFLICT (process_id, ts_ms) DO NOTHING",
+    )
+    .bind(&device)
+    .bind(&pid)
+    .bind(&start)
+    .bind(&ts)
+    .bind(&allocated)
+    .bind(&reserved)
+    .bind(&active)
+    .bind(&inactive_split)
+    .bind(&peak)
+    .bind(&retries)
+    .bind(&ooms)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "UPDATE processes p SET alloc_ts_ms = s.t, alloc_allocated = s.a, alloc_reserved = s.r,
+             alloc_inactive_split = s.i, alloc_peak_allocated = s.pk, alloc_retries = s.rt, alloc_ooms = s.o
+         FROM (SELECT DISTINCT ON (d, pid, st) *
+               FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
+                   $8::int8[], $9::int8[], $10::int8[]) AS u(d, pid, st, t, a, r, i, pk, rt, o)
+               ORDER BY d, pid, st, t DESC) s
+         WHERE p.device_id = s.d AND p.pid = s.pid AND p.start_time_ms = s.st
+             AND (p.alloc_ts_ms IS NULL OR p.alloc_ts_ms <= s.t)",
+    )
+    .bind(&device)
+    .bind(&pid)
+    .bind(&start)
+    .bind(&ts)
+    .bind(&allocated)
+    .bind(&reserved)
+    .bind(&inactive_split)
+    .bind(&peak)
+    .bind(&retries)
+    .bind(&ooms)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+async fn write_events(
+    tx: &mut Transaction<'_, Postgres>,
+    e: &[(i64, &EventRow)],
+) -> Result<(), StoreError> {
+    if e.is_empty() {
+        return Ok(());
+    }
+    let node: Vec<i64> = e.iter().map(|(n, _)| *n).collect();
+    let device: Vec<Option<i32>> = e
+        .iter()
+        .map(|(_, r)| r.device_id.map(|d| d as i32))
+        .collect();
+    let ts: Vec<i64> = e.iter().map(|(_, r)| r.timestamp_ms).collect();
+    let kind: Vec<&str> = e.iter().map(|(_, r)| r.kind).collect();
+    let code: Vec<i64> = e.iter().map(|(_, r)| r.code).collect();
+    let pid: Vec<i64> = e.iter().map(|(_, r)| r.pid).collect();
+    let detail: Vec<&str> = e.iter().map(|(_, r)| r.detail.as_str()).collect();
+    sqlx::query(
+        "INSERT INTO events (node_id, device_id, ts_ms, kind, code, pid, detail)
+         SELECT * FROM UNNEST($1::int8[], $2::int4[], $3::int8[], $4::text[], $5::int8[], $6::int8[], $7::text[])",
+    )
+    .bind(&node)
+    .bind(&device)
+    .bind(&ts)
+    .bind(&kind)
+    .bind(&code)
+    .bind(&pid)
+    .bind(&detail)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Moves each node's last-seen time to its newest sample in the group.
+async fn touch_nodes(
+    tx: &mut Transaction<'_, Postgres>,
+    batches: &[&StoreBatch],
+) -> Result<(), StoreError> {
+    let mut newest: HashMap<i64, i64> = HashMap::new();
+    for batch in batches {
+        if let Some(ts) = batch.newest_timestamp_ms() {
+            let entry = newest.entry(batch.node_id).or_insert(ts);
+            *entry = (*entry).max(ts);
+        }
+    }
+    if newest.is_empty() {
+        return Ok(());
+    }
+    let (nodes, times): (Vec<i64>, Vec<i64>) = newest.into_iter().unzip();
+    sqlx::query(
+        "UPDATE nodes n SET last_seen_ms = GREATEST(n.last_seen_ms, v.ts)
+         FROM UNNEST($1::int8[], $2::int8[]) AS v(id, ts) WHERE n.id = v.id",
+    )
+    .bind(&nodes)
+    .bind(&times)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// The whole span of timestamps in `batches`, for creating partitions a
+/// write found missing.
+pub(super) fn time_span(batches: &[StoreBatch]) -> Option<(i64, i64)> {
+    let all = batches.iter().flat_map(|b| {
+        let gpus = b.gpu_samples.iter().map(|s| s.timestamp_ms);
+        let procs = b.process_samples.iter().flat_map(|s| {
+            std::iter::once(s.timestamp_ms).chain(s.allocator.map(|a| a.timestamp_ms))
+        });
+        let events = b.events.iter().map(|e| e.timestamp_ms);
+        gpus.chain(procs).chain(events)
+    });
+    all.fold(None, |span, ts| match span {
+        None => Some((ts, ts)),
+        Some((lo, hi)) => Some((lo.min(ts), hi.max(ts))),
+    })
+}

@@ -1,0 +1,304 @@
+//! What both backends share about rollups and retention: the resolutions,
+//! which one a range query reads, how long each is kept, and the small
+//! arithmetic on buckets. The SQL lives with each backend.
+
+use serde::{Deserialize, Serialize};
+
+pub const MINUTE_MS: i64 = 60_000;
+pub const HOUR_MS: i64 = 3_600_000;
+pub const DAY_MS: i64 = 86_400_000;
+
+/// The rollup job leaves the newest minutes alone for this long, so that a
+/// minute is rolled up once its samples are in, not while they arrive. Late
+/// samples (an agent's spool) mark their minute for another pass.
+pub const ROLLUP_GRACE_MS: i64 = 2 * MINUTE_MS;
+
+/// How far one maintenance pass moves the minute watermark: a collector that
+/// was down for a week catches up in bounded steps, not one huge statement.
+pub const MAX_CATCH_UP_MS: i64 = 6 * HOUR_MS;
+
+/// How long each resolution is kept, and how maintenance runs.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// Raw samples (one row per GPU per sample interval), process and
+    /// allocator samples.
+    pub raw_retention_days: u32,
+    /// One-minute rollups, and agent events (XIDs, lost GPUs).
+    pub minute_retention_days: u32,
+    /// One-hour rollups.
+    pub hour_retention_days: u32,
+    /// Seconds between maintenance passes (partitions ahead, rollups,
+    /// retention). Only one collector per database does the work.
+    pub maintenance_interval_s: u32,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            raw_retention_days: 7,
+            minute_retention_days: 90,
+            hour_retention_days: 730,
+            maintenance_interval_s: 20,
+        }
+    }
+}
+
+impl StorageConfig {
+    pub fn raw_retention_ms(&self) -> i64 {
+        i64::from(self.raw_retention_days.max(1)) * DAY_MS
+    }
+
+    pub fn minute_retention_ms(&self) -> i64 {
+        i64::from(self.minute_retention_days.max(1)) * DAY_MS
+    }
+
+    pub fn hour_retention_ms(&self) -> i64 {
+        i64::from(self.hour_retention_days.max(1)) * DAY_MS
+    }
+
+    /// A problem with the values, named, or `None`.
+    pub fn problem(&self) -> Option<String> {
+        if self.raw_retention_days == 0 || self.maintenance_interval_s == 0 {
+            return Some(
+                "storage.raw_retention_days and storage.maintenance_interval_s must be at least 1"
+                    .into(),
+            );
+        }
+        if self.minute_retention_days < self.raw_retention_days
+            || self.hour_retention_days < self.minute_retention_days
+        {
+            return Some(format!(
+                "storage retention must grow with the step: raw {} d ≤ 1 min {} d ≤ 1 h {} d",
+                self.raw_retention_days, self.minute_retention_days, self.hour_retention_days
+            ));
+        }
+        None
+    }
+}
+
+/// The table a range query reads most of its points from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    Raw,
+    Minute,
+    Hour,
+}
+
+/// How far each rollup is complete: every minute before `minute_ms` is in
+/// the 1 min tables, every hour before `hour_ms` in the 1 h tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct Watermarks {
+    pub minute_ms: i64,
+    pub hour_ms: i64,
+}
+
+/// Which part of `[from, to]` each table serves: the 1 h table
+/// `[from, hour_end)`, the 1 min table `[hour_end, minute_end)`, raw samples
+/// `[minute_end, to]`. The rollups end where they are complete, so a chart
+/// is always current up to its newest raw sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceBounds {
+    pub hour_end_ms: i64,
+    pub minute_end_ms: i64,
+}
+
+/// The coarsest resolution whose step still fits a bucket of the chart, made
+/// coarser where the range starts before the finer data's retention.
+pub fn resolution_for(
+    from_ms: i64,
+    bucket_width_ms: i64,
+    watermarks: Watermarks,
+    storage: &StorageConfig,
+) -> Resolution {
+    let by_width = if bucket_width_ms >= HOUR_MS {
+        Resolution::Hour
+    } else if bucket_width_ms >= MINUTE_MS {
+        Resolution::Minute
+    } else {
+        Resolution::Raw
+    };
+    // The minute watermark trails the newest samples by a couple of minutes:
+    // good enough a clock for deciding what retention has already dropped.
+    let newest = watermarks.minute_ms;
+    let raw_gone = from_ms < newest.saturating_sub(storage.raw_retention_ms());
+    let minutes_gone = from_ms < newest.saturating_sub(storage.minute_retention_ms());
+    match by_width {
+        Resolution::Raw | Resolution::Minute if minutes_gone => Resolution::Hour,
+        Resolution::Raw if raw_gone => Resolution::Minute,
+        other => other,
+    }
+}
+
+pub fn source_bounds(resolution: Resolution, from_ms: i64, watermarks: Watermarks) -> SourceBounds {
+    match resolution {
+        Resolution::Raw => SourceBounds {
+            hour_end_ms: from_ms,
+            minute_end_ms: from_ms,
+        },
+        Resolution::Minute => SourceBounds {
+            hour_end_ms: from_ms,
+            minute_end_ms: from_ms.max(watermarks.minute_ms),
+        },
+        Resolution::Hour => {
+            let hour_end_ms = from_ms.max(watermarks.hour_ms);
+            SourceBounds {
+                hour_end_ms,
+                minute_end_ms: hour_end_ms.max(watermarks.minute_ms),
+            }
+        }
+    }
+}
+
+/// Start of the bucket of width `step_ms` holding `ts_ms`.
+pub fn bucket_start(ts_ms: i64, step_ms: i64) -> i64 {
+    ts_ms - ts_ms.rem_euclid(step_ms)
+}
+
+/// Sorted, distinct bucket starts grouped into runs of adjacent buckets, as
+/// `[start, end)` ranges: one range scan each when rolling them up.
+pub fn contiguous_runs(buckets: &[i64], step_ms: i64) -> Vec<(i64, i64)> {
+    let mut sorted = buckets.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut runs: Vec<(i64, i64)> = Vec::new();
+    for bucket in sorted {
+        match runs.last_mut() {
+            Some((_, end)) if *end == bucket => *end = bucket + step_ms,
+            _ => runs.push((bucket, bucket + step_ms)),
+        }
+    }
+    runs
+}
+
+/// The distinct minutes of `timestamps` that lie before `watermark_ms`: rows
+/// that arrived after their minute was rolled up.
+pub fn late_minutes(timestamps: impl Iterator<Item = i64>, watermark_ms: i64) -> Vec<i64> {
+    let mut minutes: Vec<i64> = timestamps
+        .filter(|ts| *ts < watermark_ms)
+        .map(|ts| bucket_start(ts, MINUTE_MS))
+        .collect();
+    minutes.sort_unstable();
+    minutes.dedup();
+    minutes
+}
+
+/// What one maintenance pass did, for logs and metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MaintenanceReport {
+    /// False when another collector holds the maintenance lock: this one did
+    /// nothing.
+    pub leader: bool,
+    pub partitions_created: u64,
+    pub partitions_dropped: u64,
+    /// Rows removed by retention where the backend has no partitions.
+    pub rows_expired: u64,
+    pub minutes_rolled_up: u64,
+    pub hours_rolled_up: u64,
+    /// Where the rollups stand after the pass.
+    pub watermarks: Option<Watermarks>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_796_000_000_000;
+
+    fn marks() -> Watermarks {
+        Watermarks {
+            minute_ms: NOW - 3 * MINUTE_MS,
+            hour_ms: bucket_start(NOW, HOUR_MS),
+        }
+    }
+
+    #[test]
+    fn a_day_on_a_thousand_points_reads_minutes_a_year_reads_hours() {
+        let storage = StorageConfig::default();
+        let day = 86_400_000 / 1000;
+        assert_eq!(
+            resolution_for(NOW - DAY_MS, day, marks(), &storage),
+            Resolution::Minute
+        );
+        assert_eq!(
+            resolution_for(NOW - 3_600_000, 3_600, marks(), &storage),
+            Resolution::Raw
+        );
+        assert_eq!(
+            resolution_for(NOW - 365 * DAY_MS, 365 * day, marks(), &storage),
+            Resolution::Hour
+        );
+    }
+
+    #[test]
+    fn ranges_older_than_retention_read_the_rollup_that_still_has_them() {
+        let storage = StorageConfig::default();
+        // A one-hour window, eight days ago: raw samples are gone.
+        assert_eq!(
+            resolution_for(NOW - 8 * DAY_MS, 3_600, marks(), &storage),
+            Resolution::Minute
+        );
+        // A one-hour window, 100 days ago: minutes are gone too.
+        assert_eq!(
+            resolution_for(NOW - 100 * DAY_MS, 3_600, marks(), &storage),
+            Resolution::Hour
+        );
+    }
+
+    #[test]
+    fn rollups_serve_only_the_complete_part_and_raw_the_rest() {
+        let m = marks();
+        let from = NOW - DAY_MS;
+        assert_eq!(
+            source_bounds(Resolution::Minute, from, m),
+            SourceBounds {
+                hour_end_ms: from,
+                minute_end_ms: m.minute_ms
+            }
+        );
+        assert_eq!(
+            source_bounds(Resolution::Hour, from, m),
+            SourceBounds {
+                hour_end_ms: m.hour_ms,
+                minute_end_ms: m.minute_ms
+            }
+        );
+        // A range that starts after the watermark reads raw samples only.
+        let recent = NOW - MINUTE_MS;
+        assert_eq!(
+            source_bounds(Resolution::Hour, recent, m),
+            SourceBounds {
+                hour_end_ms: recent,
+                minute_end_ms: recent
+            }
+        );
+    }
+
+    #[test]
+    fn runs_join_adjacent_buckets() {
+        let m = MINUTE_MS;
+        assert_eq!(
+            contiguous_runs(&[5 * m, 3 * m, 4 * m, 9 * m, 3 * m], m),
+            vec![(3 * m, 6 * m), (9 * m, 10 * m)]
+        );
+        assert!(contiguous_runs(&[], m).is_empty());
+    }
+
+    #[test]
+    fn only_minutes_before_the_watermark_are_late() {
+        let m = MINUTE_MS;
+        let ts = [10 * m + 5, 10 * m + 7, 11 * m, 12 * m + 1];
+        assert_eq!(late_minutes(ts.into_iter(), 12 * m), vec![10 * m, 11 * m]);
+        assert_eq!(bucket_start(-1, m), -m);
+    }
+
+    #[test]
+    fn retention_must_grow_with_the_step() {
+        assert!(StorageConfig::default().problem().is_none());
+        let bad = StorageConfig {
+            minute_retention_days: 3,
+            ..StorageConfig::default()
+        };
+        assert!(bad.problem().is_some_and(|p| p.contains("raw 7 d")));
+    }
+}
