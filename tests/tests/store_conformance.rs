@@ -5,10 +5,11 @@
 use std::sync::Arc;
 
 use headroom_collector::ingest::validate::{self, Limits};
-use headroom_collector::model::{NodeSession, WriteOutcome};
+use headroom_collector::model::{NodeSession, StoreBatch, WriteOutcome};
 use headroom_collector::store::alerts::{
     ActiveAlertCounts, AlertFilter, AlertUpdate, NewNotification, NewSilence, UpdateKind,
 };
+use headroom_collector::store::rollup::{self, DAY_MS, HOUR_MS, MINUTE_MS};
 use headroom_collector::store::{AllocatorSeriesQuery, Store};
 use headroom_proto::v1 as pb;
 use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, GPU1, GPU2, MIG_A, MIG_B, NODE, now_ms};
@@ -613,6 +614,204 @@ async fn silences_match_until_they_expire(store: Arc<dyn Store>) {
     assert!(!s.expire_silence(id, 7000).await.unwrap());
 }
 
+/// Long enough ago for every sample the cases below write.
+const PROCESS_START_MS: i64 = 1_000_000_000_000;
+
+/// Validates `batch` as a collector whose clock reads `now` would: history
+/// generated for a simulated past.
+fn rows_at(session: &NodeSession, batch: &pb::Batch, now: i64) -> StoreBatch {
+    validate::batch(batch, session, now, &Limits::default()).unwrap()
+}
+
+/// A batch of GPU0 alone, used = `used` GiB (min one below, max one above),
+/// and its one process, started at a fixed time (the same process throughout).
+fn gpu0_batch(seq: u64, ts: i64, used_gib: u64) -> pb::Batch {
+    let mut b = fixtures::batch(seq, ts);
+    b.gpu_samples = vec![fixtures::gpu_sample(GPU0, ts, used_gib * GIB)];
+    b.process_samples[0] = fixtures::process_sample(GPU0, ts, 777, used_gib * GIB);
+    b.process_samples[0].start_time_ms = PROCESS_START_MS;
+    b
+}
+
+/// Two hours of samples every 30 s, 10 GiB used, and one 20 s spike to
+/// 70 GiB: through the 1 min and the 1 h rollups the spike stays, the
+/// average stays, and the last value is the last sample's.
+async fn rollups_keep_min_max_avg_and_last(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let now = now_ms();
+    let base = rollup::bucket_start(now - 3 * HOUR_MS, HOUR_MS);
+    let spike_at = base + 37 * MINUTE_MS + 30_000;
+    let batches: Vec<StoreBatch> = (0..240u64)
+        .map(|i| {
+            let ts = base + i as i64 * 30_000;
+            let used = if ts == spike_at { 70 } else { 10 };
+            rows_at(&session, &gpu0_batch(i + 1, ts, used), now)
+        })
+        .collect();
+    for group in batches.chunks(40) {
+        let outcomes = store.write_batches(group).await.unwrap();
+        assert!(outcomes.iter().all(|o| *o == WriteOutcome::Committed));
+    }
+    let report = store.maintain(now).await.unwrap();
+    assert!(report.leader, "a lone collector leads");
+    assert_eq!(report.minutes_rolled_up, 120, "every late minute, once");
+    assert!(report.hours_rolled_up >= 2);
+    let marks = store.watermarks().await.unwrap();
+    assert!(marks.hour_ms >= base + 2 * HOUR_MS, "{marks:?}");
+
+    // Width 1 h: both points come from the hour table.
+    let hours = store
+        .device_series(GPU0, base, base + 2 * HOUR_MS - 1, 2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(hours.len(), 2);
+    assert_eq!(
+        hours.iter().map(|p| p.samples).collect::<Vec<_>>(),
+        vec![120, 120]
+    );
+    assert_eq!(
+        hours[0].memory_used_max_bytes,
+        (71 * GIB) as i64,
+        "the spike"
+    );
+    assert_eq!(hours[1].memory_used_max_bytes, (11 * GIB) as i64);
+    assert_eq!(hours[0].memory_used_min_bytes, (9 * GIB) as i64);
+    // 119 samples of 10 GiB and one of 70: the mean is 10.5 GiB.
+    assert_eq!(hours[0].memory_used_bytes, (10 * GIB + GIB / 2) as i64);
+    assert_eq!(hours[1].memory_used_bytes, (10 * GIB) as i64);
+    assert_eq!(hours[0].utilization_pct, Some(70.0));
+    assert_eq!(hours[1].pcie_rx_bytes_per_s, Some(2_000_000));
+
+    // Width 1 min: the minute holding the spike keeps it, its neighbours do not.
+    let minutes = store
+        .device_series(GPU0, base, base + HOUR_MS - 1, 60)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(minutes.len(), 60);
+    assert!(minutes.iter().all(|p| p.samples == 2));
+    assert_eq!(minutes[37].memory_used_max_bytes, (71 * GIB) as i64);
+    assert_eq!(minutes[37].memory_used_bytes, (40 * GIB) as i64);
+    assert_eq!(minutes[36].memory_used_max_bytes, (11 * GIB) as i64);
+
+    // The process rollups keep the peak too.
+    let procs = store
+        .process_series(GPU0, base, base + 2 * HOUR_MS - 1, 2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(procs.len(), 1);
+    let peaks: Vec<i64> = procs[0].points.iter().map(|(_, v)| *v).collect();
+    assert_eq!(
+        peaks,
+        vec![(70 * GIB + GIB / 4) as i64, (10 * GIB + GIB / 4) as i64]
+    );
+
+    // A second pass finds nothing left to do.
+    let again = store.maintain(now).await.unwrap();
+    assert_eq!((again.minutes_rolled_up, again.hours_rolled_up), (0, 0));
+}
+
+/// A sample that arrives after its minute was rolled up (an agent's spool
+/// replayed) is rolled up again on the next pass.
+async fn late_samples_are_rolled_up_again(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let now = now_ms();
+    let minute = rollup::bucket_start(now - 30 * MINUTE_MS, MINUTE_MS);
+    let first = rows_at(&session, &gpu0_batch(1, minute + 10_000, 10), now);
+    store.write_batch(&first).await.unwrap();
+    store.maintain(now).await.unwrap();
+    let read = || store.device_series(GPU0, minute, minute + MINUTE_MS - 1, 1);
+    let before = read().await.unwrap().unwrap();
+    assert_eq!(before[0].memory_used_max_bytes, (11 * GIB) as i64);
+
+    let late = rows_at(&session, &gpu0_batch(2, minute + 20_000, 50), now + 1000);
+    store.write_batch(&late).await.unwrap();
+    let report = store.maintain(now + 1000).await.unwrap();
+    assert_eq!(report.minutes_rolled_up, 1, "only the late minute");
+    let after = read().await.unwrap().unwrap();
+    assert_eq!(after[0].samples, 2);
+    assert_eq!(after[0].memory_used_max_bytes, (51 * GIB) as i64);
+    assert_eq!(after[0].memory_used_bytes, (30 * GIB) as i64);
+}
+
+/// Samples older than raw retention go (by whole partitions on Postgres);
+/// a chart of that time still shows the spike, from the rollups.
+async fn retention_drops_raw_samples_and_rollups_keep_the_peak(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let now = now_ms();
+    let old = rollup::bucket_start(now - 8 * DAY_MS, MINUTE_MS);
+    let mut batches = Vec::new();
+    for i in 0..10u64 {
+        let ts = old + i as i64 * 6_000;
+        let used = if i == 4 { 60 } else { 20 };
+        batches.push(rows_at(&session, &gpu0_batch(i + 1, ts, used), ts + 1000));
+    }
+    store.write_batches(&batches).await.unwrap();
+    let report = store.maintain(now).await.unwrap();
+    assert!(
+        report.rows_expired + report.partitions_dropped > 0,
+        "raw samples past 7 days expired: {report:?}"
+    );
+    // A chart fine enough for raw samples falls back to the minute rollup
+    // for a range raw retention no longer covers.
+    let chart = store
+        .device_series(GPU0, old - HOUR_MS, old + HOUR_MS, 2000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(chart.len(), 1, "one minute of data: {chart:?}");
+    assert_eq!(chart[0].samples, 10);
+    assert_eq!(chart[0].memory_used_max_bytes, (61 * GIB) as i64);
+    assert_eq!(chart[0].memory_used_min_bytes, (19 * GIB) as i64);
+}
+
+/// One transaction for several agents' batches: each gets its own outcome,
+/// a replay inside the group is left out, and nothing is stored twice.
+async fn a_group_of_batches_gets_one_outcome_each(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let other = register(&*store, &fixtures::register_other_node()).await;
+    let now = now_ms();
+    let ts = now - 20_000;
+    let group = vec![
+        rows_at(&session, &fixtures::batch(1, ts), now),
+        rows_at(&other, &fixtures::other_node_batch(1, ts), now),
+        rows_at(&session, &fixtures::batch(1, ts), now),
+        rows_at(&session, &fixtures::batch(2, ts + 1000), now),
+    ];
+    let outcomes = store.write_batches(&group).await.unwrap();
+    assert_eq!(
+        outcomes,
+        vec![
+            WriteOutcome::Committed,
+            WriteOutcome::Committed,
+            WriteOutcome::Duplicate { committed_seq: 1 },
+            WriteOutcome::Committed,
+        ]
+    );
+    let again = store.write_batches(&group[..2]).await.unwrap();
+    assert_eq!(
+        again,
+        vec![
+            WriteOutcome::Duplicate { committed_seq: 2 },
+            WriteOutcome::Duplicate { committed_seq: 1 },
+        ]
+    );
+    let series = store
+        .device_series(GPU0, ts - 1, ts + 2000, 1000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        series.iter().map(|p| p.samples).collect::<Vec<_>>(),
+        vec![1, 1]
+    );
+    let devices = store.latest_devices().await.unwrap();
+    assert_eq!(devices.iter().filter(|d| d.latest.is_some()).count(), 4);
+    assert_eq!(store.write_batches(&[]).await.unwrap(), vec![]);
+}
+
 async fn sqlite_store() -> (Arc<dyn Store>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("conformance.db").display());
@@ -657,4 +856,8 @@ conformance!(
     alert_lifecycle_notifies_once_per_change,
     outbox_leases_retries_and_delivers,
     silences_match_until_they_expire,
+    rollups_keep_min_max_avg_and_last,
+    late_samples_are_rolled_up_again,
+    retention_drops_raw_samples_and_rollups_keep_the_peak,
+    a_group_of_batches_gets_one_outcome_each,
 );

@@ -130,7 +130,14 @@ pub fn resolution_for(
     }
 }
 
-pub fn source_bounds(resolution: Resolution, from_ms: i64, watermarks: Watermarks) -> SourceBounds {
+pub fn source_bounds(
+    resolution: Resolution,
+    from_ms: i64,
+    to_ms: i64,
+    watermarks: Watermarks,
+) -> SourceBounds {
+    // The rollups serve no further than the range's own end (inclusive).
+    let end = to_ms.saturating_add(1).max(from_ms);
     match resolution {
         Resolution::Raw => SourceBounds {
             hour_end_ms: from_ms,
@@ -138,13 +145,13 @@ pub fn source_bounds(resolution: Resolution, from_ms: i64, watermarks: Watermark
         },
         Resolution::Minute => SourceBounds {
             hour_end_ms: from_ms,
-            minute_end_ms: from_ms.max(watermarks.minute_ms),
+            minute_end_ms: from_ms.max(watermarks.minute_ms).min(end),
         },
         Resolution::Hour => {
-            let hour_end_ms = from_ms.max(watermarks.hour_ms);
+            let hour_end_ms = from_ms.max(watermarks.hour_ms).min(end);
             SourceBounds {
                 hour_end_ms,
-                minute_end_ms: hour_end_ms.max(watermarks.minute_ms),
+                minute_end_ms: hour_end_ms.max(watermarks.minute_ms).min(end),
             }
         }
     }
@@ -250,14 +257,14 @@ mod tests {
         let m = marks();
         let from = NOW - DAY_MS;
         assert_eq!(
-            source_bounds(Resolution::Minute, from, m),
+            source_bounds(Resolution::Minute, from, NOW, m),
             SourceBounds {
                 hour_end_ms: from,
                 minute_end_ms: m.minute_ms
             }
         );
         assert_eq!(
-            source_bounds(Resolution::Hour, from, m),
+            source_bounds(Resolution::Hour, from, NOW, m),
             SourceBounds {
                 hour_end_ms: m.hour_ms,
                 minute_end_ms: m.minute_ms
@@ -266,10 +273,20 @@ mod tests {
         // A range that starts after the watermark reads raw samples only.
         let recent = NOW - MINUTE_MS;
         assert_eq!(
-            source_bounds(Resolution::Hour, recent, m),
+            source_bounds(Resolution::Hour, recent, NOW, m),
             SourceBounds {
                 hour_end_ms: recent,
                 minute_end_ms: recent
+            }
+        );
+        // A range that ends before the watermarks reads rollups only, and
+        // none past its end.
+        let old_end = NOW - 2 * DAY_MS;
+        assert_eq!(
+            source_bounds(Resolution::Hour, from - DAY_MS, old_end, m),
+            SourceBounds {
+                hour_end_ms: old_end + 1,
+                minute_end_ms: old_end + 1
             }
         );
     }

@@ -276,6 +276,7 @@ impl Store for PostgresStore {
         let bounds = source_bounds(
             resolution_for(from_ms, width, marks, &self.storage),
             from_ms,
+            to_ms,
             marks,
         );
         // Rollup rows count as `samples` samples of mean `used_avg`, so a
@@ -353,6 +354,7 @@ impl Store for PostgresStore {
         let bounds = source_bounds(
             resolution_for(from_ms, width, marks, &self.storage),
             from_ms,
+            to_ms,
             marks,
         );
         let buckets = sqlx::query_as::<_, ProcessBucket>(
