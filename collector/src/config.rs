@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::ingest::WriterConfig;
+use crate::store::rollup::StorageConfig;
+
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CollectorConfig {
@@ -16,6 +19,10 @@ pub struct CollectorConfig {
     pub http_listen: SocketAddr,
     /// `postgres://user@host/db` or `sqlite://path/to/headroom.db`.
     pub database_url: String,
+    /// How the batches of many agents are coalesced into writes.
+    pub ingest: WriterConfig,
+    /// Retention per resolution and the maintenance that applies it.
+    pub storage: StorageConfig,
 }
 
 impl Default for CollectorConfig {
@@ -24,6 +31,8 @@ impl Default for CollectorConfig {
             grpc_listen: SocketAddr::from(([0, 0, 0, 0], 50051)),
             http_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             database_url: "sqlite://headroom-data/headroom.db".into(),
+            ingest: WriterConfig::default(),
+            storage: StorageConfig::default(),
         }
     }
 }
@@ -37,6 +46,8 @@ pub enum ConfigError {
     },
     #[error("config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
+    #[error("configuration: {0}")]
+    Invalid(String),
 }
 
 #[derive(Debug, Clone, Default)]
@@ -80,6 +91,15 @@ impl CollectorConfig {
         if let Some(v) = overrides.database_url {
             config.database_url = v;
         }
+        if let Some(problem) = config.storage.problem().or_else(|| config.ingest.problem()) {
+            return Err(match file {
+                Some(path) => ConfigError::Parse {
+                    path: path.to_owned(),
+                    message: problem,
+                },
+                None => ConfigError::Invalid(problem),
+            });
+        }
         Ok(config)
     }
 }
@@ -105,6 +125,21 @@ mod tests {
         .unwrap();
         assert!(config.database_url.starts_with("postgres://"));
         assert_eq!(config.http_listen.port(), 9999);
+    }
+
+    #[test]
+    fn retention_that_shrinks_with_the_step_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[storage]\nraw_retention_days = 30\nminute_retention_days = 14\n",
+        )
+        .unwrap();
+        let err = CollectorConfig::load(Some(&path), Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("raw 30 d") && err.contains("c.toml"), "{err}");
     }
 
     #[test]

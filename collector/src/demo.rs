@@ -55,7 +55,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     })?;
     let http_addr = http.local_addr()?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let collector = Collector::with_rules(store, RulesConfig::default(), Clock::System).await?;
+    let collector =
+        Collector::with_rules(store.clone(), RulesConfig::default(), Clock::System).await?;
     let collector = tokio::spawn(collector.serve(grpc, http, async move {
         let _ = stopped.await;
     }));
@@ -96,5 +97,6 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     let _ = stop.send(());
     collector.await??;
+    store.close().await;
     Ok(())
 }

@@ -151,7 +151,7 @@ fn backtest(rules: Option<&std::path::Path>, trace: &std::path::Path) -> anyhow:
 
 async fn serve(config: CollectorConfig, rules_path: Option<PathBuf>) -> anyhow::Result<()> {
     let rules = load_rules(rules_path.as_deref())?;
-    let store = store::connect(&config.database_url)
+    let store = store::connect_with(&config.database_url, config.storage.clone())
         .await
         .with_context(|| format!("opening {}", redact_url(&config.database_url)))?;
     let grpc = TcpListener::bind(config.grpc_listen)
@@ -162,7 +162,9 @@ async fn serve(config: CollectorConfig, rules_path: Option<PathBuf>) -> anyhow::
         .with_context(|| format!("binding HTTP to {}", config.http_listen))?;
     tracing::info!(grpc = %config.grpc_listen, http = %config.http_listen,
         database = %redact_url(&config.database_url), "collector listening");
-    let collector = Collector::with_rules(store, rules, Clock::System).await?;
+    let mut collector = Collector::with_rules(store.clone(), rules, Clock::System).await?;
+    collector.writers = config.ingest.clone();
+    collector.storage = config.storage.clone();
     if let (Some(alerting), Some(path)) = (collector.alerting.clone(), rules_path) {
         tokio::spawn(reload_on_sighup(alerting, path));
     }
@@ -182,6 +184,8 @@ async fn serve(config: CollectorConfig, rules_path: Option<PathBuf>) -> anyhow::
     if let Some(watchdog) = watchdog {
         watchdog.abort();
     }
+    // Hands the maintenance lock to another collector at once.
+    store.close().await;
     served?;
     Ok(())
 }

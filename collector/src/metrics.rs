@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::store::alerts::ActiveAlertCounts;
+use crate::store::rollup::MaintenanceReport;
 
 /// Upper bounds (seconds) of the batch-write histogram: a commit on a
 /// healthy database takes milliseconds; seconds mean trouble.
@@ -43,6 +44,18 @@ pub struct CollectorMetrics {
     write_buckets: [AtomicU64; WRITE_BUCKETS.len()],
     write_count: AtomicU64,
     write_micros: AtomicU64,
+    write_groups: AtomicU64,
+    write_group_batches: AtomicU64,
+    write_group_splits: AtomicU64,
+    maintenance_leader: AtomicI64,
+    maintenance_passes: AtomicU64,
+    maintenance_failures: AtomicU64,
+    partitions_created: AtomicU64,
+    partitions_dropped: AtomicU64,
+    rows_expired: AtomicU64,
+    /// Epoch ms; 0 until the first pass.
+    minute_watermark_ms: AtomicI64,
+    maintenance_at_ms: AtomicI64,
 }
 
 /// Figures read from the store when scraped.
@@ -94,6 +107,41 @@ impl CollectorMetrics {
             u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
+    }
+
+    /// One database write of `batches` coalesced batches.
+    pub fn write_group(&self, batches: usize) {
+        self.write_groups.fetch_add(1, Ordering::Relaxed);
+        self.write_group_batches.fetch_add(
+            u64::try_from(batches).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// A write of several batches failed and was redone batch by batch.
+    pub fn write_group_split(&self) {
+        self.write_group_splits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn maintenance(&self, report: &MaintenanceReport, now_ms: i64) {
+        let add = |counter: &AtomicU64, n: u64| {
+            counter.fetch_add(n, Ordering::Relaxed);
+        };
+        add(&self.maintenance_passes, 1);
+        add(&self.partitions_created, report.partitions_created);
+        add(&self.partitions_dropped, report.partitions_dropped);
+        add(&self.rows_expired, report.rows_expired);
+        self.maintenance_leader
+            .store(i64::from(report.leader), Ordering::Relaxed);
+        if let Some(marks) = report.watermarks {
+            self.minute_watermark_ms
+                .store(marks.minute_ms, Ordering::Relaxed);
+        }
+        self.maintenance_at_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    pub fn maintenance_failed(&self) {
+        self.maintenance_failures.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn stream_opened(&self) {
@@ -154,7 +202,7 @@ impl CollectorMetrics {
         );
         let _ = writeln!(
             out,
-            "# HELP headroom_collector_batch_write_seconds Time to store one batch, commit included."
+            "# HELP headroom_collector_batch_write_seconds Time from handing one batch to the writers to its commit, queueing included."
         );
         let _ = writeln!(
             out,
@@ -178,6 +226,28 @@ impl CollectorMetrics {
             get(&self.write_micros) as f64 / 1e6
         );
         let _ = writeln!(out, "headroom_collector_batch_write_seconds_count {count}");
+        family(
+            &mut out,
+            "headroom_collector_write_groups_total",
+            "counter",
+            "Database writes of coalesced batches; batches_total / groups_total is the mean batches per write.",
+            &[("", get(&self.write_groups).to_string())],
+        );
+        family(
+            &mut out,
+            "headroom_collector_write_group_batches_total",
+            "counter",
+            "Batches carried by coalesced writes.",
+            &[("", get(&self.write_group_batches).to_string())],
+        );
+        family(
+            &mut out,
+            "headroom_collector_write_group_splits_total",
+            "counter",
+            "Coalesced writes that failed and were redone batch by batch.",
+            &[("", get(&self.write_group_splits).to_string())],
+        );
+        self.render_maintenance(&mut out);
         let alerts: Vec<(&str, String)> = store
             .alerts
             .map(|a| {
@@ -207,6 +277,63 @@ impl CollectorMetrics {
             &outbox,
         );
         out
+    }
+}
+
+impl CollectorMetrics {
+    fn render_maintenance(&self, out: &mut String) {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed).to_string();
+        let passes = self.maintenance_passes.load(Ordering::Relaxed);
+        family(
+            out,
+            "headroom_collector_maintenance_passes_total",
+            "counter",
+            "Storage maintenance passes, by result.",
+            &[
+                ("result=\"ok\"", passes.to_string()),
+                ("result=\"failed\"", get(&self.maintenance_failures)),
+            ],
+        );
+        if passes == 0 {
+            return;
+        }
+        family(
+            out,
+            "headroom_collector_maintenance_leader",
+            "gauge",
+            "1 while this collector runs partitions, rollups and retention for its database (one collector per database does).",
+            &[(
+                "",
+                self.maintenance_leader.load(Ordering::Relaxed).to_string(),
+            )],
+        );
+        let lag_s = (self.maintenance_at_ms.load(Ordering::Relaxed)
+            - self.minute_watermark_ms.load(Ordering::Relaxed)) as f64
+            / 1000.0;
+        family(
+            out,
+            "headroom_collector_rollup_lag_seconds",
+            "gauge",
+            "How far the 1 min rollup trails the clock at the last pass (about 2-3 min when healthy).",
+            &[("", lag_s.to_string())],
+        );
+        family(
+            out,
+            "headroom_collector_partitions_total",
+            "counter",
+            "Partitions created ahead of time and dropped past retention by this collector.",
+            &[
+                ("action=\"created\"", get(&self.partitions_created)),
+                ("action=\"dropped\"", get(&self.partitions_dropped)),
+            ],
+        );
+        family(
+            out,
+            "headroom_collector_rows_expired_total",
+            "counter",
+            "Rows deleted past retention where the database has no partitions (SQLite).",
+            &[("", get(&self.rows_expired))],
+        );
     }
 }
 

@@ -60,7 +60,7 @@ pub struct DeviceMeta {
 }
 
 /// One validated batch with device UUIDs resolved to ids.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct StoreBatch {
     pub node_id: i64,
     pub boot_id: String,

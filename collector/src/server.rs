@@ -12,11 +12,12 @@ use tokio_stream::wrappers::TcpListenerStream;
 use crate::alerts::{Alerting, AlertingError};
 use crate::clock::Clock;
 use crate::http::{self, AppState};
-use crate::ingest::IngestService;
 use crate::ingest::validate::Limits;
+use crate::ingest::{Coalescer, IngestService, WriterConfig};
 use crate::metrics::CollectorMetrics;
 use crate::rules::config::RulesConfig;
 use crate::store::Store;
+use crate::store::rollup::StorageConfig;
 
 /// Largest gRPC message accepted: a batch of a 16-GPU node with hundreds of
 /// processes is well under 1 MiB.
@@ -37,6 +38,10 @@ pub struct Collector {
     pub clock: Clock,
     /// Rules and notifications; `None` stores samples without judging them.
     pub alerting: Option<Arc<Alerting>>,
+    /// How the batches of many agents are written together.
+    pub writers: WriterConfig,
+    /// How often maintenance runs (the store holds the retention it applies).
+    pub storage: StorageConfig,
 }
 
 impl Collector {
@@ -47,6 +52,8 @@ impl Collector {
             limits: Limits::default(),
             clock: Clock::System,
             alerting: None,
+            writers: WriterConfig::default(),
+            storage: StorageConfig::default(),
         }
     }
 
@@ -62,6 +69,8 @@ impl Collector {
             limits: Limits::default(),
             clock,
             alerting: Some(alerting),
+            writers: WriterConfig::default(),
+            storage: StorageConfig::default(),
         })
     }
 
@@ -80,8 +89,17 @@ impl Collector {
             alerting.spawn_background(stopped.clone());
         }
         let metrics = Arc::new(CollectorMetrics::default());
+        tokio::spawn(maintain_storage(
+            self.store.clone(),
+            self.clock.clone(),
+            self.storage.maintenance_interval_s,
+            metrics.clone(),
+            stopped.clone(),
+        ));
+        let writers = Coalescer::start(self.store.clone(), &self.writers, metrics.clone());
         let ingest = IngestService::new(
             self.store.clone(),
+            writers,
             self.limits.clone(),
             self.clock.clone(),
             self.alerting.clone(),
@@ -109,5 +127,48 @@ impl Collector {
             async { http_server.await.map_err(ServeError::from) },
         )?;
         Ok(())
+    }
+}
+
+/// Runs a maintenance pass every `interval_s` until shutdown. Every
+/// collector runs it; the store lets one per database do the work.
+async fn maintain_storage(
+    store: Arc<dyn Store>,
+    clock: Clock,
+    interval_s: u32,
+    metrics: Arc<CollectorMetrics>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut tick =
+        tokio::time::interval(std::time::Duration::from_secs(u64::from(interval_s.max(1))));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut was_leader = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped.wait_for(|stop| *stop) => return,
+        }
+        let now_ms = clock.now_ms();
+        match store.maintain(now_ms).await {
+            Ok(report) => {
+                metrics.maintenance(&report, now_ms);
+                if report.leader != was_leader {
+                    tracing::info!(
+                        leader = report.leader,
+                        "storage maintenance leadership changed"
+                    );
+                    was_leader = report.leader;
+                }
+                if report.minutes_rolled_up + report.partitions_created + report.partitions_dropped
+                    > 0
+                {
+                    tracing::debug!(?report, "storage maintenance pass");
+                }
+            }
+            Err(error) => {
+                metrics.maintenance_failed();
+                tracing::warn!(%error, "storage maintenance failed; retrying next pass");
+            }
+        }
     }
 }

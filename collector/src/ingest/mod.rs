@@ -1,6 +1,9 @@
-//! gRPC ingest: `Register` and the batch `Stream`.
+//! gRPC ingest: `Register` and the batch `Stream`, and the writers that
+//! store many streams' batches together.
 
+pub mod coalesce;
 mod service;
 pub mod validate;
 
+pub use coalesce::{Coalescer, WriterConfig};
 pub use service::IngestService;

@@ -1,7 +1,8 @@
 //! The gRPC service. Each stream is served by one task that handles its
-//! batches strictly in order: validate, write (one transaction), then ack. An
-//! ack is only ever sent after the commit, so an agent that forgets a batch on
-//! ack can never lose it.
+//! batches strictly in order: validate, hand over to the writers (which
+//! commit it with other streams' batches), then ack. An ack is only ever
+//! sent after the commit, so an agent that forgets a batch on ack can never
+//! lose it.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -15,6 +16,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::coalesce::{Coalescer, WriteError, Written};
 use super::validate::{self, Limits};
 use crate::alerts::Alerting;
 use crate::clock::Clock;
@@ -27,6 +29,7 @@ type SessionKey = (String, String);
 #[derive(Debug)]
 struct Inner {
     store: Arc<dyn Store>,
+    writers: Coalescer,
     limits: Limits,
     clock: Clock,
     alerting: Option<Arc<Alerting>>,
@@ -42,6 +45,7 @@ pub struct IngestService {
 impl IngestService {
     pub fn new(
         store: Arc<dyn Store>,
+        writers: Coalescer,
         limits: Limits,
         clock: Clock,
         alerting: Option<Arc<Alerting>>,
@@ -50,6 +54,7 @@ impl IngestService {
         Self {
             inner: Arc::new(Inner {
                 store,
+                writers,
                 limits,
                 clock,
                 alerting,
@@ -128,9 +133,12 @@ impl Inner {
             },
         )?;
         let started = std::time::Instant::now();
-        let written = self.store.write_batch(&rows).await;
+        let Written {
+            batch: rows,
+            outcome,
+        } = self.writers.write(rows).await;
         self.metrics.write_took(started.elapsed());
-        match written {
+        match outcome {
             Ok(WriteOutcome::Committed) => {
                 self.metrics.batch(BatchOutcome::Committed);
                 self.metrics.stored(
@@ -159,7 +167,11 @@ impl Inner {
                     committed_seq: committed_seq.max(batch.seq),
                 })
             }
-            Err(error) => {
+            Err(WriteError::Closed) => {
+                self.metrics.batch(BatchOutcome::Failed);
+                Err(Status::unavailable("the collector is shutting down"))
+            }
+            Err(WriteError::Store(error)) => {
                 self.metrics.batch(BatchOutcome::Failed);
                 self.metrics.storage_error();
                 tracing::error!(%error, node, seq = batch.seq, "writing a batch failed");

@@ -28,6 +28,8 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("unsupported database URL {0:?}: use postgres://… or sqlite://…")]
     UnsupportedUrl(String),
+    #[error("refused to store: {0}")]
+    Invalid(String),
 }
 
 #[async_trait]
@@ -66,6 +68,10 @@ pub trait Store: AlertStore + Send + Sync + std::fmt::Debug + 'static {
 
     /// How far the rollups are complete.
     async fn watermarks(&self) -> Result<Watermarks, StoreError>;
+
+    /// Whether concurrent writes make progress together (Postgres) rather
+    /// than queue for one lock (SQLite).
+    fn parallel_writes(&self) -> bool;
 
     /// Releases the store's connections (and the maintenance lock, so that
     /// another collector takes over without waiting for a timeout).

@@ -225,6 +225,10 @@ impl Store for PostgresStore {
         maintenance::watermarks(&self.pool).await
     }
 
+    fn parallel_writes(&self) -> bool {
+        true
+    }
+
     async fn close(&self) {
         self.leadership.resign().await;
         self.pool.close().await;

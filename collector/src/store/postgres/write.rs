@@ -145,7 +145,7 @@ async fn write_gpu_samples(
     if s.is_empty() {
         return Ok(());
     }
-    let device: Vec<i32> = s.iter().map(|r| r.device_id as i32).collect();
+    let device = device_ids(s.iter().map(|r| r.device_id))?;
     let ts: Vec<i64> = s.iter().map(|r| r.timestamp_ms).collect();
     let interval: Vec<i32> = s.iter().map(|r| r.interval_ms).collect();
     let polls: Vec<i32> = s.iter().map(|r| r.poll_count).collect();
@@ -211,7 +211,7 @@ async fn write_process_samples(
     if p.is_empty() {
         return Ok(());
     }
-    let device: Vec<i32> = p.iter().map(|r| r.device_id as i32).collect();
+    let device = device_ids(p.iter().map(|r| r.device_id))?;
     let pid: Vec<i64> = p.iter().map(|r| r.pid).collect();
     let start: Vec<i64> = p.iter().map(|r| r.start_time_ms).collect();
     let ts: Vec<i64> = p.iter().map(|r| r.timestamp_ms).collect();
@@ -292,7 +292,7 @@ async fn write_allocator_samples(
     }
     let column =
         |f: fn(&AllocatorRow) -> i64| -> Vec<i64> { reporting.iter().map(|(_, a)| f(a)).collect() };
-    let device: Vec<i32> = reporting.iter().map(|(s, _)| s.device_id as i32).collect();
+    let device = device_ids(reporting.iter().map(|(s, _)| s.device_id))?;
     let pid: Vec<i64> = reporting.iter().map(|(s, _)| s.pid).collect();
     let start: Vec<i64> = reporting.iter().map(|(s, _)| s.start_time_ms).collect();
     let ts = column(|a| a.timestamp_ms);
@@ -360,8 +360,8 @@ async fn write_events(
     let node: Vec<i64> = e.iter().map(|(n, _)| *n).collect();
     let device: Vec<Option<i32>> = e
         .iter()
-        .map(|(_, r)| r.device_id.map(|d| d as i32))
-        .collect();
+        .map(|(_, r)| r.device_id.map(device_id).transpose())
+        .collect::<Result<_, _>>()?;
     let ts: Vec<i64> = e.iter().map(|(_, r)| r.timestamp_ms).collect();
     let kind: Vec<&str> = e.iter().map(|(_, r)| r.kind).collect();
     let code: Vec<i64> = e.iter().map(|(_, r)| r.code).collect();
@@ -425,4 +425,14 @@ pub(super) fn time_span(batches: &[StoreBatch]) -> Option<(i64, i64)> {
         None => Some((ts, ts)),
         Some((lo, hi)) => Some((lo.min(ts), hi.max(ts))),
     })
+}
+
+/// Device ids are `INTEGER` in the schema (four bytes a row); one that does
+/// not fit is refused, never truncated into another device's id.
+fn device_id(id: i64) -> Result<i32, StoreError> {
+    i32::try_from(id).map_err(|_| StoreError::Invalid(format!("device id {id} is out of range")))
+}
+
+fn device_ids(ids: impl Iterator<Item = i64>) -> Result<Vec<i32>, StoreError> {
+    ids.map(device_id).collect()
 }

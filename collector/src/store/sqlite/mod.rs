@@ -270,6 +270,10 @@ impl Store for SqliteStore {
         maintenance::watermarks(&self.reader).await
     }
 
+    fn parallel_writes(&self) -> bool {
+        false
+    }
+
     async fn close(&self) {
         self.pool.close().await;
         self.reader.close().await;
