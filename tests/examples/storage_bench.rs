@@ -1,0 +1,613 @@
+//! Storage at scale, on Postgres: ingest rate against the COPY limit, bytes
+//! on disk per GPU-second against Prometheus' TSDB, and dashboard query
+//! latency with a day of data loaded.
+//!
+//! ```sh
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \
+//!   cargo run --release -p headroom-tests --example storage_bench -- [AGENTS] [SECONDS] [HISTORY_NODES]
+//! ```
+//!
+//! 1. Ingest: AGENTS (default 200) simulated 8-GPU agents register over real
+//!    gRPC on loopback with a collector on Postgres and stream one batch per
+//!    simulated second (8 GPU samples, 16 process samples) as fast as the
+//!    acks come back, for SECONDS (default 20). Then the same number of rows,
+//!    generated the same way, go into the same tables with one `COPY` each:
+//!    the most this Postgres takes. Same process, same machine, one run.
+//! 2. Storage: HISTORY_NODES (default 8) nodes of 8 GPUs, each GPU with two
+//!    processes, write 24 h at one sample per second through the store's own
+//!    write path, then maintenance rolls them up. Bytes per GPU-second are the
+//!    raw partitions' size on disk, indexes included. The first node's 8 GPUs
+//!    go to Prometheus too (`promtool tsdb create-blocks-from openmetrics`,
+//!    Debian's `prometheus` package) as 8 series per GPU, the same figures.
+//! 3. Queries: the fleet grows to 1,000 GPUs (the rest with a current sample
+//!    only), a collector serves it, and one client times the fleet overview
+//!    (`GET /api/v1/gpus`) and a 24 h chart of one GPU
+//!    (`GET /api/v1/gpus/{uuid}/series`, 1,000 points), 300 of each.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: fail loudly
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use headroom_collector::ingest::validate::{self, Limits};
+use headroom_collector::model::{NodeSession, StoreBatch};
+use headroom_collector::store::rollup::DAY_MS;
+use headroom_collector::store::{self, PostgresStore, Store};
+use headroom_proto::v1 as pb;
+use headroom_proto::v1::ingest_client::IngestClient;
+use headroom_tests::fixtures::now_ms;
+use headroom_tests::harness::RunningCollector;
+use headroom_tests::postgres;
+use sqlx::Connection;
+use sqlx::postgres::PgConnection;
+use tokio_stream::StreamExt;
+
+const GPUS_PER_NODE: usize = 8;
+const PROCESSES_PER_GPU: usize = 2;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const FLEET_GPUS: usize = 1000;
+
+/// A pure function of its inputs, so that Postgres and Prometheus are given
+/// exactly the same figures (splitmix64).
+fn noise(a: u64, b: u64, c: u64) -> u64 {
+    let mut z = a
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(b.wrapping_mul(0xBF58_476D_1CE4_E5B9))
+        .wrapping_add(c);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// One GPU's figures at one second, as a training job's memory looks: a
+/// plateau per GPU, a slow swing of a couple of GiB, allocator jitter within
+/// the interval, 2 MiB granularity.
+#[derive(Debug, Clone, Copy)]
+struct Figures {
+    used: u64,
+    used_min: u64,
+    used_max: u64,
+    reserved: u64,
+    total: u64,
+    utilization: u32,
+    pcie_tx: u64,
+    pcie_rx: u64,
+}
+
+fn figures(gpu: u64, second: i64) -> Figures {
+    let s = second as u64;
+    let plateau = 20 * GIB + (noise(gpu, 0, 1) % 40) * GIB;
+    let phase = ((second + gpu as i64 * 97) % 1200) as f64 / 1200.0 * std::f64::consts::TAU;
+    let swing = ((phase.sin() + 1.0) * GIB as f64) as u64;
+    let round = |v: u64| v / (2 * MIB) * (2 * MIB);
+    let used = round(plateau + swing + noise(gpu, s, 2) % (64 * MIB));
+    Figures {
+        used,
+        used_min: round(used - noise(gpu, s, 3) % (256 * MIB)),
+        used_max: round(used + noise(gpu, s, 4) % (512 * MIB)),
+        reserved: 512 * MIB,
+        total: 80 * GIB,
+        utilization: 60 + (noise(gpu, s, 5) % 41) as u32,
+        pcie_tx: (noise(gpu, s, 6) % 16_000_000) * 1024,
+        pcie_rx: (noise(gpu, s, 7) % 16_000_000) * 1024,
+    }
+}
+
+fn node_name(node: usize) -> String {
+    format!("bench-node-{node:04}")
+}
+
+fn gpu_uuid(node: usize, gpu: usize) -> String {
+    format!("GPU-{node:08x}-{gpu:04x}-4000-8000-000000000000")
+}
+
+fn register_request(node: usize, boot: &str) -> pb::RegisterRequest {
+    pb::RegisterRequest {
+        node: node_name(node),
+        boot_id: boot.into(),
+        agent_version: "bench".into(),
+        driver_version: "550.54.15".into(),
+        gpus: (0..GPUS_PER_NODE)
+            .map(|g| pb::Gpu {
+                uuid: gpu_uuid(node, g),
+                index: g as u32,
+                name: "NVIDIA H100 80GB HBM3".into(),
+                memory_total_bytes: 80 * GIB,
+                pcie_generation: 5,
+                pcie_width: 16,
+                mig_instances: vec![],
+            })
+            .collect(),
+        sample_interval_ms: 1000,
+    }
+}
+
+/// One node's batch for one second: every GPU's sample and its processes'.
+fn batch(node: usize, boot: &str, seq: u64, ts_ms: i64) -> pb::Batch {
+    let second = ts_ms / 1000;
+    let mut gpu_samples = Vec::with_capacity(GPUS_PER_NODE);
+    let mut process_samples = Vec::with_capacity(GPUS_PER_NODE * PROCESSES_PER_GPU);
+    for g in 0..GPUS_PER_NODE {
+        let f = figures((node * GPUS_PER_NODE + g) as u64, second);
+        let uuid = gpu_uuid(node, g);
+        gpu_samples.push(pb::GpuSample {
+            uuid: uuid.clone(),
+            timestamp_ms: ts_ms,
+            interval_ms: 1000,
+            poll_count: 10,
+            memory_used_last_bytes: f.used,
+            memory_used_min_bytes: f.used_min,
+            memory_used_max_bytes: f.used_max,
+            memory_reserved_bytes: f.reserved,
+            memory_total_bytes: f.total,
+            utilization_pct: Some(f.utilization),
+            pcie_tx_bytes_per_s: Some(f.pcie_tx),
+            pcie_rx_bytes_per_s: Some(f.pcie_rx),
+        });
+        for p in 0..PROCESSES_PER_GPU {
+            let share = if p == 0 { 7 } else { 3 };
+            let used = f.used / 10 * share / (2 * MIB) * (2 * MIB);
+            process_samples.push(pb::ProcessSample {
+                uuid: uuid.clone(),
+                timestamp_ms: ts_ms,
+                pid: (10_000 + g * 10 + p) as u32,
+                start_time_ms: 1_700_000_000_000,
+                memory_used_last_bytes: used,
+                memory_used_max_bytes: used + 64 * MIB,
+                name: "python train.py".into(),
+                uid: 1000 + g as u32,
+                user: format!("user{g}"),
+                container_id: String::new(),
+                pod_uid: String::new(),
+                slurm_job_id: format!("{}", 4000 + node),
+                container_runtime: String::new(),
+                pod_qos_class: String::new(),
+                allocator: None,
+            });
+        }
+    }
+    pb::Batch {
+        node: node_name(node),
+        boot_id: boot.into(),
+        seq,
+        gpu_samples,
+        process_samples,
+        events: vec![],
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+async fn metric(collector: &RunningCollector, name: &str) -> f64 {
+    let text = reqwest::get(collector.api("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+struct IngestFigures {
+    gpu_rows: u64,
+    process_rows: u64,
+    seconds: f64,
+    batches_per_write: f64,
+}
+
+/// Phase 1a: agents over gRPC into a collector on Postgres.
+async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
+    let db = postgres::fresh_database().await.expect("Postgres");
+    let store = store::connect(&db.url).await.unwrap();
+    let collector = RunningCollector::start(store.clone()).await;
+    // Simulated time runs from two hours ago at one batch per second, as fast
+    // as the collector acknowledges: well inside the 7-day acceptance window.
+    let start_ms = (now_ms() - 2 * 3_600_000) / 1000 * 1000;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for node in 0..agents {
+        let url = collector.grpc_url();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut client = IngestClient::connect(url).await.unwrap();
+            client
+                .register(register_request(node, "bench"))
+                .await
+                .unwrap();
+            let (tx, rx) = tokio::sync::mpsc::channel(8);
+            let producer = tokio::spawn(async move {
+                let mut seq = 1u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let ts = start_ms + seq as i64 * 1000;
+                    if tx.send(batch(node, "bench", seq, ts)).await.is_err() {
+                        break;
+                    }
+                    seq += 1;
+                }
+            });
+            let mut acks = client
+                .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await
+                .unwrap()
+                .into_inner();
+            while let Some(ack) = acks.next().await {
+                if ack.is_err() {
+                    break;
+                }
+            }
+            producer.abort();
+        }));
+    }
+    // Let every agent connect and the writers settle, then count commits.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let gpu0 = metric(&collector, "headroom_collector_samples_total{kind=\"gpu\"}").await;
+    let proc0 = metric(
+        &collector,
+        "headroom_collector_samples_total{kind=\"process\"}",
+    )
+    .await;
+    let writes0 = metric(&collector, "headroom_collector_write_groups_total").await;
+    let batches0 = metric(&collector, "headroom_collector_write_group_batches_total").await;
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let gpu1 = metric(&collector, "headroom_collector_samples_total{kind=\"gpu\"}").await;
+    let proc1 = metric(
+        &collector,
+        "headroom_collector_samples_total{kind=\"process\"}",
+    )
+    .await;
+    let writes1 = metric(&collector, "headroom_collector_write_groups_total").await;
+    let batches1 = metric(&collector, "headroom_collector_write_group_batches_total").await;
+    let elapsed = started.elapsed().as_secs_f64();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    collector.stop().await;
+    for task in tasks {
+        task.abort();
+    }
+    store.close().await;
+    db.drop_database().await;
+    IngestFigures {
+        gpu_rows: (gpu1 - gpu0) as u64,
+        process_rows: (proc1 - proc0) as u64,
+        seconds: elapsed,
+        batches_per_write: (batches1 - batches0) / (writes1 - writes0).max(1.0),
+    }
+}
+
+/// Phase 1b: the same rows into the same tables with COPY, the limit.
+async fn copy_limit(gpu_rows: u64, process_rows: u64, agents: usize) -> f64 {
+    let db = postgres::fresh_database().await.expect("Postgres");
+    let store = store::connect(&db.url).await.unwrap();
+    store.close().await;
+    let mut conn = PgConnection::connect(&db.url).await.unwrap();
+    let start_ms = (now_ms() - 2 * 3_600_000) / 1000 * 1000;
+    let seconds_of_data = gpu_rows / (agents * GPUS_PER_NODE) as u64 + 1;
+    let started = Instant::now();
+    let mut copy = conn
+        .copy_in_raw(
+            "COPY gpu_samples (ts_ms, used_last, used_min, used_max, reserved, total, pcie_tx, pcie_rx,
+                 device_id, interval_ms, poll_count, utilization) FROM STDIN",
+        )
+        .await
+        .unwrap();
+    let mut text = String::with_capacity(1 << 23);
+    let mut sent = 0u64;
+    'gpus: for s in 1..=seconds_of_data {
+        let ts = start_ms + s as i64 * 1000;
+        for gpu in 0..agents * GPUS_PER_NODE {
+            let f = figures(gpu as u64, ts / 1000);
+            let _ = writeln!(
+                text,
+                "{ts}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t1000\t10\t{}",
+                f.used,
+                f.used_min,
+                f.used_max,
+                f.reserved,
+                f.total,
+                f.pcie_tx,
+                f.pcie_rx,
+                gpu + 1,
+                f.utilization
+            );
+            sent += 1;
+            if text.len() > 1 << 22 {
+                copy.send(text.as_bytes()).await.unwrap();
+                text.clear();
+            }
+            if sent == gpu_rows {
+                break 'gpus;
+            }
+        }
+    }
+    copy.send(text.as_bytes()).await.unwrap();
+    text.clear();
+    copy.finish().await.unwrap();
+    let mut copy = conn
+        .copy_in_raw("COPY process_samples (process_id, ts_ms, used_last, used_max) FROM STDIN")
+        .await
+        .unwrap();
+    let processes = (agents * GPUS_PER_NODE * PROCESSES_PER_GPU) as u64;
+    for row in 0..process_rows {
+        let ts = start_ms + (row / processes) as i64 * 1000;
+        let process = row % processes;
+        let f = figures(process / 2, ts / 1000);
+        let used = f.used / 10 * 7 / (2 * MIB) * (2 * MIB);
+        let _ = writeln!(text, "{}\t{ts}\t{used}\t{}", process + 1, used + 64 * MIB);
+        if text.len() > 1 << 22 {
+            copy.send(text.as_bytes()).await.unwrap();
+            text.clear();
+        }
+    }
+    copy.send(text.as_bytes()).await.unwrap();
+    copy.finish().await.unwrap();
+    let elapsed = started.elapsed().as_secs_f64();
+    conn.close().await.unwrap();
+    db.drop_database().await;
+    elapsed
+}
+
+/// Phase 2: a day of history through the store's write path, then rollups.
+async fn load_history(store: &PostgresStore, nodes: usize, end_ms: i64) -> (f64, f64) {
+    let sessions: Vec<NodeSession> = {
+        let mut s = Vec::new();
+        for node in 0..nodes {
+            let reg = validate::registration(&register_request(node, "bench"), &Limits::default())
+                .unwrap();
+            s.push(store.register(&reg, now_ms()).await.unwrap());
+        }
+        s
+    };
+    let start_ms = end_ms - DAY_MS;
+    let started = Instant::now();
+    let limits = Limits::default();
+    // One writer's worth of batches per call, as the coalescer would send.
+    let per_write = 256 / nodes.max(1);
+    let mut group: Vec<StoreBatch> = Vec::with_capacity(256);
+    let mut second = 0i64;
+    while second < DAY_MS / 1000 {
+        for _ in 0..per_write.max(1) {
+            if second >= DAY_MS / 1000 {
+                break;
+            }
+            let ts = start_ms + second * 1000;
+            for (node, session) in sessions.iter().enumerate() {
+                let b = batch(node, "bench", second as u64 + 1, ts);
+                group.push(validate::batch(&b, session, ts + 1000, &limits).unwrap());
+            }
+            second += 1;
+        }
+        store.write_batches(&group).await.unwrap();
+        group.clear();
+    }
+    let write_s = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    loop {
+        let report = store.maintain(now_ms()).await.unwrap();
+        if report.minutes_rolled_up == 0 && report.hours_rolled_up == 0 {
+            break;
+        }
+    }
+    (write_s, started.elapsed().as_secs_f64())
+}
+
+async fn table_bytes(store: &PostgresStore, parent: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COALESCE(sum(pg_total_relation_size(i.inhrelid)), 0)::int8
+         FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = $1",
+    )
+    .bind(parent)
+    .fetch_one(store.pool())
+    .await
+    .unwrap()
+}
+
+/// The first node's GPUs as OpenMetrics, 8 series per GPU, then a TSDB.
+fn prometheus_bytes(dir: &std::path::Path, end_ms: i64) -> Option<(u64, f64)> {
+    use std::io::Write as _;
+    let om = dir.join("fleet.om");
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&om).unwrap());
+    let start_s = (end_ms - DAY_MS) / 1000;
+    type Pick = fn(&Figures) -> f64;
+    let series: [(&str, Pick); 8] = [
+        ("gpu_memory_used_bytes", |f| f.used as f64),
+        ("gpu_memory_used_min_bytes", |f| f.used_min as f64),
+        ("gpu_memory_used_max_bytes", |f| f.used_max as f64),
+        ("gpu_memory_reserved_bytes", |f| f.reserved as f64),
+        ("gpu_memory_total_bytes", |f| f.total as f64),
+        ("gpu_utilization_ratio", |f| {
+            f64::from(f.utilization) / 100.0
+        }),
+        ("gpu_pcie_tx_bytes_per_second", |f| f.pcie_tx as f64),
+        ("gpu_pcie_rx_bytes_per_second", |f| f.pcie_rx as f64),
+    ];
+    for (name, pick) in series {
+        writeln!(out, "# TYPE {name} gauge").unwrap();
+        for g in 0..GPUS_PER_NODE {
+            let uuid = gpu_uuid(0, g);
+            for s in 0..DAY_MS / 1000 {
+                let second = start_s + s;
+                let f = figures(g as u64, second);
+                writeln!(
+                    out,
+                    "{name}{{node=\"{}\",gpu=\"{g}\",uuid=\"{uuid}\"}} {} {second}",
+                    node_name(0),
+                    pick(&f)
+                )
+                .unwrap();
+            }
+        }
+    }
+    writeln!(out, "# EOF").unwrap();
+    out.flush().unwrap();
+    drop(out);
+    let blocks = dir.join("tsdb");
+    let started = Instant::now();
+    let status = std::process::Command::new("promtool")
+        .args(["tsdb", "create-blocks-from", "openmetrics"])
+        .arg(&om)
+        .arg(&blocks)
+        .stdout(std::process::Stdio::null())
+        .status();
+    let took = started.elapsed().as_secs_f64();
+    match status {
+        Ok(s) if s.success() => {}
+        other => {
+            eprintln!("promtool failed or is missing ({other:?}): no Prometheus figure");
+            return None;
+        }
+    }
+    let _ = std::fs::remove_file(&om);
+    Some((dir_bytes(&blocks), took))
+}
+
+fn dir_bytes(path: &std::path::Path) -> u64 {
+    std::fs::read_dir(path)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Phase 3: the rest of a 1,000-GPU fleet, current samples only.
+async fn fill_fleet(store: &PostgresStore, from_node: usize) {
+    let limits = Limits::default();
+    let now = now_ms();
+    let mut group = Vec::new();
+    for node in from_node..FLEET_GPUS / GPUS_PER_NODE {
+        let reg = validate::registration(&register_request(node, "bench"), &limits).unwrap();
+        let session = store.register(&reg, now).await.unwrap();
+        let b = batch(node, "bench", 1, now - 5_000);
+        group.push(validate::batch(&b, &session, now, &limits).unwrap());
+    }
+    store.write_batches(&group).await.unwrap();
+}
+
+async fn time_get(url: &str, client: &reqwest::Client, runs: usize) -> (f64, f64, usize) {
+    let mut ms = Vec::with_capacity(runs);
+    let mut bytes = 0;
+    for _ in 0..runs {
+        let started = Instant::now();
+        let body = client.get(url).send().await.unwrap().bytes().await.unwrap();
+        ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        bytes = body.len();
+    }
+    ms.sort_by(f64::total_cmp);
+    (percentile(&ms, 0.5), percentile(&ms, 0.99), bytes)
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg =
+        |i: usize, default: usize| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
+    let agents = arg(0, 200);
+    let seconds = arg(1, 20) as u64;
+    let history_nodes = arg(2, 8).clamp(1, FLEET_GPUS / GPUS_PER_NODE);
+
+    println!("## 1. Ingest: {agents} agents × {GPUS_PER_NODE} GPUs over gRPC, {seconds} s");
+    let ingest = ingest_over_grpc(agents, seconds).await;
+    let copy_s = copy_limit(ingest.gpu_rows, ingest.process_rows, agents).await;
+    let rows = (ingest.gpu_rows + ingest.process_rows) as f64;
+    let ingest_rate = rows / ingest.seconds;
+    let copy_rate = rows / copy_s;
+    println!("| path | GPU samples/s | process samples/s | rows/s | ratio to COPY |");
+    println!("|---|---|---|---|---|");
+    println!(
+        "| collector (gRPC, {:.0} batches per write) | {:.0} | {:.0} | {:.0} | {:.2} |",
+        ingest.batches_per_write,
+        ingest.gpu_rows as f64 / ingest.seconds,
+        ingest.process_rows as f64 / ingest.seconds,
+        ingest_rate,
+        ingest_rate / copy_rate
+    );
+    println!(
+        "| COPY of the same {} rows | {:.0} | {:.0} | {:.0} | 1.00 |",
+        rows,
+        ingest.gpu_rows as f64 / copy_s,
+        ingest.process_rows as f64 / copy_s,
+        copy_rate
+    );
+
+    println!();
+    let gpus = history_nodes * GPUS_PER_NODE;
+    println!(
+        "## 2. Storage: 24 h of {gpus} GPUs ({} processes), 1 sample/s",
+        gpus * PROCESSES_PER_GPU
+    );
+    let db = postgres::fresh_database().await.expect("Postgres");
+    let store = PostgresStore::connect(&db.url, Default::default())
+        .await
+        .unwrap();
+    let end_ms = (now_ms() - 10 * 60_000) / 1000 * 1000;
+    let (write_s, rollup_s) = load_history(&store, history_nodes, end_ms).await;
+    sqlx::query("VACUUM ANALYZE")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let gpu_seconds = (gpus as i64 * DAY_MS / 1000) as f64;
+    let process_seconds = gpu_seconds * PROCESSES_PER_GPU as f64;
+    println!(
+        "loaded in {write_s:.0} s through the write path ({:.0} GPU samples/s); rolled up in {rollup_s:.1} s",
+        gpu_seconds / write_s
+    );
+    println!("| table | bytes on disk | per GPU-second (process-second) |");
+    println!("|---|---|---|");
+    for (table, per) in [
+        ("gpu_samples", gpu_seconds),
+        ("process_samples", process_seconds),
+        ("gpu_samples_1m", gpu_seconds),
+        ("gpu_samples_1h", gpu_seconds),
+        ("process_samples_1m", process_seconds),
+    ] {
+        let bytes = table_bytes(&store, table).await;
+        println!("| {table} | {bytes} | {:.2} |", bytes as f64 / per);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    if let Some((bytes, took)) = prometheus_bytes(dir.path(), end_ms) {
+        let per = bytes as f64 / (GPUS_PER_NODE as i64 * DAY_MS / 1000) as f64;
+        println!(
+            "| Prometheus TSDB, 8 GPUs × 8 series (promtool, {took:.0} s) | {bytes} | {per:.2} |"
+        );
+    }
+
+    println!();
+    println!(
+        "## 3. Queries: fleet of {FLEET_GPUS} GPUs, 24 h chart of one of the {gpus} with history"
+    );
+    fill_fleet(&store, history_nodes).await;
+    let shared: Arc<dyn Store> = Arc::new(store);
+    let collector = RunningCollector::start(shared.clone()).await;
+    let client = reqwest::Client::new();
+    let overview = collector.api("/api/v1/gpus");
+    let chart = collector.api(&format!(
+        "/api/v1/gpus/{}/series?from={}&to={}",
+        gpu_uuid(history_nodes / 2, 3),
+        end_ms - DAY_MS,
+        end_ms
+    ));
+    // Warm the connection and the caches, as a dashboard in use would.
+    time_get(&overview, &client, 20).await;
+    time_get(&chart, &client, 20).await;
+    let (o50, o99, obytes) = time_get(&overview, &client, 300).await;
+    let (c50, c99, cbytes) = time_get(&chart, &client, 300).await;
+    println!("| query | p50 | p99 | response |");
+    println!("|---|---|---|---|");
+    println!("| fleet overview, {FLEET_GPUS} GPUs | {o50:.1} ms | {o99:.1} ms | {obytes} B |");
+    println!("| 24 h chart, 1,000 points | {c50:.1} ms | {c99:.1} ms | {cbytes} B |");
+    collector.stop().await;
+    shared.close().await;
+    db.drop_database().await;
+}
