@@ -8,7 +8,7 @@
 
 const GiB = 1024 ** 3;
 const MIN = 60_000;
-const RANGES = [["15m", 15 * MIN], ["1h", 60 * MIN], ["6h", 360 * MIN], ["24h", 1440 * MIN], ["7d", 7 * 1440 * MIN], ["30d", 30 * 1440 * MIN]];
+const RANGES = [["15m", 15 * MIN], ["1h", 60 * MIN], ["6h", 360 * MIN], ["24h", 1440 * MIN], ["7d", 7 * 1440 * MIN], ["30d", 30 * 1440 * MIN], ["90d", 90 * 1440 * MIN], ["1y", 365 * 1440 * MIN]];
 const fmtBytes = (b) => b == null ? "—" : (Math.abs(b) >= GiB ? (b / GiB).toFixed(1) + " GiB" : (b / 1024 ** 2).toFixed(0) + " MiB");
 const fmtRate = (b) => b == null ? "—" : (b / 1e9).toFixed(2) + " GB/s";
 const fmtTime = (ms) => new Date(ms).toLocaleString();

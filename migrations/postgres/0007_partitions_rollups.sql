@@ -171,3 +171,11 @@ SELECT step, start - ((start % step) + step) % step
 FROM (VALUES (60000::BIGINT), (3600000::BIGINT)) AS s(step),
      (SELECT COALESCE(LEAST((SELECT min(ts_ms) FROM gpu_samples), (SELECT min(ts_ms) FROM process_samples)),
                       (extract(epoch FROM now()) * 1000)::BIGINT) AS start) AS first;
+
+-- The state tables are rewritten every second per GPU, node and boot: room
+-- left on each page lets those updates stay on the page without new index
+-- entries (heap-only tuples).
+ALTER TABLE gpu_latest SET (fillfactor = 50);
+ALTER TABLE nodes SET (fillfactor = 50);
+ALTER TABLE agent_boots SET (fillfactor = 50);
+ALTER TABLE processes SET (fillfactor = 70);

@@ -9,8 +9,9 @@
 //!
 //! 1. Ingest: AGENTS (default 200) simulated 8-GPU agents register over real
 //!    gRPC on loopback with a collector on Postgres and stream one batch per
-//!    simulated second (8 GPU samples, 16 process samples) as fast as the
-//!    acks come back, for SECONDS (default 20). Then the same number of rows,
+//!    simulated second (8 GPU samples, 16 process samples whose memory moves
+//!    in steps every few minutes, as the CUDA caching allocator's does) as
+//!    fast as the acks come back, for SECONDS (default 20). Then the same number of rows,
 //!    generated the same way, go into the same tables with one `COPY` each:
 //!    the most this Postgres takes. Same process, same machine, one run.
 //! 2. Storage: HISTORY_NODES (default 8) nodes of 8 GPUs, each GPU with two
@@ -94,6 +95,16 @@ fn figures(gpu: u64, second: i64) -> Figures {
     }
 }
 
+/// A process's memory as NVML reports it: what the CUDA caching allocator
+/// holds, steady for minutes, growing in steps as the job warms up and
+/// shrinking back.
+fn process_used(gpu: u64, process: u64, second: i64) -> u64 {
+    let share = if process == 0 { 7 } else { 3 };
+    let plateau = (20 + noise(gpu, 0, 1) % 40) * GIB / 10 * share;
+    let step = (second.rem_euclid(1200) / 300) as u64 * 256 * MIB;
+    (plateau + step) / (2 * MIB) * (2 * MIB)
+}
+
 fn node_name(node: usize) -> String {
     format!("bench-node-{node:04}")
 }
@@ -146,8 +157,7 @@ fn batch(node: usize, boot: &str, seq: u64, ts_ms: i64) -> pb::Batch {
             pcie_rx_bytes_per_s: Some(f.pcie_rx),
         });
         for p in 0..PROCESSES_PER_GPU {
-            let share = if p == 0 { 7 } else { 3 };
-            let used = f.used / 10 * share / (2 * MIB) * (2 * MIB);
+            let used = process_used((node * GPUS_PER_NODE + g) as u64, p as u64, second);
             process_samples.push(pb::ProcessSample {
                 uuid: uuid.clone(),
                 timestamp_ms: ts_ms,
@@ -336,8 +346,11 @@ async fn copy_limit(gpu_rows: u64, process_rows: u64, agents: usize) -> f64 {
     for row in 0..process_rows {
         let ts = start_ms + (row / processes) as i64 * 1000;
         let process = row % processes;
-        let f = figures(process / 2, ts / 1000);
-        let used = f.used / 10 * 7 / (2 * MIB) * (2 * MIB);
+        let used = process_used(
+            process / PROCESSES_PER_GPU as u64,
+            process % PROCESSES_PER_GPU as u64,
+            ts / 1000,
+        );
         let _ = writeln!(text, "{}\t{ts}\t{used}\t{}", process + 1, used + 64 * MIB);
         if text.len() > 1 << 22 {
             copy.send(text.as_bytes()).await.unwrap();

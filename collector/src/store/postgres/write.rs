@@ -204,6 +204,14 @@ async fn write_gpu_samples(
     Ok(())
 }
 
+/// A process whose memory and attribution have not changed gets its row
+/// rewritten at most this often, so its `last_seen_ms` may trail by this
+/// much (the dashboard lists processes seen in the last 30 s). Steady
+/// processes are most of them: the CUDA caching allocator holds its memory,
+/// and rewriting their rows every second (a new row version and entries in
+/// three indexes each time) was Postgres' largest cost in ingest.
+const PROCESS_REFRESH_MS: i64 = 10_000;
+
 async fn write_process_samples(
     tx: &mut Transaction<'_, Postgres>,
     p: &[&ProcessSampleRow],
@@ -241,7 +249,15 @@ async fn write_process_samples(
              first_seen_ms = LEAST(p.first_seen_ms, EXCLUDED.first_seen_ms),
              memory_last = CASE WHEN EXCLUDED.last_seen_ms >= p.last_seen_ms THEN EXCLUDED.memory_last ELSE p.memory_last END,
              last_seen_ms = GREATEST(p.last_seen_ms, EXCLUDED.last_seen_ms),
-             memory_peak = GREATEST(p.memory_peak, EXCLUDED.memory_peak)",
+             memory_peak = GREATEST(p.memory_peak, EXCLUDED.memory_peak)
+         WHERE EXCLUDED.last_seen_ms >= p.last_seen_ms + $15
+             OR EXCLUDED.memory_peak > p.memory_peak
+             OR EXCLUDED.first_seen_ms < p.first_seen_ms
+             OR (EXCLUDED.last_seen_ms > p.last_seen_ms AND EXCLUDED.memory_last <> p.memory_last)
+             OR (EXCLUDED.name, EXCLUDED.uid, EXCLUDED.user_name, EXCLUDED.container_id, EXCLUDED.pod_uid,
+                 EXCLUDED.slurm_job_id, EXCLUDED.container_runtime, EXCLUDED.pod_qos_class)
+                IS DISTINCT FROM (p.name, p.uid, p.user_name, p.container_id, p.pod_uid,
+                 p.slurm_job_id, p.container_runtime, p.pod_qos_class)",
     )
     .bind(&device)
     .bind(&pid)
@@ -257,6 +273,7 @@ async fn write_process_samples(
     .bind(&job)
     .bind(&runtime)
     .bind(&qos)
+    .bind(PROCESS_REFRESH_MS)
     .execute(&mut **tx)
     .await?;
     sqlx::query(
