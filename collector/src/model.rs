@@ -96,7 +96,7 @@ pub struct GpuSampleRow {
     pub pcie_rx_bytes_per_s: Option<i64>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ProcessSampleRow {
     pub device_id: i64,
     pub timestamp_ms: i64,

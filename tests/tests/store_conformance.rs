@@ -767,6 +767,44 @@ async fn retention_drops_raw_samples_and_rollups_keep_the_peak(store: Arc<dyn St
     assert_eq!(chart[0].memory_used_min_bytes, (19 * GIB) as i64);
 }
 
+/// A process whose memory holds still is stored every second but listed
+/// with a last-seen time at most 10 s old; a change shows at once.
+async fn steady_processes_are_stored_every_second_and_changes_show_at_once(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let now = now_ms();
+    let start = now - 60_000;
+    for i in 0..30u64 {
+        let ts = start + i as i64 * 1000;
+        store
+            .write_batch(&rows_at(&session, &gpu0_batch(i + 1, ts, 10), now))
+            .await
+            .unwrap();
+    }
+    let newest = start + 29_000;
+    let listed = store.processes(newest - 30_000).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].last_seen_ms >= newest - 10_000, "{listed:?}");
+    assert_eq!(listed[0].memory_used_bytes, (10 * GIB) as i64);
+
+    let changed = start + 30_000;
+    store
+        .write_batch(&rows_at(&session, &gpu0_batch(31, changed, 12), now))
+        .await
+        .unwrap();
+    let listed = store.processes(newest - 30_000).await.unwrap();
+    assert_eq!(listed[0].memory_used_bytes, (12 * GIB) as i64);
+    assert_eq!(listed[0].memory_peak_bytes, (12 * GIB + GIB / 4) as i64);
+    assert_eq!(listed[0].last_seen_ms, changed);
+    assert_eq!(listed[0].first_seen_ms, start);
+
+    let series = store
+        .process_series(GPU0, start, changed, 1000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(series[0].points.len(), 31, "every sample stored");
+}
+
 /// One transaction for several agents' batches: each gets its own outcome,
 /// a replay inside the group is left out, and nothing is stored twice.
 async fn a_group_of_batches_gets_one_outcome_each(store: Arc<dyn Store>) {
@@ -860,4 +898,5 @@ conformance!(
     late_samples_are_rolled_up_again,
     retention_drops_raw_samples_and_rollups_keep_the_peak,
     a_group_of_batches_gets_one_outcome_each,
+    steady_processes_are_stored_every_second_and_changes_show_at_once,
 );

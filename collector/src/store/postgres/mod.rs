@@ -14,6 +14,7 @@ use sqlx::{Postgres, Row, Transaction};
 
 mod alerts;
 mod maintenance;
+mod process_cache;
 mod write;
 
 use crate::model::{NodeSession, Registration, StoreBatch, WriteOutcome};
@@ -34,6 +35,7 @@ pub struct PostgresStore {
     pool: PgPool,
     storage: StorageConfig,
     leadership: Arc<maintenance::Leadership>,
+    process_cache: Arc<process_cache::ProcessCache>,
 }
 
 impl PostgresStore {
@@ -57,6 +59,7 @@ impl PostgresStore {
             pool,
             storage,
             leadership: Arc::new(maintenance::Leadership::new(options)),
+            process_cache: Arc::default(),
         };
         // Today's partitions exist before the first batch, whoever leads.
         let now = crate::clock::Clock::System.now_ms();
@@ -76,13 +79,13 @@ impl PostgresStore {
         &self,
         batches: &[StoreBatch],
     ) -> Result<Vec<WriteOutcome>, StoreError> {
-        match write::write_group(&self.pool, batches).await {
+        match write::write_group(&self.pool, &self.process_cache, batches).await {
             Err(StoreError::Database(e)) if is_missing_partition(&e) => {
                 if let Some((from, to)) = write::time_span(batches) {
                     tracing::warn!(from, to, "a write met a missing partition; creating it");
                     maintenance::ensure_partitions(&self.pool, from, to).await?;
                 }
-                write::write_group(&self.pool, batches).await
+                write::write_group(&self.pool, &self.process_cache, batches).await
             }
             other => other,
         }

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use sqlx::postgres::PgPool;
 use sqlx::{Postgres, Row, Transaction};
 
+use super::process_cache::{ProcessCache, ProcessKey};
 use crate::model::{
     AllocatorRow, EventRow, GpuSampleRow, ProcessSampleRow, StoreBatch, WriteOutcome,
 };
@@ -18,24 +19,19 @@ use crate::store::rollup::{MINUTE_MS, late_minutes};
 /// Writes `batches` in one transaction; one outcome per batch, in order.
 pub(super) async fn write_group(
     pool: &PgPool,
+    process_cache: &ProcessCache,
     batches: &[StoreBatch],
 ) -> Result<Vec<WriteOutcome>, StoreError> {
     let mut tx = pool.begin().await?;
-    let (outcomes, accepted) = claim_seqs(&mut tx, batches).await?;
+    let Claimed {
+        outcomes,
+        accepted,
+        watermark,
+    } = claim_seqs(&mut tx, batches).await?;
     if accepted.is_empty() {
         tx.rollback().await?;
         return Ok(outcomes);
     }
-    // Holding the minute watermark's row in share mode until commit: the
-    // rollup job cannot move it past these rows' minutes without waiting for
-    // this transaction, so every row is either before the watermark and
-    // marked pending here, or after it and rolled up later.
-    let watermark: Option<i64> = sqlx::query_scalar(
-        "SELECT done_until_ms FROM rollup_progress WHERE step_ms = $1 FOR SHARE",
-    )
-    .bind(MINUTE_MS)
-    .fetch_optional(&mut *tx)
-    .await?;
 
     let gpu: Vec<&GpuSampleRow> = accepted.iter().flat_map(|b| &b.gpu_samples).collect();
     let processes: Vec<&ProcessSampleRow> =
@@ -45,7 +41,7 @@ pub(super) async fn write_group(
         .flat_map(|b| b.events.iter().map(|e| (b.node_id, e)))
         .collect();
     write_gpu_samples(&mut tx, &gpu).await?;
-    write_process_samples(&mut tx, &processes).await?;
+    let learned = write_process_samples(&mut tx, process_cache, &processes).await?;
     write_allocator_samples(&mut tx, &processes).await?;
     write_events(&mut tx, &events).await?;
     touch_nodes(&mut tx, &accepted).await?;
@@ -69,16 +65,29 @@ pub(super) async fn write_group(
         }
     }
     tx.commit().await?;
+    process_cache.learn(&learned);
     Ok(outcomes)
+}
+
+struct Claimed<'b> {
+    outcomes: Vec<WriteOutcome>,
+    accepted: Vec<&'b StoreBatch>,
+    /// The minute rollup's watermark, held in share mode until commit.
+    watermark: Option<i64>,
 }
 
 /// Locks the boots of `batches` (in key order, so two collectors writing
 /// overlapping groups cannot deadlock), decides which batches are new and
 /// moves each boot's committed seq.
+///
+/// The same statement takes the minute watermark's row in share mode until
+/// commit: the rollup job cannot move it past these rows' minutes without
+/// waiting for this transaction, so every row is either before the
+/// watermark and marked pending here, or after it and rolled up later.
 async fn claim_seqs<'b>(
     tx: &mut Transaction<'_, Postgres>,
     batches: &'b [StoreBatch],
-) -> Result<(Vec<WriteOutcome>, Vec<&'b StoreBatch>), StoreError> {
+) -> Result<Claimed<'b>, StoreError> {
     let nodes: Vec<i64> = batches.iter().map(|b| b.node_id).collect();
     let boots: Vec<&str> = batches.iter().map(|b| b.boot_id.as_str()).collect();
     let rows = sqlx::query(
@@ -120,22 +129,30 @@ async fn claim_seqs<'b>(
         .filter(|(_, (_, moved))| *moved)
         .map(|(key, (seq, _))| (key, *seq))
         .collect();
+    let mut watermark = None;
     if !moved.is_empty() {
         let nodes: Vec<i64> = moved.iter().map(|((n, _), _)| *n).collect();
         let boots: Vec<&str> = moved.iter().map(|((_, b), _)| b.as_str()).collect();
         let seqs: Vec<i64> = moved.iter().map(|(_, s)| *s).collect();
-        sqlx::query(
-            "UPDATE agent_boots b SET committed_seq = v.seq
-             FROM UNNEST($1::int8[], $2::text[], $3::int8[]) AS v(node_id, boot_id, seq)
-             WHERE b.node_id = v.node_id AND b.boot_id = v.boot_id",
+        watermark = sqlx::query_scalar(
+            "WITH moved AS (
+                 UPDATE agent_boots b SET committed_seq = v.seq
+                 FROM UNNEST($1::int8[], $2::text[], $3::int8[]) AS v(node_id, boot_id, seq)
+                 WHERE b.node_id = v.node_id AND b.boot_id = v.boot_id)
+             SELECT done_until_ms FROM rollup_progress WHERE step_ms = $4 FOR SHARE",
         )
         .bind(&nodes)
         .bind(&boots)
         .bind(&seqs)
-        .execute(&mut **tx)
+        .bind(MINUTE_MS)
+        .fetch_optional(&mut **tx)
         .await?;
     }
-    Ok((outcomes, accepted))
+    Ok(Claimed {
+        outcomes,
+        accepted,
+        watermark,
+    })
 }
 
 async fn write_gpu_samples(
@@ -157,11 +174,25 @@ async fn write_gpu_samples(
     let util: Vec<Option<i16>> = s.iter().map(|r| r.utilization_pct).collect();
     let tx_rate: Vec<Option<i64>> = s.iter().map(|r| r.pcie_tx_bytes_per_s).collect();
     let rx_rate: Vec<Option<i64>> = s.iter().map(|r| r.pcie_rx_bytes_per_s).collect();
+    // One statement for both tables: the arrays cross the wire and are
+    // parsed once.
     sqlx::query(
-        "INSERT INTO gpu_samples (device_id, ts_ms, interval_ms, poll_count, used_last, used_min, used_max,
-             reserved, total, utilization, pcie_tx, pcie_rx)
-         SELECT * FROM UNNEST($1::int4[], $2::int8[], $3::int4[], $4::int4[], $5::int8[], $6::int8[], $7::int8[],
-             $8::int8[], $9::int8[], $10::int2[], $11::int8[], $12::int8[])",
+        "WITH s AS (
+             SELECT * FROM UNNEST($1::int4[], $2::int8[], $3::int4[], $4::int4[], $5::int8[], $6::int8[],
+                 $7::int8[], $8::int8[], $9::int8[], $10::int2[], $11::int8[], $12::int8[])
+                 AS s(d, t, iv, pc, l, mi, ma, r, tot, u, tr, rr)),
+         raw AS (
+             INSERT INTO gpu_samples (device_id, ts_ms, interval_ms, poll_count, used_last, used_min, used_max,
+                 reserved, total, utilization, pcie_tx, pcie_rx)
+             SELECT d, t, iv, pc, l, mi, ma, r, tot, u, tr, rr FROM s)
+         INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx)
+         SELECT DISTINCT ON (d) d, t, l, mi, ma, r, tot, u, tr, rr FROM s
+         ORDER BY d, t DESC
+         ON CONFLICT (device_id) DO UPDATE SET ts_ms = EXCLUDED.ts_ms, used_last = EXCLUDED.used_last,
+             used_min = EXCLUDED.used_min, used_max = EXCLUDED.used_max, reserved = EXCLUDED.reserved,
+             total = EXCLUDED.total, utilization = EXCLUDED.utilization, pcie_tx = EXCLUDED.pcie_tx,
+             pcie_rx = EXCLUDED.pcie_rx
+         WHERE gpu_latest.ts_ms <= EXCLUDED.ts_ms",
     )
     .bind(&device)
     .bind(&ts)
@@ -177,48 +208,71 @@ async fn write_gpu_samples(
     .bind(&rx_rate)
     .execute(&mut **tx)
     .await?;
-    sqlx::query(
-        "INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx)
-         SELECT DISTINCT ON (d) d, t, l, mi, ma, r, tot, u, tr, rr
-         FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
-             $8::int2[], $9::int8[], $10::int8[]) AS s(d, t, l, mi, ma, r, tot, u, tr, rr)
-         ORDER BY d, t DESC
-         ON CONFLICT (device_id) DO UPDATE SET ts_ms = EXCLUDED.ts_ms, used_last = EXCLUDED.used_last,
-             used_min = EXCLUDED.used_min, used_max = EXCLUDED.used_max, reserved = EXCLUDED.reserved,
-             total = EXCLUDED.total, utilization = EXCLUDED.utilization, pcie_tx = EXCLUDED.pcie_tx,
-             pcie_rx = EXCLUDED.pcie_rx
-         WHERE gpu_latest.ts_ms <= EXCLUDED.ts_ms",
-    )
-    .bind(&device)
-    .bind(&ts)
-    .bind(&last)
-    .bind(&min)
-    .bind(&max)
-    .bind(&reserved)
-    .bind(&total)
-    .bind(&util)
-    .bind(&tx_rate)
-    .bind(&rx_rate)
-    .execute(&mut **tx)
-    .await?;
     Ok(())
 }
 
-/// A process whose memory and attribution have not changed gets its row
-/// rewritten at most this often, so its `last_seen_ms` may trail by this
-/// much (the dashboard lists processes seen in the last 30 s). Steady
-/// processes are most of them: the CUDA caching allocator holds its memory,
-/// and rewriting their rows every second (a new row version and entries in
-/// three indexes each time) was Postgres' largest cost in ingest.
-const PROCESS_REFRESH_MS: i64 = 10_000;
+/// Process samples, and the rows of the processes they belong to. A
+/// process this collector wrote recently and that has not changed (most,
+/// between allocator growth steps) keeps its row; its samples go in by the
+/// id the cache knows. The others are upserted, which returns their ids.
+/// Returns what the cache may learn once the transaction commits.
+async fn write_process_samples<'r>(
+    tx: &mut Transaction<'_, Postgres>,
+    cache: &ProcessCache,
+    p: &[&'r ProcessSampleRow],
+) -> Result<Vec<(i64, &'r ProcessSampleRow)>, StoreError> {
+    if p.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut ids = cache.steady_ids(p);
+    let changed: Vec<&ProcessSampleRow> = p
+        .iter()
+        .zip(&ids)
+        .filter(|(_, id)| id.is_none())
+        .map(|(row, _)| *row)
+        .collect();
+    let mut learned = Vec::with_capacity(changed.len());
+    if !changed.is_empty() {
+        let upserted = upsert_processes(tx, &changed).await?;
+        for (row, id) in p.iter().zip(ids.iter_mut()) {
+            if id.is_none() {
+                *id = upserted.get(&ProcessKey::of(row)).copied();
+                if let Some(id) = *id {
+                    learned.push((id, *row));
+                }
+            }
+        }
+    }
+    // Every upserted key comes back; a sample without an id would be a bug,
+    // and is left out rather than stored under another process.
+    let (rows, ids): (Vec<&ProcessSampleRow>, Vec<i64>) = p
+        .iter()
+        .zip(ids)
+        .filter_map(|(row, id)| Some((*row, id?)))
+        .unzip();
+    let ts: Vec<i64> = rows.iter().map(|r| r.timestamp_ms).collect();
+    let last: Vec<i64> = rows.iter().map(|r| r.used_last).collect();
+    let max: Vec<i64> = rows.iter().map(|r| r.used_max).collect();
+    sqlx::query(
+        "INSERT INTO process_samples (process_id, ts_ms, used_last, used_max)
+         SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::int8[])",
+    )
+    .bind(&ids)
+    .bind(&ts)
+    .bind(&last)
+    .bind(&max)
+    .execute(&mut **tx)
+    .await?;
+    Ok(learned)
+}
 
-async fn write_process_samples(
+/// Inserts or updates the row of every process of `p` (one per process,
+/// from its newest sample, with the peak and first sighting of all of
+/// them); returns each row's id.
+async fn upsert_processes(
     tx: &mut Transaction<'_, Postgres>,
     p: &[&ProcessSampleRow],
-) -> Result<(), StoreError> {
-    if p.is_empty() {
-        return Ok(());
-    }
+) -> Result<HashMap<ProcessKey, i64>, StoreError> {
     let device = device_ids(p.iter().map(|r| r.device_id))?;
     let pid: Vec<i64> = p.iter().map(|r| r.pid).collect();
     let start: Vec<i64> = p.iter().map(|r| r.start_time_ms).collect();
@@ -233,7 +287,7 @@ async fn write_process_samples(
     let job: Vec<&str> = p.iter().map(|r| r.slurm_job_id.as_str()).collect();
     let runtime: Vec<&str> = p.iter().map(|r| r.container_runtime.as_str()).collect();
     let qos: Vec<&str> = p.iter().map(|r| r.pod_qos_class.as_str()).collect();
-    sqlx::query(
+    let rows = sqlx::query(
         "INSERT INTO processes AS p (device_id, pid, start_time_ms, name, uid, user_name, container_id, pod_uid,
              slurm_job_id, container_runtime, pod_qos_class, first_seen_ms, last_seen_ms, memory_last, memory_peak)
          SELECT DISTINCT ON (d, pid, st) d, pid, st, n, u, un, c, pod, j, rt, q,
@@ -250,14 +304,7 @@ async fn write_process_samples(
              memory_last = CASE WHEN EXCLUDED.last_seen_ms >= p.last_seen_ms THEN EXCLUDED.memory_last ELSE p.memory_last END,
              last_seen_ms = GREATEST(p.last_seen_ms, EXCLUDED.last_seen_ms),
              memory_peak = GREATEST(p.memory_peak, EXCLUDED.memory_peak)
-         WHERE EXCLUDED.last_seen_ms >= p.last_seen_ms + $15
-             OR EXCLUDED.memory_peak > p.memory_peak
-             OR EXCLUDED.first_seen_ms < p.first_seen_ms
-             OR (EXCLUDED.last_seen_ms > p.last_seen_ms AND EXCLUDED.memory_last <> p.memory_last)
-             OR (EXCLUDED.name, EXCLUDED.uid, EXCLUDED.user_name, EXCLUDED.container_id, EXCLUDED.pod_uid,
-                 EXCLUDED.slurm_job_id, EXCLUDED.container_runtime, EXCLUDED.pod_qos_class)
-                IS DISTINCT FROM (p.name, p.uid, p.user_name, p.container_id, p.pod_uid,
-                 p.slurm_job_id, p.container_runtime, p.pod_qos_class)",
+         RETURNING p.id, p.device_id::int8 AS device_id, p.pid, p.start_time_ms",
     )
     .bind(&device)
     .bind(&pid)
@@ -273,24 +320,20 @@ async fn write_process_samples(
     .bind(&job)
     .bind(&runtime)
     .bind(&qos)
-    .bind(PROCESS_REFRESH_MS)
-    .execute(&mut **tx)
+    .fetch_all(&mut **tx)
     .await?;
-    sqlx::query(
-        "INSERT INTO process_samples (process_id, ts_ms, used_last, used_max)
-         SELECT p.id, s.t, s.l, s.m
-         FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[]) AS s(d, pid, st, t, l, m)
-         JOIN processes p ON p.device_id = s.d AND p.pid = s.pid AND p.start_time_ms = s.st",
-    )
-    .bind(&device)
-    .bind(&pid)
-    .bind(&start)
-    .bind(&ts)
-    .bind(&last)
-    .bind(&max)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
+    let mut ids = HashMap::with_capacity(rows.len());
+    for row in rows {
+        ids.insert(
+            ProcessKey::new(
+                row.try_get("device_id")?,
+                row.try_get("pid")?,
+                row.try_get("start_time_ms")?,
+            ),
+            row.try_get("id")?,
+        );
+    }
+    Ok(ids)
 }
 
 /// The allocator reports that came with the process samples: one row per

@@ -1,0 +1,198 @@
+//! What this collector last wrote to each process's row, so that a steady
+//! process's samples go straight into `process_samples` by id, without
+//! rewriting its row (a new row version and three index entries) and
+//! without looking its id up, every second. The database stays the truth:
+//! every figure here is one the row already has or exceeds (peaks only
+//! grow, last-seen times only move forward), so a stale entry costs at
+//! worst a write that was not needed, never a lost peak.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Mutex;
+
+use crate::model::ProcessSampleRow;
+
+/// A steady process's row is rewritten at most this often, so its
+/// `last_seen_ms` trails by at most this much (the dashboard lists the
+/// processes seen in the last 30 s).
+pub(super) const PROCESS_REFRESH_MS: i64 = 10_000;
+
+/// Entries not seen for this long are forgotten.
+const FORGET_AFTER_MS: i64 = 10 * 60_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct ProcessKey {
+    device_id: i64,
+    pid: i64,
+    start_time_ms: i64,
+}
+
+impl ProcessKey {
+    pub(super) fn of(row: &ProcessSampleRow) -> Self {
+        Self {
+            device_id: row.device_id,
+            pid: row.pid,
+            start_time_ms: row.start_time_ms,
+        }
+    }
+
+    pub(super) fn new(device_id: i64, pid: i64, start_time_ms: i64) -> Self {
+        Self {
+            device_id,
+            pid,
+            start_time_ms,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Written {
+    id: i64,
+    first_seen_ms: i64,
+    last_seen_ms: i64,
+    memory_last: i64,
+    memory_peak: i64,
+    attribution: u64,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct ProcessCache {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    written: HashMap<ProcessKey, Written>,
+    newest_ms: i64,
+    size_after_sweep: usize,
+}
+
+fn attribution(row: &ProcessSampleRow) -> u64 {
+    let mut h = DefaultHasher::new();
+    (
+        &row.name,
+        row.uid,
+        &row.user,
+        &row.container_id,
+        &row.pod_uid,
+        &row.slurm_job_id,
+        &row.container_runtime,
+        &row.pod_qos_class,
+    )
+        .hash(&mut h);
+    h.finish()
+}
+
+impl ProcessCache {
+    /// The row id of each sample whose process row needs no rewrite;
+    /// `None` where it does (or the process is unknown here).
+    pub(super) fn steady_ids(&self, rows: &[&ProcessSampleRow]) -> Vec<Option<i64>> {
+        let Ok(inner) = self.inner.lock() else {
+            return vec![None; rows.len()];
+        };
+        rows.iter()
+            .map(|row| {
+                let known = inner.written.get(&ProcessKey::of(row))?;
+                let unchanged = row.used_max <= known.memory_peak
+                    && row.timestamp_ms >= known.first_seen_ms
+                    && attribution(row) == known.attribution
+                    && (row.timestamp_ms <= known.last_seen_ms
+                        || (row.used_last == known.memory_last
+                            && row.timestamp_ms < known.last_seen_ms + PROCESS_REFRESH_MS));
+                unchanged.then_some(known.id)
+            })
+            .collect()
+    }
+
+    /// After the commit: what the rows written to `processes` now hold at
+    /// least. `written` are the samples that went through the upsert, with
+    /// their row ids.
+    pub(super) fn learn(&self, written: &[(i64, &ProcessSampleRow)]) {
+        let Ok(mut inner) = self.inner.lock() else {
+            return;
+        };
+        for (id, row) in written {
+            let fresh = Written {
+                id: *id,
+                first_seen_ms: row.timestamp_ms,
+                last_seen_ms: row.timestamp_ms,
+                memory_last: row.used_last,
+                memory_peak: row.used_max,
+                attribution: attribution(row),
+            };
+            let entry = inner.written.entry(ProcessKey::of(row)).or_insert(fresh);
+            entry.id = *id;
+            entry.first_seen_ms = entry.first_seen_ms.min(row.timestamp_ms);
+            entry.memory_peak = entry.memory_peak.max(row.used_max);
+            entry.attribution = fresh.attribution;
+            if row.timestamp_ms >= entry.last_seen_ms {
+                entry.last_seen_ms = row.timestamp_ms;
+                entry.memory_last = row.used_last;
+            }
+            inner.newest_ms = inner.newest_ms.max(row.timestamp_ms);
+        }
+        if inner.written.len() > inner.size_after_sweep * 2 + 1024 {
+            let cutoff = inner.newest_ms - FORGET_AFTER_MS;
+            inner.written.retain(|_, w| w.last_seen_ms >= cutoff);
+            inner.size_after_sweep = inner.written.len();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(ts: i64, used: i64) -> ProcessSampleRow {
+        ProcessSampleRow {
+            device_id: 1,
+            timestamp_ms: ts,
+            pid: 42,
+            start_time_ms: 0,
+            used_last: used,
+            used_max: used,
+            name: "python".into(),
+            uid: 1000,
+            user: "alice".into(),
+            ..ProcessSampleRow::default()
+        }
+    }
+
+    #[test]
+    fn a_steady_process_is_rewritten_only_when_due() {
+        let cache = ProcessCache::default();
+        let first = sample(1_000, 100);
+        assert_eq!(cache.steady_ids(&[&first]), vec![None], "unknown yet");
+        cache.learn(&[(7, &first)]);
+        let same = sample(2_000, 100);
+        assert_eq!(cache.steady_ids(&[&same]), vec![Some(7)]);
+        let due = sample(1_000 + PROCESS_REFRESH_MS, 100);
+        assert_eq!(cache.steady_ids(&[&due]), vec![None], "last seen refresh");
+        let grew = sample(3_000, 150);
+        assert_eq!(cache.steady_ids(&[&grew]), vec![None], "new peak");
+        let shrank = sample(3_000, 50);
+        assert_eq!(cache.steady_ids(&[&shrank]), vec![None], "new last value");
+        let older = sample(500, 50);
+        assert_eq!(
+            cache.steady_ids(&[&older]),
+            vec![None],
+            "earlier first seen"
+        );
+        let mut moved = sample(3_000, 100);
+        moved.container_id = "c0ffee".into();
+        assert_eq!(cache.steady_ids(&[&moved]), vec![None], "new attribution");
+    }
+
+    #[test]
+    fn learning_keeps_the_peak_and_the_newest_value() {
+        let cache = ProcessCache::default();
+        let peak = sample(1_000, 300);
+        let later = sample(2_000, 100);
+        cache.learn(&[(7, &later), (7, &peak)]);
+        // The peak of 300 is known, the last value is the later one's.
+        assert_eq!(cache.steady_ids(&[&sample(2_500, 100)]), vec![Some(7)]);
+        let mut under_peak = sample(2_500, 100);
+        under_peak.used_max = 250;
+        assert_eq!(cache.steady_ids(&[&under_peak]), vec![Some(7)]);
+    }
+}
