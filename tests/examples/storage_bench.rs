@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \
-//!   cargo run --release -p headroom-tests --example storage_bench -- [AGENTS] [SECONDS] [HISTORY_NODES]
+//!   cargo run --release -p headroom-tests --example storage_bench -- [AGENTS] [SECONDS] [HISTORY_NODES] [ROUNDS]
 //! ```
 //!
 //! 1. Ingest: AGENTS (default 200) simulated 8-GPU agents register over real
@@ -13,7 +13,8 @@
 //!    in steps every few minutes, as the CUDA caching allocator's does) as
 //!    fast as the acks come back, for SECONDS (default 20). Then the same number of rows,
 //!    generated the same way, go into the same tables with one `COPY` each:
-//!    the most this Postgres takes. Same process, same machine, one run.
+//!    the most this Postgres takes. Same process, same machine, one run;
+//!    ROUNDS (default 3) rounds of both, and the median ratio.
 //! 2. Storage: HISTORY_NODES (default 8) nodes of 8 GPUs, each GPU with two
 //!    processes, write 24 h at one sample per second through the store's own
 //!    write path, then maintenance rolls them up. Bytes per GPU-second are the
@@ -529,30 +530,37 @@ async fn main() {
     let agents = arg(0, 200);
     let seconds = arg(1, 20) as u64;
     let history_nodes = arg(2, 8).clamp(1, FLEET_GPUS / GPUS_PER_NODE);
+    let rounds = arg(3, 3).max(1);
 
-    println!("## 1. Ingest: {agents} agents × {GPUS_PER_NODE} GPUs over gRPC, {seconds} s");
-    let ingest = ingest_over_grpc(agents, seconds).await;
-    let copy_s = copy_limit(ingest.gpu_rows, ingest.process_rows, agents).await;
-    let rows = (ingest.gpu_rows + ingest.process_rows) as f64;
-    let ingest_rate = rows / ingest.seconds;
-    let copy_rate = rows / copy_s;
-    println!("| path | GPU samples/s | process samples/s | rows/s | ratio to COPY |");
-    println!("|---|---|---|---|---|");
     println!(
-        "| collector (gRPC, {:.0} batches per write) | {:.0} | {:.0} | {:.0} | {:.2} |",
-        ingest.batches_per_write,
-        ingest.gpu_rows as f64 / ingest.seconds,
-        ingest.process_rows as f64 / ingest.seconds,
-        ingest_rate,
-        ingest_rate / copy_rate
+        "## 1. Ingest: {agents} agents × {GPUS_PER_NODE} GPUs over gRPC, {seconds} s, {rounds} rounds"
     );
-    println!(
-        "| COPY of the same {} rows | {:.0} | {:.0} | {:.0} | 1.00 |",
-        rows,
-        ingest.gpu_rows as f64 / copy_s,
-        ingest.process_rows as f64 / copy_s,
-        copy_rate
-    );
+    println!("| round | path | GPU samples/s | process samples/s | rows/s | ratio to COPY |");
+    println!("|---|---|---|---|---|---|");
+    let mut ratios = Vec::new();
+    for round in 1..=rounds {
+        let ingest = ingest_over_grpc(agents, seconds).await;
+        let copy_s = copy_limit(ingest.gpu_rows, ingest.process_rows, agents).await;
+        let rows = (ingest.gpu_rows + ingest.process_rows) as f64;
+        let ingest_rate = rows / ingest.seconds;
+        let copy_rate = rows / copy_s;
+        ratios.push(ingest_rate / copy_rate);
+        println!(
+            "| {round} | collector (gRPC, {:.0} batches per write) | {:.0} | {:.0} | {:.0} | {:.2} |",
+            ingest.batches_per_write,
+            ingest.gpu_rows as f64 / ingest.seconds,
+            ingest.process_rows as f64 / ingest.seconds,
+            ingest_rate,
+            ingest_rate / copy_rate
+        );
+        println!(
+            "| {round} | COPY of the same {rows} rows | {:.0} | {:.0} | {copy_rate:.0} | 1.00 |",
+            ingest.gpu_rows as f64 / copy_s,
+            ingest.process_rows as f64 / copy_s,
+        );
+    }
+    ratios.sort_by(f64::total_cmp);
+    println!("median ratio to COPY: {:.2}", percentile(&ratios, 0.5));
 
     println!();
     let gpus = history_nodes * GPUS_PER_NODE;
