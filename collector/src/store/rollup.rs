@@ -157,6 +157,14 @@ pub fn source_bounds(
     }
 }
 
+/// Where one pass moves the minute watermark from `done_ms`: to the last
+/// minute that ended a grace period ago, at most [`MAX_CATCH_UP_MS`] on.
+/// `None` when there is nothing to move.
+pub fn next_minute_watermark(done_ms: i64, now_ms: i64) -> Option<i64> {
+    let target = bucket_start(now_ms - ROLLUP_GRACE_MS, MINUTE_MS).min(done_ms + MAX_CATCH_UP_MS);
+    (target > done_ms).then_some(target)
+}
+
 /// Start of the bucket of width `step_ms` holding `ts_ms`.
 pub fn bucket_start(ts_ms: i64, step_ms: i64) -> i64 {
     ts_ms - ts_ms.rem_euclid(step_ms)
@@ -288,6 +296,20 @@ mod tests {
                 hour_end_ms: old_end + 1,
                 minute_end_ms: old_end + 1
             }
+        );
+    }
+
+    #[test]
+    fn the_minute_watermark_trails_by_the_grace_and_catches_up_in_steps() {
+        let now = 100 * DAY_MS + 30_000;
+        assert_eq!(
+            next_minute_watermark(now - 10 * MINUTE_MS, now),
+            Some(bucket_start(now - ROLLUP_GRACE_MS, MINUTE_MS))
+        );
+        assert_eq!(next_minute_watermark(now - MINUTE_MS, now), None);
+        assert_eq!(
+            next_minute_watermark(now - DAY_MS, now),
+            Some(now - DAY_MS + MAX_CATCH_UP_MS)
         );
     }
 

@@ -10,8 +10,8 @@ use tokio::sync::Mutex;
 
 use crate::store::StoreError;
 use crate::store::rollup::{
-    DAY_MS, HOUR_MS, MAX_CATCH_UP_MS, MINUTE_MS, MaintenanceReport, ROLLUP_GRACE_MS, StorageConfig,
-    Watermarks, bucket_start, contiguous_runs,
+    DAY_MS, HOUR_MS, MINUTE_MS, MaintenanceReport, StorageConfig, Watermarks, bucket_start,
+    contiguous_runs, next_minute_watermark,
 };
 
 /// `pg_advisory_lock` key of the maintenance leader ("headroom" in ASCII).
@@ -294,10 +294,9 @@ async fn advance_minutes(pool: &PgPool, now_ms: i64) -> Result<(), StoreError> {
     else {
         return Ok(());
     };
-    let target = bucket_start(now_ms - ROLLUP_GRACE_MS, MINUTE_MS).min(done + MAX_CATCH_UP_MS);
-    if target <= done {
+    let Some(target) = next_minute_watermark(done, now_ms) else {
         return Ok(());
-    }
+    };
     sqlx::query("UPDATE rollup_progress SET done_until_ms = $2 WHERE step_ms = $1")
         .bind(MINUTE_MS)
         .bind(target)

@@ -8,8 +8,8 @@ use sqlx::{Sqlite, Transaction};
 
 use crate::store::StoreError;
 use crate::store::rollup::{
-    HOUR_MS, MAX_CATCH_UP_MS, MINUTE_MS, MaintenanceReport, ROLLUP_GRACE_MS, StorageConfig,
-    Watermarks, bucket_start, contiguous_runs,
+    HOUR_MS, MINUTE_MS, MaintenanceReport, StorageConfig, Watermarks, bucket_start,
+    contiguous_runs, next_minute_watermark,
 };
 
 /// Buckets rolled up per transaction, so writers wait at most one short one.
@@ -63,10 +63,9 @@ async fn advance_minutes(pool: &SqlitePool, now_ms: i64) -> Result<(), StoreErro
     else {
         return Ok(());
     };
-    let target = bucket_start(now_ms - ROLLUP_GRACE_MS, MINUTE_MS).min(done + MAX_CATCH_UP_MS);
-    if target <= done {
+    let Some(target) = next_minute_watermark(done, now_ms) else {
         return Ok(());
-    }
+    };
     sqlx::query("UPDATE rollup_progress SET done_until_ms = ?2 WHERE step_ms = ?1")
         .bind(MINUTE_MS)
         .bind(target)
