@@ -5,8 +5,11 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use crate::outbox::SpoolConfig;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -49,7 +52,19 @@ pub struct AgentConfig {
     pub sim_node: Option<String>,
     pub poll_interval_ms: u64,
     pub sample_interval_ms: u64,
-    /// Intervals kept while the collector is unreachable (1 h at 1 s).
+    /// Directory of the disk spool, where intervals wait until the collector
+    /// acknowledges them: through collector outages, agent restarts and host
+    /// reboots. Empty keeps them in memory only (lost with the process).
+    pub spool_dir: PathBuf,
+    /// Size cap of the spool; past it the oldest segment is dropped and its
+    /// batches counted.
+    pub spool_max_mib: u64,
+    /// Size of one spool segment file (deleted whole once acknowledged).
+    pub spool_segment_mib: u64,
+    /// Longest a queued interval stays unsynced to disk (0: fsync each one).
+    /// Only a host crash can lose this much; a killed agent loses nothing.
+    pub spool_fsync_interval_ms: u64,
+    /// Intervals kept in memory without a spool (1 h at 1 s).
     pub max_pending_batches: usize,
     /// Ship a short interval at once when a device's used + reserved memory
     /// crosses this fraction of its total (match the collector's watermark).
@@ -81,6 +96,10 @@ impl Default for AgentConfig {
             sim_node: None,
             poll_interval_ms: 100,
             sample_interval_ms: 1000,
+            spool_dir: PathBuf::from("/var/lib/headroom-agent/spool"),
+            spool_max_mib: 1024,
+            spool_segment_mib: 16,
+            spool_fsync_interval_ms: 1000,
             max_pending_batches: 3600,
             flush_above: 0.90,
             metrics_listen: SocketAddr::from(([0, 0, 0, 0], 9401)),
@@ -121,6 +140,7 @@ pub struct Overrides {
     pub sample_interval_ms: Option<u64>,
     pub metrics_listen: Option<SocketAddr>,
     pub allocator_socket: Option<PathBuf>,
+    pub spool_dir: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -199,6 +219,19 @@ impl AgentConfig {
         if let Some(v) = o.allocator_socket {
             self.allocator_socket = v;
         }
+        if let Some(v) = o.spool_dir {
+            self.spool_dir = v;
+        }
+    }
+
+    /// The spool's settings; `None` when `spool_dir` is empty.
+    pub fn spool(&self) -> Option<SpoolConfig> {
+        (!self.spool_dir.as_os_str().is_empty()).then(|| SpoolConfig {
+            dir: self.spool_dir.clone(),
+            max_bytes: self.spool_max_mib << 20,
+            segment_bytes: self.spool_segment_mib << 20,
+            fsync_interval: Duration::from_millis(self.spool_fsync_interval_ms),
+        })
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -265,6 +298,30 @@ impl AgentConfig {
                 self.allocator_socket.display()
             ));
         }
+        if !(1..=1024).contains(&self.spool_segment_mib) {
+            return invalid(format!(
+                "spool_segment_mib = {} is outside 1..=1024",
+                self.spool_segment_mib
+            ));
+        }
+        if self.spool_max_mib < 2 * self.spool_segment_mib {
+            return invalid(format!(
+                "spool_max_mib = {} must hold at least two segments of spool_segment_mib = {}",
+                self.spool_max_mib, self.spool_segment_mib
+            ));
+        }
+        if self.spool_max_mib > 1 << 30 {
+            return invalid(format!(
+                "spool_max_mib = {} is more than 1 PiB",
+                self.spool_max_mib
+            ));
+        }
+        if self.spool_fsync_interval_ms > 60_000 {
+            return invalid(format!(
+                "spool_fsync_interval_ms = {} is above 60000",
+                self.spool_fsync_interval_ms
+            ));
+        }
         if self.max_pending_batches == 0 {
             return invalid("max_pending_batches must be at least 1".into());
         }
@@ -303,6 +360,33 @@ mod tests {
         assert_eq!(config.poll_interval_ms, 200);
         assert_eq!(config.source, SourceKind::Sim);
         assert_eq!(config.sample_interval_ms, 1000);
+    }
+
+    #[test]
+    fn the_spool_is_on_by_default_and_an_empty_dir_turns_it_off() {
+        let config = AgentConfig::load(None, Overrides::default()).unwrap();
+        let spool = config.spool().unwrap();
+        assert_eq!(spool.dir, PathBuf::from("/var/lib/headroom-agent/spool"));
+        assert_eq!(spool.max_bytes, 1 << 30);
+        let config = AgentConfig::load(
+            None,
+            Overrides {
+                spool_dir: Some(PathBuf::new()),
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(config.spool(), None);
+    }
+
+    #[test]
+    fn a_spool_cap_below_two_segments_is_rejected() {
+        let err = AgentConfig::from_toml("spool_max_mib = 16\n", Path::new("a.toml"))
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("spool_max_mib = 16"), "{err}");
     }
 
     #[test]

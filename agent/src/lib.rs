@@ -9,6 +9,7 @@ pub mod config;
 pub mod flush;
 pub mod identity;
 pub mod metrics;
+pub mod outbox;
 pub mod sampler;
 pub mod service;
 pub mod source;
@@ -26,6 +27,7 @@ use tokio::sync::{mpsc, watch};
 use crate::allocator::AllocatorReports;
 use crate::allocator::listener::{self, ListenerConfig};
 use crate::metrics::AgentMetrics;
+use crate::outbox::{MemoryLog, Outbox, OutboxError, RecordLog, Spool, SpoolConfig};
 use crate::sampler::SamplerTiming;
 use crate::source::{GpuSource, SourceError};
 use crate::uplink::{Uplink, UplinkConfig};
@@ -35,9 +37,15 @@ use crate::uplink::{Uplink, UplinkConfig};
 pub struct AgentSettings {
     pub collector_url: String,
     pub node: String,
+    /// Where unacknowledged batches wait; `None` keeps them in memory only
+    /// (lost with the process).
+    pub spool: Option<SpoolConfig>,
+    /// The stream id without a spool: it must be new for every run, since
+    /// sequence numbers start again at 1. With a spool, the spool keeps it.
     pub boot_id: String,
     pub poll_interval: Duration,
     pub sample_interval: Duration,
+    /// Batches kept in memory without a spool; past it the oldest are dropped.
     pub max_pending_batches: usize,
     /// Ship at once when a device crosses this fraction of its memory, so
     /// the collector's watermark rule need not wait for the interval.
@@ -53,6 +61,8 @@ pub struct AgentSettings {
 pub enum StartError {
     #[error("reading the GPU inventory failed: {0}")]
     Inventory(#[from] SourceError),
+    #[error("cannot open the spool: {0}")]
+    Spool(#[from] OutboxError),
     #[error("cannot start the sampler thread: {0}")]
     Thread(#[from] std::io::Error),
     #[error("cannot serve metrics on {addr}: {source}")]
@@ -76,8 +86,6 @@ pub struct AgentHandle {
 }
 
 impl AgentHandle {
-    /// Stops polling and shipping at once; unacknowledged batches are lost
-    /// (the disk spool keeps them across restarts).
     /// Where `/metrics` is served (the bound port when configured with port 0).
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
@@ -91,6 +99,8 @@ impl AgentHandle {
         move || metrics.sampler_turns()
     }
 
+    /// Stops polling and shipping at once; unacknowledged batches stay in
+    /// the spool for the next run (without one, they are lost).
     pub async fn stop(mut self) {
         if let Some(server) = self.metrics_server.take() {
             server.abort();
@@ -119,6 +129,13 @@ pub fn start(
     mut source: Box<dyn GpuSource>,
 ) -> Result<AgentHandle, StartError> {
     let inventory = source.inventory()?;
+    let log: Box<dyn RecordLog> = match settings.spool.clone() {
+        Some(config) => Box::new(Spool::open(config)?),
+        None => Box::new(MemoryLog::new(
+            settings.boot_id.clone(),
+            settings.max_pending_batches,
+        )),
+    };
     tracing::info!(node = %settings.node, gpus = inventory.gpus.len(), driver = %inventory.driver_version, "inventory read");
     let metrics = AgentMetrics::new(&settings.node, &inventory);
     let (metrics_addr, metrics_server) = match settings.metrics_listen {
@@ -173,15 +190,14 @@ pub fn start(
         UplinkConfig {
             collector_url: settings.collector_url,
             node: settings.node,
-            boot_id: settings.boot_id,
             sample_interval_ms: u32::try_from(settings.sample_interval.as_millis())
                 .unwrap_or(u32::MAX),
-            max_pending_batches: settings.max_pending_batches,
             max_in_flight: 32,
             backoff_initial: Duration::from_millis(250),
             backoff_max: Duration::from_secs(30),
         },
-        inventory,
+        &inventory,
+        Outbox::new(log),
         metrics,
     );
     let uplink = tokio::spawn(uplink.run(intervals_rx, shutdown_rx));

@@ -66,6 +66,10 @@ struct Cli {
     /// Do not open the allocator socket (wins over --allocator-socket).
     #[arg(long)]
     no_allocator_socket: bool,
+    /// Directory of the disk spool (default /var/lib/headroom-agent/spool;
+    /// empty: keep unacknowledged batches in memory only).
+    #[arg(long, env = "HEADROOM_SPOOL_DIR")]
+    spool_dir: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -110,6 +114,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 cli.allocator_socket
             },
+            spool_dir: cli.spool_dir,
         },
     )?;
     let (source, node): (Box<dyn GpuSource>, String) = match config.source {
@@ -155,7 +160,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let settings = AgentSettings {
         collector_url: config.collector_url.clone(),
         node,
-        boot_id: identity::kernel_boot_id().unwrap_or_else(identity::random_run_id),
+        spool: config.spool(),
+        boot_id: identity::random_run_id(),
         poll_interval: Duration::from_millis(config.poll_interval_ms),
         sample_interval: Duration::from_millis(config.sample_interval_ms),
         max_pending_batches: config.max_pending_batches,

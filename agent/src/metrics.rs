@@ -14,6 +14,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 
+use crate::outbox::LogStats;
 use crate::source::{EventKind, Inventory, Poll};
 
 #[derive(Debug, Clone)]
@@ -42,6 +43,10 @@ pub struct AgentMetrics {
     poll_failures: AtomicU64,
     pending_batches: AtomicU64,
     dropped_batches: AtomicU64,
+    spool_bytes: AtomicU64,
+    spool_segments: AtomicU64,
+    spool_corrupt_segments: AtomicU64,
+    outbox_failures: AtomicU64,
     allocator_outcomes: [AtomicU64; AllocatorOutcome::ALL.len()],
     allocator_clients: AtomicU64,
     /// 1 while the allocator socket listens, 0 when it could not be opened.
@@ -103,6 +108,10 @@ impl AgentMetrics {
             poll_failures: AtomicU64::new(0),
             pending_batches: AtomicU64::new(0),
             dropped_batches: AtomicU64::new(0),
+            spool_bytes: AtomicU64::new(0),
+            spool_segments: AtomicU64::new(0),
+            spool_corrupt_segments: AtomicU64::new(0),
+            outbox_failures: AtomicU64::new(0),
             allocator_outcomes: Default::default(),
             allocator_clients: AtomicU64::new(0),
             allocator_socket_up: AtomicU64::new(0),
@@ -155,12 +164,18 @@ impl AgentMetrics {
         self.poll_failures.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn set_queue(&self, pending: usize, dropped_total: u64) {
-        self.pending_batches.store(
-            u64::try_from(pending).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
+    pub fn set_outbox(&self, pending: u64, dropped_total: u64, stats: LogStats) {
+        self.pending_batches.store(pending, Ordering::Relaxed);
         self.dropped_batches.store(dropped_total, Ordering::Relaxed);
+        self.spool_bytes.store(stats.bytes, Ordering::Relaxed);
+        self.spool_segments.store(stats.segments, Ordering::Relaxed);
+        self.spool_corrupt_segments
+            .store(stats.corrupt_segments, Ordering::Relaxed);
+    }
+
+    /// An interval that could not be queued (the spool could not be written).
+    pub fn record_outbox_failure(&self) {
+        self.outbox_failures.fetch_add(1, Ordering::Relaxed);
     }
 
     fn device_labels(&self, devices: &HashMap<String, DeviceLabels>, uuid: &str) -> String {
@@ -321,6 +336,39 @@ impl AgentMetrics {
                 self.dropped_batches.load(Ordering::Relaxed).to_string(),
             )],
         );
+        for (name, kind, help, value) in [
+            (
+                "headroom_agent_spool_bytes",
+                "gauge",
+                "Bytes of the disk spool's segments (0 without a spool).",
+                &self.spool_bytes,
+            ),
+            (
+                "headroom_agent_spool_segments",
+                "gauge",
+                "Segment files in the disk spool.",
+                &self.spool_segments,
+            ),
+            (
+                "headroom_agent_spool_corrupt_segments_total",
+                "counter",
+                "Spool segments found damaged (bad checksum, bad head); the rest of each was skipped.",
+                &self.spool_corrupt_segments,
+            ),
+            (
+                "headroom_agent_outbox_write_failures_total",
+                "counter",
+                "Intervals lost because they could not be queued (the spool could not be written).",
+                &self.outbox_failures,
+            ),
+        ] {
+            family(
+                name,
+                kind,
+                help,
+                vec![(node.clone(), value.load(Ordering::Relaxed).to_string())],
+            );
+        }
         family(
             "headroom_agent_allocator_reports_total",
             "counter",

@@ -1,13 +1,12 @@
 //! Streams intervals to the collector over gRPC and keeps every batch until
 //! the collector acknowledges that it committed it.
 //!
-//! Sequence numbers are assigned when a batch first goes on the wire, after a
-//! `Register` told us what the collector already holds for this boot; a batch
-//! keeps its number through reconnects, so a replay is recognised and stored
-//! once. Batches wait in a bounded in-memory queue while the collector is
-//! away; past the bound the oldest are dropped and counted.
+//! Every interval goes into the [`Outbox`] first (in memory, or the disk
+//! spool), where it gets its stream id and sequence number; a session sends
+//! what the outbox holds in order and forgets it on ack. A batch keeps its
+//! number through reconnects and restarts, so a replay is recognised and
+//! stored once.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +19,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::backoff::Backoff;
 use crate::metrics::AgentMetrics;
+use crate::outbox::{Outbox, OutboxError, Record};
 use crate::source::{EventKind, Inventory, SourceEvent};
 use crate::window::IntervalSamples;
 
@@ -27,9 +27,7 @@ use crate::window::IntervalSamples;
 pub struct UplinkConfig {
     pub collector_url: String,
     pub node: String,
-    pub boot_id: String,
     pub sample_interval_ms: u32,
-    pub max_pending_batches: usize,
     pub max_in_flight: usize,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
@@ -48,42 +46,47 @@ enum SessionError {
     Status(#[from] tonic::Status),
     #[error("the collector closed the stream")]
     Closed,
+    #[error(transparent)]
+    Outbox(#[from] OutboxError),
 }
 
 enum SessionEnd {
     Shutdown,
     Drained,
-    /// The inventory changed: register it before sending anything newer.
-    Reregister,
 }
 
 #[derive(Debug)]
 pub struct Uplink {
     config: UplinkConfig,
-    inventory: Inventory,
-    /// Oldest first. Batches with `seq == 0` have not been on the wire yet.
-    pending: VecDeque<pb::Batch>,
-    next_seq: u64,
-    dropped_batches: u64,
+    outbox: Outbox,
     input_open: bool,
-    /// Set when an interval brought a new inventory the collector has not
-    /// been told about yet.
-    reregister: bool,
     metrics: Arc<AgentMetrics>,
 }
 
 impl Uplink {
-    pub fn new(config: UplinkConfig, inventory: Inventory, metrics: Arc<AgentMetrics>) -> Self {
-        Self {
+    /// Queues the node's registration ahead of its first batch.
+    pub fn new(
+        config: UplinkConfig,
+        inventory: &Inventory,
+        outbox: Outbox,
+        metrics: Arc<AgentMetrics>,
+    ) -> Self {
+        let mut uplink = Self {
             config,
-            inventory,
-            pending: VecDeque::new(),
-            next_seq: 1,
-            dropped_batches: 0,
+            outbox,
             input_open: true,
-            reregister: false,
             metrics,
+        };
+        uplink.queue_registration(inventory);
+        uplink
+    }
+
+    fn queue_registration(&mut self, inventory: &Inventory) {
+        let registration = to_register(&self.config, inventory);
+        if let Err(error) = self.outbox.push_register(registration) {
+            tracing::error!(%error, "cannot queue the registration");
         }
+        self.report_queue();
     }
 
     /// Runs until `shutdown` flips to true, or until the sampler has stopped
@@ -103,7 +106,6 @@ impl Uplink {
                 .await
             {
                 Ok(SessionEnd::Shutdown | SessionEnd::Drained) => return,
-                Ok(SessionEnd::Reregister) => continue,
                 Err(error) => error,
             };
             // The collector processes a stream in order, so the batch it
@@ -111,18 +113,21 @@ impl Uplink {
             // would fail forever.
             if let SessionError::Status(status) = &error
                 && status.code() == Code::InvalidArgument
-                && let Some(bad) = self.pending.pop_front()
             {
-                self.dropped_batches += 1;
-                tracing::error!(
-                    seq = bad.seq,
-                    reason = status.message(),
-                    dropped_batches = self.dropped_batches,
-                    "collector rejected a batch; dropping it"
-                );
+                match self.outbox.reject_oldest() {
+                    Ok(Some(seq)) => tracing::error!(
+                        seq,
+                        reason = status.message(),
+                        dropped_batches = self.outbox.dropped_batches(),
+                        "collector rejected a batch; dropping it"
+                    ),
+                    Ok(None) => {}
+                    Err(error) => tracing::error!(%error, "cannot drop the rejected batch"),
+                }
+                self.report_queue();
             }
             let delay = backoff.next_delay();
-            tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, pending = self.pending.len(), "uplink down");
+            tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, pending = self.outbox.pending_batches(), "uplink down");
             // Keep draining the sampler while waiting, so its polling never stalls.
             let sleep = tokio::time::sleep(delay);
             tokio::pin!(sleep);
@@ -146,19 +151,13 @@ impl Uplink {
                 gpus = inventory.gpus.len(),
                 "inventory changed; registering it again"
             );
-            self.inventory = inventory;
-            self.reregister = true;
+            self.queue_registration(&inventory);
         }
-        if self.pending.len() >= self.config.max_pending_batches {
-            self.pending.pop_front();
-            self.dropped_batches += 1;
-            tracing::warn!(
-                dropped_batches = self.dropped_batches,
-                "pending queue full; dropped the oldest batch"
-            );
+        let batch = to_batch(&self.config.node, interval);
+        if let Err(error) = self.outbox.push_batch(batch) {
+            self.metrics.record_outbox_failure();
+            tracing::error!(%error, "cannot queue an interval; it is lost");
         }
-        self.pending
-            .push_back(to_batch(&self.config.node, &self.config.boot_id, interval));
         self.report_queue();
     }
 
@@ -177,86 +176,78 @@ impl Uplink {
             .tcp_nodelay(true);
         let channel: Channel = endpoint.connect().await?;
         let mut client = IngestClient::new(channel);
+        let Some(mut registration) = self.outbox.start_session()? else {
+            return Err(OutboxError::NoRegistration.into());
+        };
         let committed = client
-            .register(to_register(&self.config, &self.inventory))
+            .register(registration.clone())
             .await?
             .into_inner()
             .committed_seq;
-        self.reregister = false;
-        self.forget_committed(committed);
-        self.next_seq = self.next_seq.max(committed + 1);
+        self.outbox.ack(&registration.boot_id, committed)?;
         backoff.reset();
-        tracing::info!(collector = %self.config.collector_url, committed_seq = committed, replaying = self.pending.len(), "connected to collector");
+        tracing::info!(collector = %self.config.collector_url, stream = %registration.boot_id, committed_seq = committed, replaying = self.outbox.pending_batches(), "connected to collector");
 
         let (outbound, outbound_rx) = mpsc::channel(self.config.max_in_flight.max(1));
         let mut acks = client
             .stream(ReceiverStream::new(outbound_rx))
             .await?
             .into_inner();
-        let mut in_flight = 0usize;
+        // A registration read from the outbox waits until every batch before
+        // it is acknowledged: those were sampled under the previous one.
+        let mut next_registration: Option<pb::RegisterRequest> = None;
         loop {
-            while in_flight < self.pending.len() && in_flight < self.config.max_in_flight {
-                let batch = &mut self.pending[in_flight];
-                if batch.seq == 0 {
-                    batch.seq = self.next_seq;
-                    self.next_seq += 1;
-                }
-                match outbound.try_send(batch.clone()) {
-                    Ok(()) => in_flight += 1,
-                    Err(mpsc::error::TrySendError::Full(_)) => break,
-                    Err(mpsc::error::TrySendError::Closed(_)) => return Err(SessionError::Closed),
+            while next_registration.is_none()
+                && self.outbox.in_flight_batches() < self.config.max_in_flight
+            {
+                match self.outbox.next_unsent()? {
+                    Some(Record::Batch(batch)) => {
+                        outbound.try_send(batch).map_err(|_| SessionError::Closed)?;
+                    }
+                    Some(Record::Register(r)) => next_registration = Some(r),
+                    None => break,
                 }
             }
-            if !self.input_open && self.pending.is_empty() {
+            if self.outbox.in_flight_batches() == 0
+                && let Some(r) = next_registration.take()
+            {
+                let committed = client.register(r.clone()).await?.into_inner().committed_seq;
+                tracing::info!(stream = %r.boot_id, committed_seq = committed, "registered a new inventory");
+                self.outbox.ack(&r.boot_id, committed)?;
+                registration = r;
+                continue;
+            }
+            if !self.input_open && self.outbox.pending_batches() == 0 {
                 return Ok(SessionEnd::Drained);
             }
             tokio::select! {
                 changed = shutdown.changed() => if changed.is_err() || *shutdown.borrow() { return Ok(SessionEnd::Shutdown) },
                 ack = acks.message() => match ack? {
-                    Some(ack) => in_flight -= self.forget_committed(ack.committed_seq).min(in_flight),
+                    Some(ack) => {
+                        self.outbox.ack(&registration.boot_id, ack.committed_seq)?;
+                        self.report_queue();
+                    }
                     None => return Err(SessionError::Closed),
                 },
-                interval = intervals.recv(), if self.input_open => {
-                    let was_full = self.pending.len() >= self.config.max_pending_batches;
-                    self.accept(interval);
-                    if was_full && in_flight > 0 {
-                        in_flight -= 1;
-                    }
-                    // Batches already sent are replayed after the new
-                    // registration and stored once by their seq.
-                    if self.reregister {
-                        return Ok(SessionEnd::Reregister);
-                    }
-                }
+                interval = intervals.recv(), if self.input_open => self.accept(interval),
             }
         }
     }
 
     fn report_queue(&self) {
-        self.metrics
-            .set_queue(self.pending.len(), self.dropped_batches);
-    }
-
-    /// Drops batches the collector holds; returns how many.
-    fn forget_committed(&mut self, committed: u64) -> usize {
-        let mut forgotten = 0;
-        while self
-            .pending
-            .front()
-            .is_some_and(|b| b.seq != 0 && b.seq <= committed)
-        {
-            self.pending.pop_front();
-            forgotten += 1;
-        }
-        self.report_queue();
-        forgotten
+        self.metrics.set_outbox(
+            self.outbox.pending_batches(),
+            self.outbox.dropped_batches(),
+            self.outbox.stats(),
+        );
     }
 }
 
+/// The stream id (`boot_id`) is stamped by the outbox.
 fn to_register(config: &UplinkConfig, inventory: &Inventory) -> pb::RegisterRequest {
     pb::RegisterRequest {
         node: config.node.clone(),
-        boot_id: config.boot_id.clone(),
+        boot_id: String::new(),
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         driver_version: inventory.driver_version.clone(),
         sample_interval_ms: config.sample_interval_ms,
@@ -286,10 +277,11 @@ fn to_register(config: &UplinkConfig, inventory: &Inventory) -> pb::RegisterRequ
     }
 }
 
-fn to_batch(node: &str, boot_id: &str, interval: IntervalSamples) -> pb::Batch {
+/// The stream id and sequence number are stamped by the outbox.
+fn to_batch(node: &str, interval: IntervalSamples) -> pb::Batch {
     pb::Batch {
         node: node.to_owned(),
-        boot_id: boot_id.to_owned(),
+        boot_id: String::new(),
         seq: 0,
         gpu_samples: interval
             .gpus

@@ -66,6 +66,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     for node in scenario.nodes() {
         let source = SimSource::new(&scenario, &node.name)?;
         let settings = AgentSettings {
+            spool: None,
             collector_url: format!("http://{grpc_addr}"),
             node: node.name.clone(),
             boot_id: boot_id.clone(),

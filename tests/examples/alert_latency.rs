@@ -260,6 +260,7 @@ async fn main() {
         handles.push(
             headroom_agent::start(
                 AgentSettings {
+                    spool: None,
                     collector_url: collector.grpc_url(),
                     node: node.name.clone(),
                     boot_id: format!("bench-{}", now_ms()),

@@ -146,67 +146,147 @@ fn run(mut command: Command, what: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn start_throwaway_cluster() -> anyhow::Result<String> {
-    let initdb = find_bin("initdb").context("initdb not found (install postgresql)")?;
-    let pg_ctl = find_bin("pg_ctl").context("pg_ctl not found")?;
-    let dir = tempfile::Builder::new()
-        .prefix("headroom-pg-")
-        .tempdir()?
-        .keep();
-    let data = dir.join("data");
-    if is_root() {
-        run(
-            {
-                let mut c = Command::new("chown");
-                c.arg("postgres:").arg(&dir);
-                c
-            },
-            "chown of the cluster folder",
-        )?;
+/// A Postgres cluster of its own in a temporary folder, for tests that stop
+/// and start the server under a running collector.
+#[derive(Debug)]
+pub struct Cluster {
+    dir: PathBuf,
+    data: PathBuf,
+    pg_ctl: PathBuf,
+    port: u16,
+    durable: bool,
+}
+
+impl Cluster {
+    /// Creates and starts a cluster on a free port (trust auth), fast and
+    /// not crash-safe: no fsync, commits acknowledged before they are durable.
+    pub fn create() -> anyhow::Result<Self> {
+        Self::create_with(false)
     }
-    let mut init = pg_command(&initdb);
-    init.arg("-D")
-        .arg(&data)
-        .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"]);
-    run(init, "initdb")?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let mut start = pg_command(&pg_ctl);
-    start
-        .arg("-D")
-        .arg(&data)
-        .arg("-l")
-        .arg(dir.join("postgres.log"))
-        .arg("-w")
-        .arg("-o")
-        .arg(format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c max_connections=200",
-            dir.display()
-        ))
-        .arg("start");
-    run(start, "pg_ctl start")?;
-    // Stops the cluster and removes its folder once this test process exits.
-    let stop = format!(
-        "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {runas}{pg_ctl} -D {data} -m immediate stop >/dev/null 2>&1; rm -rf {dir}",
-        pid = std::process::id(),
-        runas = if is_root() {
-            "runuser -u postgres -- "
-        } else {
-            ""
-        },
-        pg_ctl = pg_ctl.display(),
-        data = data.display(),
-        dir = dir.display(),
-    );
-    Command::new("setsid")
-        .args(["sh", "-c", &stop])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .context("starting the cluster's reaper")?;
-    Ok(format!("postgres://postgres@127.0.0.1:{port}/postgres"))
+
+    /// As [`Cluster::create`], but a commit survives a crash of the server
+    /// (`stop_immediately`), as in production: for tests that crash it.
+    pub fn create_durable() -> anyhow::Result<Self> {
+        Self::create_with(true)
+    }
+
+    fn create_with(durable: bool) -> anyhow::Result<Self> {
+        let initdb = find_bin("initdb").context("initdb not found (install postgresql)")?;
+        let pg_ctl = find_bin("pg_ctl").context("pg_ctl not found")?;
+        let dir = tempfile::Builder::new()
+            .prefix("headroom-pg-")
+            .tempdir()?
+            .keep();
+        let data = dir.join("data");
+        if is_root() {
+            run(
+                {
+                    let mut c = Command::new("chown");
+                    c.arg("postgres:").arg(&dir);
+                    c
+                },
+                "chown of the cluster folder",
+            )?;
+        }
+        let mut init = pg_command(&initdb);
+        init.arg("-D").arg(&data).args([
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+            "-E",
+            "UTF8",
+        ]);
+        run(init, "initdb")?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let cluster = Self {
+            dir,
+            data,
+            pg_ctl,
+            port,
+            durable,
+        };
+        cluster.start()?;
+        Ok(cluster)
+    }
+
+    pub fn admin_url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Starts the server and waits until it accepts connections.
+    pub fn start(&self) -> anyhow::Result<()> {
+        let mut start = pg_command(&self.pg_ctl);
+        start
+            .arg("-D")
+            .arg(&self.data)
+            .arg("-l")
+            .arg(self.dir.join("postgres.log"))
+            .arg("-w")
+            .arg("-o")
+            .arg(format!(
+                "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200 {}",
+                self.port,
+                self.dir.display(),
+                if self.durable {
+                    ""
+                } else {
+                    "-c fsync=off -c synchronous_commit=off"
+                }
+            ))
+            .arg("start");
+        run(start, "pg_ctl start")
+    }
+
+    /// Stops the server as a crash would: no checkpoint, clients cut off.
+    pub fn stop_immediately(&self) -> anyhow::Result<()> {
+        let mut stop = pg_command(&self.pg_ctl);
+        stop.arg("-D")
+            .arg(&self.data)
+            .args(["-m", "immediate", "-w", "stop"]);
+        run(stop, "pg_ctl stop")
+    }
+
+    /// Leaves the cluster running until this test process exits, then stops
+    /// it and removes its folder.
+    fn reap_at_exit(self) -> anyhow::Result<String> {
+        let url = self.admin_url();
+        let stop = format!(
+            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {runas}{pg_ctl} -D {data} -m immediate stop >/dev/null 2>&1; rm -rf {dir}",
+            pid = std::process::id(),
+            runas = if is_root() {
+                "runuser -u postgres -- "
+            } else {
+                ""
+            },
+            pg_ctl = self.pg_ctl.display(),
+            data = self.data.display(),
+            dir = self.dir.display(),
+        );
+        std::mem::forget(self);
+        Command::new("setsid")
+            .args(["sh", "-c", &stop])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("starting the cluster's reaper")?;
+        Ok(url)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.stop_immediately();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start_throwaway_cluster() -> anyhow::Result<String> {
+    Cluster::create()?.reap_at_exit()
 }
 
 #[cfg(test)]

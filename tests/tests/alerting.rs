@@ -72,6 +72,7 @@ fn start_agent(collector: &RunningCollector, scenario: &str) -> AgentHandle {
     let scenario = Scenario::from_toml_str(scenario).unwrap();
     headroom_agent::start(
         AgentSettings {
+            spool: None,
             collector_url: collector.grpc_url(),
             node: "oom-node".into(),
             boot_id: "boot-1".into(),
@@ -346,6 +347,7 @@ memory = { shape = "steady", level = "77GiB" }
     let scenario = Scenario::from_toml_str(TWO_FULL_GPUS).unwrap();
     let agent = headroom_agent::start(
         AgentSettings {
+            spool: None,
             collector_url: collector.grpc_url(),
             node: "full-node".into(),
             boot_id: "b".into(),

@@ -190,6 +190,8 @@ async fn pytorch_allocator_reports_reach_the_api_and_raise_alerts_with_remedies(
             .arg(headroom_tests::fake_nvml::library())
             .arg("--allocator-socket")
             .arg(&socket)
+            .arg("--spool-dir")
+            .arg(dir.path().join("spool"))
             .args(["--collector-url", &collector.grpc_url()])
             .args(["--metrics-listen", "127.0.0.1:0"])
             .args(["--poll-interval-ms", "50", "--sample-interval-ms", "250"])

@@ -105,6 +105,7 @@ fn promtool_check(exposition: &str) {
 
 fn settings(collector_url: String) -> AgentSettings {
     AgentSettings {
+        spool: None,
         collector_url,
         node: "e2e-node".into(),
         boot_id: "e2e-boot".into(),

@@ -54,6 +54,8 @@ async fn agent_on_nvml_reports_memory_mig_layout_changes_and_xid() {
         .arg(headroom_tests::fake_nvml::library())
         .arg("--procfs-root")
         .arg(&procfs)
+        .arg("--spool-dir")
+        .arg(dir.path().join("spool"))
         .args(["--collector-url", &collector.grpc_url()])
         .args(["--metrics-listen", "127.0.0.1:0"])
         .args(["--poll-interval-ms", "50", "--sample-interval-ms", "250"])

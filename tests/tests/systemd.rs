@@ -103,6 +103,7 @@ fn assert_ready_then_fed(messages: &[String]) {
 
 #[test]
 fn agent_reports_ready_and_feeds_the_watchdog() {
+    let dir = tempfile::tempdir().unwrap();
     let mut agent = Command::new(built("headroom-agent"));
     agent
         .args([
@@ -115,8 +116,10 @@ fn agent_reports_ready_and_feeds_the_watchdog() {
         ])
         .args(["--collector-url", "http://127.0.0.1:1"])
         .args(["--metrics-listen", "127.0.0.1:0"])
-        // Not the host's /run/headroom.
-        .arg("--no-allocator-socket");
+        // Not the host's /run/headroom, nor its spool.
+        .arg("--no-allocator-socket")
+        .arg("--spool-dir")
+        .arg(dir.path().join("spool"));
     assert_ready_then_fed(&notifications(agent));
 }
 
