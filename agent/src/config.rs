@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::outbox::SpoolConfig;
+use crate::tls::ClientTlsFiles;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -52,6 +53,19 @@ pub struct AgentConfig {
     pub sim_node: Option<String>,
     pub poll_interval_ms: u64,
     pub sample_interval_ms: u64,
+    /// File holding the token this agent presents to the collector (mode
+    /// 0600; `headroom-collector token create` makes one). The environment's
+    /// `HEADROOM_AGENT_TOKEN` wins over it. None: send no token.
+    pub token_file: Option<PathBuf>,
+    /// PEM CA bundle to trust for an `https://` collector_url (default: the
+    /// system's trust store).
+    pub tls_ca_file: Option<PathBuf>,
+    /// Client certificate chain and key (PEM) for a collector that requires
+    /// mutual TLS.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    /// Name the collector's certificate must carry (default: the URL's host).
+    pub tls_server_name: Option<String>,
     /// Directory of the disk spool, where intervals wait until the collector
     /// acknowledges them: through collector outages, agent restarts and host
     /// reboots. Empty keeps them in memory only (lost with the process).
@@ -96,6 +110,11 @@ impl Default for AgentConfig {
             sim_node: None,
             poll_interval_ms: 100,
             sample_interval_ms: 1000,
+            token_file: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_server_name: None,
             spool_dir: PathBuf::from("/var/lib/headroom-agent/spool"),
             spool_max_mib: 1024,
             spool_segment_mib: 16,
@@ -141,6 +160,7 @@ pub struct Overrides {
     pub metrics_listen: Option<SocketAddr>,
     pub allocator_socket: Option<PathBuf>,
     pub spool_dir: Option<PathBuf>,
+    pub token_file: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -222,6 +242,19 @@ impl AgentConfig {
         if let Some(v) = o.spool_dir {
             self.spool_dir = v;
         }
+        if o.token_file.is_some() {
+            self.token_file = o.token_file;
+        }
+    }
+
+    /// Where the TLS material is.
+    pub fn tls_files(&self) -> ClientTlsFiles {
+        ClientTlsFiles {
+            ca: self.tls_ca_file.clone(),
+            cert: self.tls_cert_file.clone(),
+            key: self.tls_key_file.clone(),
+            server_name: self.tls_server_name.clone(),
+        }
     }
 
     /// The spool's settings; `None` when `spool_dir` is empty.
@@ -243,6 +276,15 @@ impl AgentConfig {
                 "collector_url {:?} must start with http:// or https://",
                 self.collector_url
             ));
+        }
+        if self.collector_url.starts_with("http://") && !self.tls_files().is_empty() {
+            return invalid(format!(
+                "tls_* settings are given but collector_url {:?} is plain http:// (use https://)",
+                self.collector_url
+            ));
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            return invalid("tls_cert_file and tls_key_file go together (mutual TLS)".into());
         }
         if !(10..=10_000).contains(&self.poll_interval_ms) {
             return invalid(format!(

@@ -14,6 +14,7 @@ pub mod sampler;
 pub mod service;
 pub mod source;
 pub mod time;
+pub mod tls;
 pub mod uplink;
 pub mod window;
 
@@ -30,6 +31,7 @@ use crate::metrics::AgentMetrics;
 use crate::outbox::{MemoryLog, Outbox, OutboxError, RecordLog, Spool, SpoolConfig};
 use crate::sampler::SamplerTiming;
 use crate::source::{GpuSource, SourceError};
+pub use crate::uplink::AgentToken;
 use crate::uplink::{Uplink, UplinkConfig};
 
 /// What a running agent needs besides its source.
@@ -37,6 +39,10 @@ use crate::uplink::{Uplink, UplinkConfig};
 pub struct AgentSettings {
     pub collector_url: String,
     pub node: String,
+    /// Presented to the collector on every call (`[agents] require_token`).
+    pub token: Option<AgentToken>,
+    /// TLS settings for an `https://` collector URL.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
     /// Where unacknowledged batches wait; `None` keeps them in memory only
     /// (lost with the process).
     pub spool: Option<SpoolConfig>,
@@ -190,6 +196,8 @@ pub fn start(
         UplinkConfig {
             collector_url: settings.collector_url,
             node: settings.node,
+            token: settings.token,
+            tls: settings.tls,
             sample_interval_ms: u32::try_from(settings.sample_interval.as_millis())
                 .unwrap_or(u32::MAX),
             max_in_flight: 32,

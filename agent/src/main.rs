@@ -7,7 +7,7 @@ use clap::Parser;
 use headroom_agent::allocator::listener::ListenerConfig;
 use headroom_agent::config::{AgentConfig, Overrides, SourceKind};
 use headroom_agent::source::{GpuSource, NvmlOptions, NvmlSource, SimSource};
-use headroom_agent::{AgentSettings, identity, service};
+use headroom_agent::{AgentSettings, AgentToken, identity, service};
 use headroom_sim::Scenario;
 
 /// Headroom's per-node agent: polls GPU memory and streams it to a collector.
@@ -70,6 +70,13 @@ struct Cli {
     /// empty: keep unacknowledged batches in memory only).
     #[arg(long, env = "HEADROOM_SPOOL_DIR")]
     spool_dir: Option<PathBuf>,
+    /// File holding the token to present to the collector.
+    #[arg(long, env = "HEADROOM_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// The token itself (wins over --token-file; prefer an EnvironmentFile
+    /// of mode 0600 to a flag, which shows in `ps`).
+    #[arg(long, env = "HEADROOM_AGENT_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -94,6 +101,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         print!("{}", AgentConfig::default_toml());
         return Ok(());
     }
+    let cli_token = cli.token;
     let config = AgentConfig::load(
         cli.config.as_deref(),
         Overrides {
@@ -115,6 +123,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 cli.allocator_socket
             },
             spool_dir: cli.spool_dir,
+            token_file: cli.token_file,
         },
     )?;
     let (source, node): (Box<dyn GpuSource>, String) = match config.source {
@@ -157,9 +166,28 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             (Box::new(source), node)
         }
     };
+    let token = match (&cli_token, &config.token_file) {
+        (Some(token), _) => Some(token.clone()),
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read token_file {}", path.display()))?,
+        ),
+        (None, None) => None,
+    };
+    let token = token
+        .map(|t| AgentToken::new(&t))
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let tls = if config.collector_url.starts_with("https://") {
+        Some(config.tls_files().load()?)
+    } else {
+        None
+    };
     let settings = AgentSettings {
         collector_url: config.collector_url.clone(),
         node,
+        token,
+        tls,
         spool: config.spool(),
         boot_id: identity::random_run_id(),
         poll_interval: Duration::from_millis(config.poll_interval_ms),

@@ -15,7 +15,9 @@ use headroom_proto::v1::ingest_client::IngestClient;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::backoff::Backoff;
 use crate::metrics::AgentMetrics;
@@ -27,6 +29,10 @@ use crate::window::IntervalSamples;
 pub struct UplinkConfig {
     pub collector_url: String,
     pub node: String,
+    /// Sent as `authorization: Bearer <token>` on every call.
+    pub token: Option<AgentToken>,
+    /// For an `https://` collector URL.
+    pub tls: Option<ClientTlsConfig>,
     pub sample_interval_ms: u32,
     pub max_in_flight: usize,
     pub backoff_initial: Duration,
@@ -48,6 +54,46 @@ enum SessionError {
     Closed,
     #[error(transparent)]
     Outbox(#[from] OutboxError),
+}
+
+/// An agent token, checked to be sendable as gRPC metadata; never printed.
+#[derive(Clone)]
+pub struct AgentToken(MetadataValue<Ascii>);
+
+impl AgentToken {
+    pub fn new(token: &str) -> Result<Self, String> {
+        let token = token.trim();
+        if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("the agent token must be non-empty printable ASCII".into());
+        }
+        MetadataValue::try_from(format!("Bearer {token}"))
+            .map(Self)
+            .map_err(|e| format!("the agent token cannot be sent: {e}"))
+    }
+}
+
+impl std::fmt::Debug for AgentToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AgentToken(…)")
+    }
+}
+
+/// Puts the token on every request.
+#[derive(Debug, Clone)]
+struct Bearer(Option<AgentToken>);
+
+impl Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(AgentToken(value)) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
 }
 
 enum SessionEnd {
@@ -174,8 +220,12 @@ impl Uplink {
             })?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true);
+        let endpoint = match &self.config.tls {
+            Some(tls) => endpoint.tls_config(tls.clone())?,
+            None => endpoint,
+        };
         let channel: Channel = endpoint.connect().await?;
-        let mut client = IngestClient::new(channel);
+        let mut client = IngestClient::with_interceptor(channel, Bearer(self.config.token.clone()));
         let Some(mut registration) = self.outbox.start_session()? else {
             return Err(OutboxError::NoRegistration.into());
         };

@@ -78,8 +78,9 @@ fn example_config_in_deploy_parses() {
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         config.collector_url,
-        "http://collector.example.internal:50051"
+        "https://collector.example.internal:50051"
     );
+    assert!(config.tls_ca_file.is_some() && config.token_file.is_some());
 }
 
 #[test]

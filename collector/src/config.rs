@@ -4,7 +4,9 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use headroom_agent::tls::{TlsError, read_pem};
 use serde::{Deserialize, Serialize};
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 use crate::ingest::WriterConfig;
 use crate::store::rollup::StorageConfig;
@@ -23,6 +25,61 @@ pub struct CollectorConfig {
     pub ingest: WriterConfig,
     /// Retention per resolution and the maintenance that applies it.
     pub storage: StorageConfig,
+    /// Who may send samples.
+    pub agents: AgentsConfig,
+    /// TLS for the gRPC port.
+    pub tls: TlsConfig,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM certificate chain the collector presents to agents; with
+    /// `key_file`, gRPC is served over TLS only.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// PEM CA bundle: agents must present a certificate it signed (mutual TLS).
+    pub client_ca_file: Option<PathBuf>,
+}
+
+impl TlsConfig {
+    fn problem(&self) -> Option<String> {
+        match (&self.cert_file, &self.key_file, &self.client_ca_file) {
+            (Some(_), None, _) | (None, Some(_), _) => {
+                Some("[tls] cert_file and key_file go together".into())
+            }
+            (None, None, Some(_)) => Some(
+                "[tls] client_ca_file needs cert_file and key_file (mutual TLS is TLS first)"
+                    .into(),
+            ),
+            _ => None,
+        }
+    }
+
+    /// Reads the files; `None` when TLS is off.
+    pub fn server_config(&self) -> Result<Option<ServerTlsConfig>, TlsError> {
+        let (Some(cert), Some(key)) = (&self.cert_file, &self.key_file) else {
+            return Ok(None);
+        };
+        let mut config = ServerTlsConfig::new().identity(Identity::from_pem(
+            read_pem(cert, "[tls] cert_file")?,
+            read_pem(key, "[tls] key_file")?,
+        ));
+        if let Some(ca) = &self.client_ca_file {
+            config =
+                config.client_ca_root(Certificate::from_pem(read_pem(ca, "[tls] client_ca_file")?));
+        }
+        Ok(Some(config))
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentsConfig {
+    /// Refuse gRPC calls without an enrolled, unrevoked token for the node
+    /// they speak for (`headroom-collector token create`). Off by default so
+    /// the one-machine demo needs no setup; turn it on in any real fleet.
+    pub require_token: bool,
 }
 
 impl Default for CollectorConfig {
@@ -33,6 +90,8 @@ impl Default for CollectorConfig {
             database_url: "sqlite://headroom-data/headroom.db".into(),
             ingest: WriterConfig::default(),
             storage: StorageConfig::default(),
+            agents: AgentsConfig::default(),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -91,7 +150,12 @@ impl CollectorConfig {
         if let Some(v) = overrides.database_url {
             config.database_url = v;
         }
-        if let Some(problem) = config.storage.problem().or_else(|| config.ingest.problem()) {
+        if let Some(problem) = config
+            .storage
+            .problem()
+            .or_else(|| config.ingest.problem())
+            .or_else(|| config.tls.problem())
+        {
             return Err(match file {
                 Some(path) => ConfigError::Parse {
                     path: path.to_owned(),
@@ -125,6 +189,22 @@ mod tests {
         .unwrap();
         assert!(config.database_url.starts_with("postgres://"));
         assert_eq!(config.http_listen.port(), 9999);
+        assert!(config.agents.require_token, "the example is a real fleet's");
+        assert!(config.tls.cert_file.is_some());
+    }
+
+    #[test]
+    fn a_client_ca_without_a_server_certificate_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[tls]\nclient_ca_file = \"/etc/ca.crt\"\n").unwrap();
+        let err = CollectorConfig::load(Some(&path), Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("client_ca_file") && err.contains("c.toml"),
+            "{err}"
+        );
     }
 
     #[test]

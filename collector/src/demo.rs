@@ -67,6 +67,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         let source = SimSource::new(&scenario, &node.name)?;
         let settings = AgentSettings {
             spool: None,
+            tls: None,
+            token: None,
             collector_url: format!("http://{grpc_addr}"),
             node: node.name.clone(),
             boot_id: boot_id.clone(),

@@ -12,5 +12,6 @@ pub mod model;
 pub mod rules;
 pub mod server;
 pub mod store;
+pub mod token_admin;
 
 pub use server::Collector;

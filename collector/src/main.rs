@@ -13,6 +13,7 @@ use headroom_collector::clock::Clock;
 use headroom_collector::config::{CollectorConfig, Overrides};
 use headroom_collector::rules::config::RulesConfig;
 use headroom_collector::store::{self, redact_url};
+use headroom_collector::token_admin::{self, TokenAction};
 use tokio::net::TcpListener;
 
 /// Headroom's collector: stores GPU memory samples from agents, serves the
@@ -67,10 +68,24 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Print the built-in defaults of `serve` as a configuration file.
     PrintDefaultConfig,
+    /// Enrol, list and revoke the tokens agents present (`[agents]
+    /// require_token`), in the database `serve` uses.
+    Token {
+        /// TOML configuration file (for its database_url).
+        #[arg(long, env = "HEADROOM_CONFIG")]
+        config: Option<PathBuf>,
+        /// postgres://… or sqlite://… (prefer the environment: flags show in `ps`).
+        #[arg(long, env = "HEADROOM_DATABASE_URL", hide_env_values = true)]
+        database_url: Option<String>,
+        #[command(subcommand)]
+        action: TokenAction,
+    },
 }
 
 fn main() -> ExitCode {
+    // Logs on stderr: stdout is the data of `token`, `status`, `backtest`.
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn")),
@@ -106,6 +121,31 @@ fn main() -> ExitCode {
             Command::Backtest { rules, trace } => backtest(rules.as_deref(), &trace),
             Command::Status { url } => status::run(&url).await,
             Command::Demo(args) => demo::run(args).await,
+            Command::Token {
+                config,
+                database_url,
+                action,
+            } => {
+                let config = CollectorConfig::load(
+                    config.as_deref(),
+                    Overrides {
+                        database_url,
+                        ..Overrides::default()
+                    },
+                )?;
+                let store = store::connect(&config.database_url)
+                    .await
+                    .with_context(|| format!("opening {}", redact_url(&config.database_url)))?;
+                let result = token_admin::run(
+                    store.as_ref(),
+                    action,
+                    Clock::System.now_ms(),
+                    &mut std::io::stdout().lock(),
+                )
+                .await;
+                store.close().await;
+                Ok(result?)
+            }
             Command::PrintDefaultConfig => {
                 print!("{}", CollectorConfig::default_toml());
                 Ok(())
@@ -165,6 +205,16 @@ async fn serve(config: CollectorConfig, rules_path: Option<PathBuf>) -> anyhow::
     let mut collector = Collector::with_rules(store.clone(), rules, Clock::System).await?;
     collector.writers = config.ingest.clone();
     collector.storage = config.storage.clone();
+    collector.require_agent_tokens = config.agents.require_token;
+    collector.tls = config.tls.server_config()?;
+    if collector.tls.is_none() && !config.grpc_listen.ip().is_loopback() {
+        tracing::warn!(grpc = %config.grpc_listen,
+            "gRPC is plaintext ([tls] cert_file unset): samples and agent tokens cross the network in the clear");
+    }
+    if !config.agents.require_token && !config.grpc_listen.ip().is_loopback() {
+        tracing::warn!(grpc = %config.grpc_listen,
+            "agents need no token ([agents] require_token = false): anyone who reaches this port can send samples");
+    }
     if let (Some(alerting), Some(path)) = (collector.alerting.clone(), rules_path) {
         tokio::spawn(reload_on_sighup(alerting, path));
     }

@@ -40,6 +40,7 @@ pub struct CollectorMetrics {
     process_samples: AtomicU64,
     events: AtomicU64,
     storage_errors: AtomicU64,
+    auth_failures: AtomicU64,
     open_streams: AtomicI64,
     write_buckets: [AtomicU64; WRITE_BUCKETS.len()],
     write_count: AtomicU64,
@@ -92,6 +93,12 @@ impl CollectorMetrics {
 
     pub fn storage_error(&self) {
         self.storage_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A gRPC call refused for its token (missing, unknown, revoked, for
+    /// another node, or from a peer that failed too often).
+    pub fn auth_failure(&self) {
+        self.auth_failures.fetch_add(1, Ordering::Relaxed);
     }
 
     /// One batch write (validate excluded, commit included).
@@ -192,6 +199,13 @@ impl CollectorMetrics {
             "counter",
             "Database operations that failed during ingest.",
             &[("", get(&self.storage_errors).to_string())],
+        );
+        family(
+            &mut out,
+            "headroom_collector_agent_auth_failures_total",
+            "counter",
+            "Agent gRPC calls refused for their token: missing, unknown, revoked, for another node, or from a peer locked out after repeated failures.",
+            &[("", get(&self.auth_failures).to_string())],
         );
         family(
             &mut out,

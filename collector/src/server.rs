@@ -8,12 +8,13 @@ use headroom_proto::v1::ingest_server::IngestServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::ServerTlsConfig;
 
 use crate::alerts::{Alerting, AlertingError};
 use crate::clock::Clock;
 use crate::http::{self, AppState};
 use crate::ingest::validate::Limits;
-use crate::ingest::{Coalescer, IngestService, WriterConfig};
+use crate::ingest::{AgentAuth, Coalescer, IngestService, WriterConfig};
 use crate::metrics::CollectorMetrics;
 use crate::rules::config::RulesConfig;
 use crate::store::Store;
@@ -42,6 +43,10 @@ pub struct Collector {
     pub writers: WriterConfig,
     /// How often maintenance runs (the store holds the retention it applies).
     pub storage: StorageConfig,
+    /// Refuse agents without an enrolled token.
+    pub require_agent_tokens: bool,
+    /// Serve gRPC over TLS (mutual when it names a client CA).
+    pub tls: Option<ServerTlsConfig>,
 }
 
 impl Collector {
@@ -54,6 +59,8 @@ impl Collector {
             alerting: None,
             writers: WriterConfig::default(),
             storage: StorageConfig::default(),
+            require_agent_tokens: false,
+            tls: None,
         }
     }
 
@@ -71,6 +78,8 @@ impl Collector {
             alerting: Some(alerting),
             writers: WriterConfig::default(),
             storage: StorageConfig::default(),
+            require_agent_tokens: false,
+            tls: None,
         })
     }
 
@@ -97,15 +106,25 @@ impl Collector {
             stopped.clone(),
         ));
         let writers = Coalescer::start(self.store.clone(), &self.writers, metrics.clone());
+        let auth = Arc::new(AgentAuth::new(
+            self.store.clone(),
+            self.require_agent_tokens,
+            metrics.clone(),
+        ));
         let ingest = IngestService::new(
             self.store.clone(),
+            auth,
             writers,
             self.limits.clone(),
             self.clock.clone(),
             self.alerting.clone(),
             metrics.clone(),
         );
-        let grpc_server = tonic::transport::Server::builder()
+        let mut grpc_server = tonic::transport::Server::builder();
+        if let Some(tls) = self.tls {
+            grpc_server = grpc_server.tls_config(tls)?;
+        }
+        let grpc_server = grpc_server
             .add_service(
                 IngestServer::new(ingest).max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES),
             )

@@ -261,6 +261,8 @@ async fn main() {
             headroom_agent::start(
                 AgentSettings {
                     spool: None,
+                    tls: None,
+                    token: None,
                     collector_url: collector.grpc_url(),
                     node: node.name.clone(),
                     boot_id: format!("bench-{}", now_ms()),

@@ -73,6 +73,8 @@ fn start_agent(collector: &RunningCollector, scenario: &str) -> AgentHandle {
     headroom_agent::start(
         AgentSettings {
             spool: None,
+            tls: None,
+            token: None,
             collector_url: collector.grpc_url(),
             node: "oom-node".into(),
             boot_id: "boot-1".into(),
@@ -348,6 +350,8 @@ memory = { shape = "steady", level = "77GiB" }
     let agent = headroom_agent::start(
         AgentSettings {
             spool: None,
+            tls: None,
+            token: None,
             collector_url: collector.grpc_url(),
             node: "full-node".into(),
             boot_id: "b".into(),

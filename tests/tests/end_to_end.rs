@@ -106,6 +106,8 @@ fn promtool_check(exposition: &str) {
 fn settings(collector_url: String) -> AgentSettings {
     AgentSettings {
         spool: None,
+        tls: None,
+        token: None,
         collector_url,
         node: "e2e-node".into(),
         boot_id: "e2e-boot".into(),

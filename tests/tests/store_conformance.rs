@@ -850,6 +850,50 @@ async fn a_group_of_batches_gets_one_outcome_each(store: Arc<dyn Store>) {
     assert_eq!(store.write_batches(&[]).await.unwrap(), vec![]);
 }
 
+async fn agent_tokens_are_enrolled_listed_and_revoked(store: Arc<dyn Store>) {
+    let one = store
+        .create_agent_token(Some("node-a"), "hash-a", "hra_0123abcd", 1_000)
+        .await
+        .unwrap();
+    let any = store
+        .create_agent_token(None, "hash-any", "hra_4567ef01", 2_000)
+        .await
+        .unwrap();
+    assert_ne!(one, any);
+    let duplicate = store
+        .create_agent_token(Some("node-b"), "hash-a", "hra_0123abcd", 3_000)
+        .await;
+    assert!(duplicate.is_err(), "a token hash is unique");
+
+    let active = store.active_agent_tokens().await.unwrap();
+    assert_eq!(active.len(), 2);
+    assert!(
+        active
+            .iter()
+            .any(|t| t.token_sha256 == "hash-any" && t.node.is_none())
+    );
+
+    assert!(store.revoke_agent_token(one, 5_000).await.unwrap());
+    assert!(
+        !store.revoke_agent_token(one, 6_000).await.unwrap(),
+        "already revoked"
+    );
+    assert!(
+        !store.revoke_agent_token(9_999, 6_000).await.unwrap(),
+        "no such token"
+    );
+    let active = store.active_agent_tokens().await.unwrap();
+    assert_eq!(active.len(), 1);
+    assert_eq!(active[0].token_sha256, "hash-any");
+
+    let listed = store.agent_tokens().await.unwrap();
+    assert_eq!(listed.len(), 2);
+    assert_eq!(listed[0].node.as_deref(), Some("node-a"));
+    assert_eq!(listed[0].hint, "hra_0123abcd");
+    assert_eq!(listed[0].revoked_at_ms, Some(5_000));
+    assert_eq!(listed[1].revoked_at_ms, None);
+}
+
 async fn sqlite_store() -> (Arc<dyn Store>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("conformance.db").display());
@@ -899,4 +943,5 @@ conformance!(
     retention_drops_raw_samples_and_rollups_keep_the_peak,
     a_group_of_batches_gets_one_outcome_each,
     steady_processes_are_stored_every_second_and_changes_show_at_once,
+    agent_tokens_are_enrolled_listed_and_revoked,
 );

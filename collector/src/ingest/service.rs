@@ -16,6 +16,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::auth::AgentAuth;
 use super::coalesce::{Coalescer, WriteError, Written};
 use super::validate::{self, Limits};
 use crate::alerts::Alerting;
@@ -29,6 +30,7 @@ type SessionKey = (String, String);
 #[derive(Debug)]
 struct Inner {
     store: Arc<dyn Store>,
+    auth: Arc<AgentAuth>,
     writers: Coalescer,
     limits: Limits,
     clock: Clock,
@@ -45,6 +47,7 @@ pub struct IngestService {
 impl IngestService {
     pub fn new(
         store: Arc<dyn Store>,
+        auth: Arc<AgentAuth>,
         writers: Coalescer,
         limits: Limits,
         clock: Clock,
@@ -54,6 +57,7 @@ impl IngestService {
         Self {
             inner: Arc::new(Inner {
                 store,
+                auth,
                 writers,
                 limits,
                 clock,
@@ -198,7 +202,14 @@ impl Ingest for IngestService {
         &self,
         request: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
+        let peer = request.remote_addr().map(|a| a.ip());
+        let caller = self
+            .inner
+            .auth
+            .authenticate(request.metadata(), peer)
+            .await?;
         let request = request.into_inner();
+        self.inner.auth.check_node(&caller, &request.node, peer)?;
         let registration =
             validate::registration(&request, &self.inner.limits).map_err(|invalid| {
                 tracing::warn!(node = %request.node, reason = %invalid, "rejected registration");
@@ -234,6 +245,12 @@ impl Ingest for IngestService {
         &self,
         request: Request<Streaming<pb::Batch>>,
     ) -> Result<Response<Self::StreamStream>, Status> {
+        let peer = request.remote_addr().map(|a| a.ip());
+        let caller = self
+            .inner
+            .auth
+            .authenticate(request.metadata(), peer)
+            .await?;
         let mut batches = request.into_inner();
         // Small: an agent cannot run far ahead of what the database commits,
         // which is how a slow database slows agents down.
@@ -244,7 +261,15 @@ impl Ingest for IngestService {
             let _open = StreamOpen(inner.metrics.clone());
             while let Some(batch) = batches.next().await {
                 let result = match batch {
-                    Ok(batch) => inner.ingest(batch).await,
+                    Ok(batch) => match inner
+                        .auth
+                        .still_valid(&caller, peer)
+                        .await
+                        .and_then(|()| inner.auth.check_node(&caller, &batch.node, peer))
+                    {
+                        Ok(()) => inner.ingest(batch).await,
+                        Err(refused) => Err(refused),
+                    },
                     Err(status) => {
                         tracing::debug!(%status, "agent stream ended with an error");
                         return;

@@ -6,6 +6,7 @@ pub mod alerts;
 mod postgres;
 pub mod rollup;
 mod sqlite;
+pub mod tokens;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use serde::Serialize;
 pub use alerts::AlertStore;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
+pub use tokens::TokenStore;
 
 use crate::model::{DeviceMeta, NodeSession, Registration, StoreBatch, WriteOutcome};
 use rollup::{MaintenanceReport, StorageConfig, Watermarks};
@@ -33,7 +35,7 @@ pub enum StoreError {
 }
 
 #[async_trait]
-pub trait Store: AlertStore + Send + Sync + std::fmt::Debug + 'static {
+pub trait Store: AlertStore + TokenStore + Send + Sync + std::fmt::Debug + 'static {
     /// Records a node's (re)registration and its current inventory; devices the
     /// node no longer reports are marked absent, not deleted.
     async fn register(

@@ -117,6 +117,8 @@ async fn load_session(
     Ok(session_from(node_id, node, boot_id, committed_seq, rows))
 }
 
+crate::store::tokens::impl_token_store!(SqliteStore);
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn register(&self, reg: &Registration, now_ms: i64) -> Result<NodeSession, StoreError> {
