@@ -431,6 +431,25 @@ mod tests {
         assert!(err.contains("spool_max_mib = 16"), "{err}");
     }
 
+    mod properties {
+        use super::*;
+
+        proptest::proptest! {
+            #[test]
+            fn any_file_text_loads_or_names_the_file(text in proptest::prelude::any::<String>()) {
+                if let Err(error) = AgentConfig::from_toml(&text, Path::new("/etc/headroom/agent.toml"))
+                    .and_then(|config| config.validate().map(|()| config))
+                {
+                    let message = error.to_string();
+                    proptest::prop_assert!(
+                        message.contains("agent.toml") || message.starts_with("invalid configuration"),
+                        "{}", message
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn real_gpus_are_the_default_source() {
         let config = AgentConfig::load(None, Overrides::default()).unwrap();

@@ -14,6 +14,8 @@
 mod cgroup;
 pub mod process;
 #[cfg(test)]
+mod properties;
+#[cfg(test)]
 mod tests;
 mod users;
 

@@ -356,3 +356,49 @@ fn two_agents_cannot_share_a_spool() {
     let err = Spool::open(config).unwrap_err();
     assert!(matches!(err, OutboxError::Locked(_)), "{err}");
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Whatever a segment file holds, the spool opens, replays what it
+        /// can read in order, and goes on appending.
+        #[test]
+        fn the_spool_opens_over_any_segment_bytes(
+            good in 0usize..20,
+            cut in any::<prop::sample::Index>(),
+            garbage in proptest::collection::vec(any::<u8>(), 0..256),
+            flip in proptest::option::of((any::<prop::sample::Index>(), 1u8..=255)),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let config = spool_config(dir.path());
+            {
+                let mut outbox = spool(&config);
+                outbox.push_register(registration("550")).unwrap();
+                for i in 0..good {
+                    outbox.push_batch(batch(i as i64)).unwrap();
+                }
+            }
+            for path in segment_files(dir.path()) {
+                let mut bytes = std::fs::read(&path).unwrap();
+                bytes.truncate(cut.index(bytes.len() + 1));
+                if let Some((at, mask)) = flip && !bytes.is_empty() {
+                    let i = at.index(bytes.len());
+                    bytes[i] ^= mask;
+                }
+                bytes.extend_from_slice(&garbage);
+                std::fs::write(&path, bytes).unwrap();
+            }
+            let mut outbox = spool(&config);
+            outbox.push_register(registration("560")).unwrap();
+            outbox.push_batch(batch(1000)).unwrap();
+            outbox.start_session().unwrap();
+            let sent = intervals(&drain(&mut outbox).0);
+            prop_assert_eq!(sent.last().copied(), Some(1000));
+            prop_assert!(sent.windows(2).all(|w| w[0] < w[1]), "{:?}", sent);
+            prop_assert!(sent.len() <= good + 1);
+        }
+    }
+}
