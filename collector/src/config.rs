@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 use crate::ingest::WriterConfig;
+use crate::ingest::validate::Limits;
 use crate::store::rollup::StorageConfig;
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -29,6 +30,9 @@ pub struct CollectorConfig {
     pub agents: AgentsConfig,
     /// TLS for the gRPC port.
     pub tls: TlsConfig,
+    /// Bounds on what one agent may send; more is refused with
+    /// `INVALID_ARGUMENT` and counted.
+    pub limits: Limits,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -92,6 +96,7 @@ impl Default for CollectorConfig {
             storage: StorageConfig::default(),
             agents: AgentsConfig::default(),
             tls: TlsConfig::default(),
+            limits: Limits::default(),
         }
     }
 }
@@ -155,6 +160,7 @@ impl CollectorConfig {
             .problem()
             .or_else(|| config.ingest.problem())
             .or_else(|| config.tls.problem())
+            .or_else(|| config.limits.problem())
         {
             return Err(match file {
                 Some(path) => ConfigError::Parse {
@@ -191,6 +197,24 @@ mod tests {
         assert_eq!(config.http_listen.port(), 9999);
         assert!(config.agents.require_token, "the example is a real fleet's");
         assert!(config.tls.cert_file.is_some());
+    }
+
+    #[test]
+    fn limits_load_from_the_file_and_a_too_short_age_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[limits]\nmax_future_skew_ms = 60000\n").unwrap();
+        let config = CollectorConfig::load(Some(&path), Overrides::default()).unwrap();
+        assert_eq!(config.limits.max_future_skew_ms, 60_000);
+        assert_eq!(config.limits.max_age_ms, Limits::default().max_age_ms);
+        std::fs::write(&path, "[limits]\nmax_age_ms = 1000\n").unwrap();
+        let err = CollectorConfig::load(Some(&path), Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("max_age_ms") && err.contains("c.toml"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -206,6 +206,7 @@ async fn serve(config: CollectorConfig, rules_path: Option<PathBuf>) -> anyhow::
     collector.writers = config.ingest.clone();
     collector.storage = config.storage.clone();
     collector.require_agent_tokens = config.agents.require_token;
+    collector.limits = config.limits.clone();
     collector.tls = config.tls.server_config()?;
     if collector.tls.is_none() && !config.grpc_listen.ip().is_loopback() {
         tracing::warn!(grpc = %config.grpc_listen,

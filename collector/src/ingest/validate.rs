@@ -11,9 +11,11 @@ use crate::model::{
     Registration, StoreBatch,
 };
 
-/// Bounds on what one agent may send. The defaults fit the largest real
-/// nodes (8–16 GPUs, 7 MIG instances each, hundreds of processes) with room.
-#[derive(Debug, Clone, PartialEq)]
+/// Bounds on what one agent may send (`[limits]` in the collector's
+/// configuration). The defaults fit the largest real nodes (8–16 GPUs, 7 MIG
+/// instances each, hundreds of processes) with room.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct Limits {
     pub max_devices: usize,
     pub max_samples_per_batch: usize,
@@ -21,8 +23,37 @@ pub struct Limits {
     pub max_name_len: usize,
     /// How far ahead of the collector's clock a sample may be.
     pub max_future_skew_ms: i64,
-    /// How old a sample may be (a long outage's replay still fits).
+    /// How old a sample may be: keep it above the span an agent's spool
+    /// holds (about four days at the defaults), or a long outage's replay
+    /// is refused.
     pub max_age_ms: i64,
+}
+
+impl Limits {
+    /// What is wrong with these limits, if anything.
+    pub fn problem(&self) -> Option<String> {
+        if self.max_devices == 0 || self.max_samples_per_batch == 0 {
+            return Some(
+                "[limits] max_devices and max_samples_per_batch must be at least 1".into(),
+            );
+        }
+        if self.max_id_len < 64 || self.max_name_len < 64 {
+            return Some(
+                "[limits] max_id_len and max_name_len must be at least 64 (a container id is 64 bytes)"
+                    .into(),
+            );
+        }
+        if self.max_future_skew_ms < 1000 {
+            return Some("[limits] max_future_skew_ms must be at least 1000".into());
+        }
+        if self.max_age_ms < 3_600_000 {
+            return Some(
+                "[limits] max_age_ms must be at least 3600000 (an hour): agents replay what they spooled"
+                    .into(),
+            );
+        }
+        None
+    }
 }
 
 impl Default for Limits {
