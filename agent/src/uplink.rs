@@ -50,6 +50,10 @@ enum SessionError {
     Connect(#[from] tonic::transport::Error),
     #[error("collector refused: {0}")]
     Status(#[from] tonic::Status),
+    /// The batch stream ended with this status: the collector's verdict on
+    /// the oldest batch it had not acknowledged.
+    #[error("collector ended the stream: {0}")]
+    Stream(tonic::Status),
     #[error("the collector closed the stream")]
     Closed,
     #[error(transparent)]
@@ -156,8 +160,9 @@ impl Uplink {
             };
             // The collector processes a stream in order, so the batch it
             // rejected is the oldest one it has not acknowledged. Resending it
-            // would fail forever.
-            if let SessionError::Status(status) = &error
+            // would fail forever. A refused registration drops nothing: the
+            // batches wait until the operator fixes the limit or inventory.
+            if let SessionError::Stream(status) = &error
                 && status.code() == Code::InvalidArgument
             {
                 match self.outbox.reject_oldest() {
@@ -252,8 +257,14 @@ impl Uplink {
             {
                 match self.outbox.next_unsent()? {
                     Some(Record::Batch(batch)) => {
-                        outbound.try_send(batch).map_err(|_| SessionError::Closed)?;
+                        if outbound.try_send(batch).is_err() {
+                            // The collector ended the call; its status says why.
+                            return Err(self.final_status(&mut acks, &registration.boot_id).await);
+                        }
                     }
+                    // Every spool segment starts with the registration it was
+                    // written under; the same one again needs no round trip.
+                    Some(Record::Register(r)) if r == registration => {}
                     Some(Record::Register(r)) => next_registration = Some(r),
                     None => break,
                 }
@@ -272,7 +283,7 @@ impl Uplink {
             }
             tokio::select! {
                 changed = shutdown.changed() => if changed.is_err() || *shutdown.borrow() { return Ok(SessionEnd::Shutdown) },
-                ack = acks.message() => match ack? {
+                ack = acks.message() => match ack.map_err(SessionError::Stream)? {
                     Some(ack) => {
                         self.outbox.ack(&registration.boot_id, ack.committed_seq)?;
                         self.report_queue();
@@ -280,6 +291,27 @@ impl Uplink {
                     None => return Err(SessionError::Closed),
                 },
                 interval = intervals.recv(), if self.input_open => self.accept(interval),
+            }
+        }
+    }
+
+    /// Reads what is left of a stream the collector ended: acks still in
+    /// flight, then the status that ended it.
+    async fn final_status(
+        &mut self,
+        acks: &mut tonic::Streaming<pb::Ack>,
+        stream: &str,
+    ) -> SessionError {
+        loop {
+            match acks.message().await {
+                Ok(Some(ack)) => {
+                    if let Err(error) = self.outbox.ack(stream, ack.committed_seq) {
+                        return error.into();
+                    }
+                    self.report_queue();
+                }
+                Ok(None) => return SessionError::Closed,
+                Err(status) => return SessionError::Stream(status),
             }
         }
     }

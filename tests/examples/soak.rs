@@ -177,7 +177,10 @@ async fn main() {
             committed_before_restart = committed(&http).await;
             let _ = collector.kill();
             let _ = collector.wait();
-            println!("| {} | (collector SIGKILLed) | | |", started.elapsed().as_secs());
+            println!(
+                "| {} | (collector SIGKILLed) | | |",
+                started.elapsed().as_secs()
+            );
             tokio::time::sleep(Duration::from_secs(5)).await;
             collector = start_collector(&db.url, &grpc, &http, &log);
             restarted = true;

@@ -142,9 +142,15 @@ impl Spool {
         let mut segments = VecDeque::new();
         let mut corrupt_segments = 0;
         let mut newest: Option<Scan> = None;
+        // Damage (not a torn write) in the newest file may have hidden its
+        // latest sequence reservation.
+        let mut newest_damaged = false;
         for (index, number) in numbers.iter().enumerate() {
             let path = segment_path(&dir, *number);
             let mut scan = scan_segment(&path).map_err(OutboxError::io(&path))?;
+            if index + 1 == numbers.len() {
+                newest_damaged = matches!(scan.problem, Some((_, false)));
+            }
             // Only the newest segment can end in a torn write: a segment is
             // synced before the next one is created.
             if index + 1 < numbers.len()
@@ -196,7 +202,13 @@ impl Spool {
             newest = Some(scan);
         }
 
-        let continued = newest.and_then(|scan| {
+        if newest_damaged {
+            tracing::error!(
+                "the newest spool segment is damaged and may have hidden a sequence reservation; \
+                 starting a new stream (older batches are replayed under their own)"
+            );
+        }
+        let continued = newest.filter(|_| !newest_damaged).and_then(|scan| {
             let head = scan.head?;
             let reserved = scan.reserved_through?;
             Some((head.boot_id, reserved, scan.latest_registration))
@@ -474,8 +486,12 @@ impl RecordLog for Spool {
         if let Some(segment) = self.segments.back_mut() {
             segment.batches += 1;
         }
-        if self.last_sync.elapsed() >= self.config.fsync_interval {
-            self.sync()?;
+        if self.last_sync.elapsed() >= self.config.fsync_interval
+            && let Err(error) = self.sync()
+        {
+            // The batch is written and will be sent; only its durability
+            // against a host crash is in doubt.
+            tracing::warn!(%error, "cannot sync the spool");
         }
         Ok(())
     }

@@ -307,6 +307,48 @@ fn a_corrupt_segment_is_cut_at_its_last_good_record_and_counted() {
 }
 
 #[test]
+fn damage_in_the_newest_segment_starts_a_new_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = spool_config(dir.path());
+    let (stream, last) = {
+        let mut outbox = spool(&config);
+        outbox.push_register(registration("550")).unwrap();
+        let last = (1..=20)
+            .map(|i| outbox.push_batch(batch(i)).unwrap())
+            .last();
+        (outbox.stream_id().to_owned(), last.unwrap())
+    };
+    let newest = segment_files(dir.path()).pop().unwrap();
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let at = bytes.len() - 30;
+    bytes[at] ^= 0x5a;
+    std::fs::write(&newest, bytes).unwrap();
+
+    let mut outbox = spool(&config);
+    assert_ne!(
+        outbox.stream_id(),
+        stream,
+        "its reservation cannot be trusted"
+    );
+    outbox.push_register(registration("550")).unwrap();
+    assert_eq!(
+        outbox.push_batch(batch(21)).unwrap(),
+        1,
+        "a new stream counts from 1"
+    );
+    // What survived of the old stream still goes out, under its own id.
+    outbox.start_session().unwrap();
+    let mut streams = Vec::new();
+    while let Some(record) = outbox.next_unsent().unwrap() {
+        if let Record::Batch(b) = record {
+            streams.push((b.boot_id, b.seq));
+        }
+    }
+    assert!(streams.iter().any(|(s, seq)| *s == stream && *seq < last));
+    assert_eq!(streams.last().unwrap().1, 1);
+}
+
+#[test]
 fn a_torn_last_write_is_cut_quietly_and_appending_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let config = spool_config(dir.path());

@@ -120,32 +120,66 @@ impl AgentAuth {
                 node: None,
             });
         };
-        if let Some(ip) = peer
-            && let Some(wait) = self.locked_out(ip)
-        {
+        let locked_out = peer.and_then(|ip| self.locked_out(ip).map(|wait| (ip, wait)));
+        let lockout = |(ip, wait): (IpAddr, Duration)| {
             self.metrics.auth_failure();
-            return Err(Status::unauthenticated(format!(
+            Status::unauthenticated(format!(
                 "too many failed attempts from {ip}; retry in {} s",
                 wait.as_secs().max(1)
-            )));
-        }
+            ))
+        };
         let Some(value) = metadata.get("authorization") else {
-            return Err(self.refuse(peer, "no agent token (`authorization: Bearer …` metadata)"));
+            return Err(match locked_out {
+                Some(lock) => lockout(lock),
+                None => self.refuse(peer, "no agent token (`authorization: Bearer …` metadata)"),
+            });
         };
         let Some(token) = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")) else {
-            return Err(self.refuse(
-                peer,
-                "malformed authorization metadata (want `Bearer <token>`)",
-            ));
+            return Err(match locked_out {
+                Some(lock) => lockout(lock),
+                None => self.refuse(
+                    peer,
+                    "malformed authorization metadata (want `Bearer <token>`)",
+                ),
+            });
         };
         let hash = token_sha256(token.trim());
-        match self.lookup(store, &hash).await? {
-            Some(node) => Ok(Caller {
-                token_sha256: Some(hash),
-                node,
-            }),
-            None => Err(self.refuse(peer, "unknown or revoked agent token")),
-        }
+        // A lockout slows guessing; it must not shut out a valid token that
+        // shares the address (a NAT, a node whose users send junk).
+        let node = match locked_out {
+            Some(lock) => {
+                // At most one reload per refresh interval while locked out,
+                // so a token enrolled meanwhile still gets in.
+                let stale = self
+                    .cache
+                    .read()
+                    .map(|c| c.loaded_at.is_none_or(|at| at.elapsed() >= REFRESH))
+                    .unwrap_or(true);
+                if self.cached(&hash).is_none() && stale {
+                    self.reload(store).await?;
+                }
+                match self.cached(&hash) {
+                    Some(node) => node,
+                    None => return Err(lockout(lock)),
+                }
+            }
+            None => match self.lookup(store, &hash).await? {
+                Some(node) => node,
+                None => return Err(self.refuse(peer, "unknown or revoked agent token")),
+            },
+        };
+        Ok(Caller {
+            token_sha256: Some(hash),
+            node,
+        })
+    }
+
+    /// The token's node from the cache alone, without reloading.
+    fn cached(&self, hash: &str) -> Option<Option<String>> {
+        self.cache
+            .read()
+            .ok()
+            .and_then(|cache| cache.by_hash.get(hash).cloned())
     }
 
     /// Refuses a call that speaks for a node its token is not for.
@@ -253,12 +287,18 @@ impl AgentAuth {
             tracing::warn!(reason, "refused an agent call");
             return;
         };
+        let ip = peer_key(ip);
         let Ok(mut failures) = self.failures.lock() else {
             return;
         };
         let now = Instant::now();
-        if failures.len() >= MAX_TRACKED_PEERS {
+        if failures.len() >= MAX_TRACKED_PEERS && !failures.contains_key(&ip) {
             failures.retain(|_, w| now.duration_since(w.started) < FAILURE_WINDOW);
+            if failures.len() >= MAX_TRACKED_PEERS {
+                // Full of live windows: log and count, but track no more.
+                tracing::warn!(peer = %ip, reason, "refused an agent call");
+                return;
+            }
         }
         let window = failures.entry(ip).or_insert(FailureWindow {
             started: now,
@@ -281,10 +321,22 @@ impl AgentAuth {
     /// How long `ip` stays locked out, if it is.
     fn locked_out(&self, ip: IpAddr) -> Option<Duration> {
         let failures = self.failures.lock().ok()?;
-        let window = failures.get(&ip)?;
+        let window = failures.get(&peer_key(ip))?;
         let elapsed = window.started.elapsed();
         (window.failures >= MAX_FAILURES && elapsed < FAILURE_WINDOW)
             .then(|| FAILURE_WINDOW - elapsed)
+    }
+}
+
+/// One IPv6 host holds a whole /64: key its failures by the prefix, so
+/// rotating addresses within it neither escapes the lockout nor fills the map.
+fn peer_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
     }
 }
 
