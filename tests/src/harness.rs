@@ -83,6 +83,17 @@ impl RunningCollector {
         response.json().await.unwrap()
     }
 
+    /// Waits until some device shows a current sample: an agent got through.
+    pub async fn wait_for_samples(&self, what: &str) {
+        eventually(what, Duration::from_secs(30), || async {
+            let gpus = self.get_json("/api/v1/gpus").await;
+            gpus.as_array()
+                .is_some_and(|list| list.iter().any(|d| !d["latest"].is_null()))
+                .then_some(())
+        })
+        .await;
+    }
+
     pub async fn stop(self) {
         let _ = self.stop.send(());
         self.task.await.unwrap().unwrap();
@@ -125,5 +136,25 @@ where
         }
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Settings for an in-process agent serving `node` of a scenario to
+/// `collector_url`: memory outbox, no token, no TLS, no metrics, fast
+/// cadence. Tests change what they test with struct update syntax.
+pub fn sim_agent_settings(collector_url: String, node: &str) -> headroom_agent::AgentSettings {
+    headroom_agent::AgentSettings {
+        collector_url,
+        node: node.to_owned(),
+        token: None,
+        tls: None,
+        spool: None,
+        boot_id: format!("test-run-{node}"),
+        poll_interval: Duration::from_millis(50),
+        sample_interval: Duration::from_millis(200),
+        max_pending_batches: 1000,
+        flush_above: 1.5,
+        metrics_listen: None,
+        allocator_socket: None,
     }
 }

@@ -17,7 +17,7 @@ use headroom_proto::v1 as pb;
 use headroom_proto::v1::ingest_client::IngestClient;
 use headroom_sim::Scenario;
 use headroom_tests::fixtures::{self, BOOT, NODE, now_ms};
-use headroom_tests::harness::{RunningCollector, built, eventually};
+use headroom_tests::harness::{RunningCollector, built, sim_agent_settings};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
@@ -234,32 +234,15 @@ async fn a_peer_that_keeps_failing_is_locked_out_but_a_valid_token_still_gets_in
 async fn the_agent_presents_its_token() {
     let f = collector_requiring_tokens().await;
     let (_, token) = enrol(f.store.as_ref(), Some("gpu-node-01")).await;
-    let scenario = Scenario::demo();
     let agent = headroom_agent::start(
         AgentSettings {
-            collector_url: f.collector.grpc_url(),
-            node: "gpu-node-01".into(),
             token: Some(AgentToken::new(&token).unwrap()),
-            spool: None,
-            tls: None,
-            boot_id: "auth-run".into(),
-            poll_interval: Duration::from_millis(50),
-            sample_interval: Duration::from_millis(200),
-            max_pending_batches: 100,
-            flush_above: 0.9,
-            metrics_listen: None,
-            allocator_socket: None,
+            ..sim_agent_settings(f.collector.grpc_url(), "gpu-node-01")
         },
-        Box::new(SimSource::new(&scenario, "gpu-node-01").unwrap()),
+        Box::new(SimSource::new(&Scenario::demo(), "gpu-node-01").unwrap()),
     )
     .unwrap();
-    eventually("the agent's samples", Duration::from_secs(30), || async {
-        let gpus = f.collector.get_json("/api/v1/gpus").await;
-        gpus.as_array()
-            .is_some_and(|list| list.iter().any(|d| !d["latest"].is_null()))
-            .then_some(())
-    })
-    .await;
+    f.collector.wait_for_samples("the agent's samples").await;
     agent.stop().await;
     f.collector.stop().await;
 }

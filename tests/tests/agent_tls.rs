@@ -15,7 +15,7 @@ use headroom_collector::config::TlsConfig;
 use headroom_proto::v1::ingest_client::IngestClient;
 use headroom_sim::Scenario;
 use headroom_tests::fixtures::{self, BOOT, NODE};
-use headroom_tests::harness::{RunningCollector, eventually};
+use headroom_tests::harness::{RunningCollector, sim_agent_settings};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
@@ -132,32 +132,15 @@ async fn registers(url: &str, tls: Option<ClientTlsConfig>) -> Result<(), String
 }
 
 async fn agent_streams(c: &RunningCollector, tls: ClientTlsConfig) {
-    let scenario = Scenario::demo();
     let agent = headroom_agent::start(
         AgentSettings {
-            collector_url: https_url(c),
-            node: "gpu-node-01".into(),
-            token: None,
             tls: Some(tls),
-            spool: None,
-            boot_id: "tls-run".into(),
-            poll_interval: Duration::from_millis(50),
-            sample_interval: Duration::from_millis(200),
-            max_pending_batches: 100,
-            flush_above: 0.9,
-            metrics_listen: None,
-            allocator_socket: None,
+            ..sim_agent_settings(https_url(c), "gpu-node-01")
         },
-        Box::new(SimSource::new(&scenario, "gpu-node-01").unwrap()),
+        Box::new(SimSource::new(&Scenario::demo(), "gpu-node-01").unwrap()),
     )
     .unwrap();
-    eventually("samples over TLS", Duration::from_secs(30), || async {
-        let gpus = c.get_json("/api/v1/gpus").await;
-        gpus.as_array()
-            .is_some_and(|list| list.iter().any(|d| !d["latest"].is_null()))
-            .then_some(())
-    })
-    .await;
+    c.wait_for_samples("samples over TLS").await;
     agent.stop().await;
 }
 

@@ -12,7 +12,7 @@ use headroom_agent::{AgentHandle, AgentSettings};
 use headroom_collector::Collector;
 use headroom_collector::ingest::validate::Limits;
 use headroom_sim::Scenario;
-use headroom_tests::harness::{RunningCollector, eventually};
+use headroom_tests::harness::{RunningCollector, eventually, sim_agent_settings};
 
 async fn collector_with(limits: Limits) -> (RunningCollector, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
@@ -24,23 +24,14 @@ async fn collector_with(limits: Limits) -> (RunningCollector, tempfile::TempDir)
 }
 
 fn start_agent(c: &RunningCollector) -> AgentHandle {
-    let scenario = Scenario::demo();
     headroom_agent::start(
         AgentSettings {
-            collector_url: c.grpc_url(),
-            node: "gpu-node-01".into(),
-            token: None,
-            tls: None,
-            spool: None,
-            boot_id: "refusals".into(),
             poll_interval: Duration::from_millis(20),
             sample_interval: Duration::from_millis(100),
-            max_pending_batches: 1000,
-            flush_above: 1.5,
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-            allocator_socket: None,
+            ..sim_agent_settings(c.grpc_url(), "gpu-node-01")
         },
-        Box::new(SimSource::new(&scenario, "gpu-node-01").unwrap()),
+        Box::new(SimSource::new(&Scenario::demo(), "gpu-node-01").unwrap()),
     )
     .unwrap()
 }

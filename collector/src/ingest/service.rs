@@ -5,6 +5,7 @@
 //! lose it.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 
@@ -16,7 +17,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::auth::AgentAuth;
+use super::auth::{AgentAuth, Caller};
 use super::coalesce::{Coalescer, WriteError, Written};
 use super::validate::{self, Limits};
 use crate::alerts::Alerting;
@@ -70,6 +71,13 @@ impl IngestService {
 }
 
 impl Inner {
+    /// Who sent `request`, by its token, and from where.
+    async fn caller<T>(&self, request: &Request<T>) -> Result<(Caller, Option<IpAddr>), Status> {
+        let peer = request.remote_addr().map(|a| a.ip());
+        let caller = self.auth.authenticate(request.metadata(), peer).await?;
+        Ok((caller, peer))
+    }
+
     fn cached(&self, key: &SessionKey) -> Option<Arc<NodeSession>> {
         self.sessions
             .read()
@@ -202,12 +210,7 @@ impl Ingest for IngestService {
         &self,
         request: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
-        let peer = request.remote_addr().map(|a| a.ip());
-        let caller = self
-            .inner
-            .auth
-            .authenticate(request.metadata(), peer)
-            .await?;
+        let (caller, peer) = self.inner.caller(&request).await?;
         let request = request.into_inner();
         self.inner.auth.check_node(&caller, &request.node, peer)?;
         let registration =
@@ -245,12 +248,7 @@ impl Ingest for IngestService {
         &self,
         request: Request<Streaming<pb::Batch>>,
     ) -> Result<Response<Self::StreamStream>, Status> {
-        let peer = request.remote_addr().map(|a| a.ip());
-        let caller = self
-            .inner
-            .auth
-            .authenticate(request.metadata(), peer)
-            .await?;
+        let (caller, peer) = self.inner.caller(&request).await?;
         let mut batches = request.into_inner();
         // Small: an agent cannot run far ahead of what the database commits,
         // which is how a slow database slows agents down.
