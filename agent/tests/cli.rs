@@ -80,7 +80,7 @@ fn example_config_in_deploy_parses() {
         config.collector_url,
         "https://collector.example.internal:50051"
     );
-    assert!(config.tls_ca_file.is_some() && config.token_file.is_some());
+    assert!(config.tls_ca_file.is_some());
 }
 
 #[test]
