@@ -50,17 +50,12 @@ impl RecordLog for MemoryLog {
         &self.stream_id
     }
 
-    fn append_register(
-        &mut self,
-        registration: &mut pb::RegisterRequest,
-    ) -> Result<(), OutboxError> {
-        registration.boot_id.clone_from(&self.stream_id);
+    fn append_register(&mut self, registration: &pb::RegisterRequest) -> Result<(), OutboxError> {
         self.push(Record::Register(registration.clone()));
         Ok(())
     }
 
     fn append_batch(&mut self, batch: &mut pb::Batch) -> Result<(), OutboxError> {
-        batch.boot_id.clone_from(&self.stream_id);
         batch.seq = self.next_seq;
         self.next_seq += 1;
         self.push(Record::Batch(batch.clone()));

@@ -71,15 +71,11 @@ pub struct LogStats {
 
 /// Where records wait: memory, or segment files on disk.
 pub trait RecordLog: Send + std::fmt::Debug {
-    /// The stream id records are stamped with (sent as the `boot_id`).
+    /// The stream the log's records belong to (sent as the `boot_id`);
+    /// the outbox stamps it on everything it appends.
     fn stream_id(&self) -> &str;
-    /// Stamps the registration with the stream id and appends it.
-    fn append_register(
-        &mut self,
-        registration: &mut pb::RegisterRequest,
-    ) -> Result<(), OutboxError>;
-    /// Stamps the batch with the stream id and its sequence number, and
-    /// appends it.
+    fn append_register(&mut self, registration: &pb::RegisterRequest) -> Result<(), OutboxError>;
+    /// Gives the batch its sequence number in the stream and appends it.
     fn append_batch(&mut self, batch: &mut pb::Batch) -> Result<(), OutboxError>;
     /// The oldest place that still holds data.
     fn first(&self) -> Position;
@@ -147,13 +143,15 @@ impl Outbox {
         &mut self,
         mut registration: pb::RegisterRequest,
     ) -> Result<(), OutboxError> {
-        self.log.append_register(&mut registration)?;
+        registration.boot_id = self.log.stream_id().to_owned();
+        self.log.append_register(&registration)?;
         self.after_append();
         Ok(())
     }
 
     /// Queues a batch; returns its sequence number.
     pub fn push_batch(&mut self, mut batch: pb::Batch) -> Result<u64, OutboxError> {
+        batch.boot_id = self.log.stream_id().to_owned();
         self.log.append_batch(&mut batch)?;
         self.after_append();
         Ok(batch.seq)

@@ -354,22 +354,25 @@ impl Spool {
 
     /// A reader positioned at `at`, reusing the open one when it is there.
     fn reader_at(&mut self, at: Position) -> Result<&mut Reader, OutboxError> {
-        let reusable = self
+        let open = self
             .reader
-            .as_ref()
-            .is_some_and(|r| r.number == at.segment && r.offset == at.offset);
-        if !reusable {
-            let path = segment_path(&self.config.dir, at.segment);
-            let mut file = File::open(&path).map_err(OutboxError::io(&path))?;
-            file.seek(SeekFrom::Start(at.offset))
-                .map_err(OutboxError::io(&path))?;
-            self.reader = Some(Reader {
-                number: at.segment,
-                offset: at.offset,
-                file: BufReader::new(file),
-            });
-        }
-        self.reader.as_mut().ok_or(OutboxError::NoRegistration)
+            .take()
+            .filter(|r| r.number == at.segment && r.offset == at.offset);
+        let reader = match open {
+            Some(reader) => reader,
+            None => {
+                let path = segment_path(&self.config.dir, at.segment);
+                let mut file = File::open(&path).map_err(OutboxError::io(&path))?;
+                file.seek(SeekFrom::Start(at.offset))
+                    .map_err(OutboxError::io(&path))?;
+                Reader {
+                    number: at.segment,
+                    offset: at.offset,
+                    file: BufReader::new(file),
+                }
+            }
+        };
+        Ok(self.reader.insert(reader))
     }
 }
 
@@ -452,11 +455,7 @@ impl RecordLog for Spool {
         &self.stream_id
     }
 
-    fn append_register(
-        &mut self,
-        registration: &mut pb::RegisterRequest,
-    ) -> Result<(), OutboxError> {
-        registration.boot_id.clone_from(&self.stream_id);
+    fn append_register(&mut self, registration: &pb::RegisterRequest) -> Result<(), OutboxError> {
         self.latest_registration = Some(registration.clone());
         if self.active.is_none() {
             // The new segment's head is this registration.
@@ -479,7 +478,6 @@ impl RecordLog for Spool {
             self.sync()?;
             self.reserved_through = reserved;
         }
-        batch.boot_id.clone_from(&self.stream_id);
         batch.seq = self.next_seq;
         self.write_record(Kind::Batch, &batch.encode_to_vec())?;
         self.next_seq += 1;
