@@ -150,11 +150,7 @@ impl AgentAuth {
             Some(lock) => {
                 // At most one reload per refresh interval while locked out,
                 // so a token enrolled meanwhile still gets in.
-                let stale = self
-                    .cache
-                    .read()
-                    .map(|c| c.loaded_at.is_none_or(|at| at.elapsed() >= REFRESH))
-                    .unwrap_or(true);
+                let stale = self.cache_age().is_none_or(|age| age >= REFRESH);
                 if self.cached(&hash).is_none() && stale {
                     self.reload(store).await?;
                 }
@@ -182,6 +178,15 @@ impl AgentAuth {
             .and_then(|cache| cache.by_hash.get(hash).cloned())
     }
 
+    /// How old the cached token list is; `None` before the first load.
+    fn cache_age(&self) -> Option<Duration> {
+        self.cache
+            .read()
+            .ok()
+            .and_then(|cache| cache.loaded_at)
+            .map(|at| at.elapsed())
+    }
+
     /// Refuses a call that speaks for a node its token is not for.
     pub fn check_node(
         &self,
@@ -205,20 +210,10 @@ impl AgentAuth {
         let (Some(store), Some(hash)) = (&self.store, &caller.token_sha256) else {
             return Ok(());
         };
-        let stale = self
-            .cache
-            .read()
-            .map(|c| c.loaded_at.is_none_or(|at| at.elapsed() >= REFRESH))
-            .unwrap_or(true);
-        if stale {
+        if self.cache_age().is_none_or(|age| age >= REFRESH) {
             self.reload(store).await?;
         }
-        let known = self
-            .cache
-            .read()
-            .map(|c| c.by_hash.contains_key(hash))
-            .unwrap_or(false);
-        if known {
+        if self.cached(hash).is_some() {
             Ok(())
         } else {
             Err(self.refuse(peer, "agent token revoked"))
@@ -230,12 +225,8 @@ impl AgentAuth {
         store: &Arc<dyn Store>,
         hash: &str,
     ) -> Result<Option<Option<String>>, Status> {
-        let (found, loaded_at) = match self.cache.read() {
-            Ok(cache) => (cache.by_hash.get(hash).cloned(), cache.loaded_at),
-            Err(_) => (None, None),
-        };
-        let age = loaded_at.map(|at| at.elapsed());
-        let reload = match (&found, age) {
+        let found = self.cached(hash);
+        let reload = match (&found, self.cache_age()) {
             (_, None) => true,
             (Some(_), Some(age)) => age >= REFRESH,
             (None, Some(age)) => age >= MISS_REFRESH,
@@ -244,21 +235,12 @@ impl AgentAuth {
             return Ok(found);
         }
         self.reload(store).await?;
-        Ok(self
-            .cache
-            .read()
-            .ok()
-            .and_then(|cache| cache.by_hash.get(hash).cloned()))
+        Ok(self.cached(hash))
     }
 
     async fn reload(&self, store: &Arc<dyn Store>) -> Result<(), Status> {
         let _one_at_a_time = self.reload.lock().await;
-        let fresh = self
-            .cache
-            .read()
-            .map(|c| c.loaded_at.is_some_and(|at| at.elapsed() < MISS_REFRESH))
-            .unwrap_or(false);
-        if fresh {
+        if self.cache_age().is_some_and(|age| age < MISS_REFRESH) {
             return Ok(());
         }
         let tokens = store.active_agent_tokens().await.map_err(|error| {
