@@ -158,3 +158,27 @@ pub fn sim_agent_settings(collector_url: String, node: &str) -> headroom_agent::
         allocator_socket: None,
     }
 }
+
+/// A child process that is killed and reaped when dropped, so a test that
+/// fails half-way leaves nothing running.
+#[derive(Debug)]
+pub struct KillOnDrop(pub std::process::Child);
+
+impl KillOnDrop {
+    /// Kills it now (SIGKILL), as a crash would.
+    pub fn kill(self) {
+        drop(self);
+    }
+
+    /// Whether it has not exited.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -17,19 +17,10 @@ use headroom_collector::clock::Clock;
 use headroom_collector::rules::config::RulesConfig;
 use headroom_collector::store::Store;
 use headroom_sim::Scenario;
-use headroom_tests::harness::{RunningCollector, built, eventually};
+use headroom_tests::harness::{KillOnDrop, RunningCollector, built, eventually};
 
 const NODE: &str = "alloc-node-01";
 const GIB: u64 = 1 << 30;
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn python_client_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python")
@@ -154,7 +145,7 @@ async fn pytorch_allocator_reports_reach_the_api_and_raise_alerts_with_remedies(
     );
     wait_ready(reporter.stdout.take().unwrap());
     let reporter_pid = reporter.id();
-    let reporter = Killed(reporter);
+    let reporter = KillOnDrop(reporter);
     let scenario_path = dir.path().join("scenario.toml");
     std::fs::write(&scenario_path, scenario(reporter_pid)).unwrap();
     assert_eq!(
@@ -183,7 +174,7 @@ async fn pytorch_allocator_reports_reach_the_api_and_raise_alerts_with_remedies(
 
     let log_path = dir.path().join("agent.log");
     let log = std::fs::File::create(&log_path).unwrap();
-    let agent = Killed(
+    let agent = KillOnDrop(
         Command::new(built("headroom-agent"))
             .args(["--source", "nvml", "--node-name", NODE])
             .arg("--nvml-library")
@@ -206,7 +197,7 @@ async fn pytorch_allocator_reports_reach_the_api_and_raise_alerts_with_remedies(
     let agent_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     let mut impostor = python(IMPOSTOR, &socket, &[], &[reporter_pid.to_string()]);
     drop(impostor.stdout.take());
-    let impostor = Killed(impostor);
+    let impostor = KillOnDrop(impostor);
 
     // The process list shows the reporter's allocator beside its NVML memory.
     let training = eventually(

@@ -11,11 +11,11 @@
 use std::fs::File;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use headroom_tests::fixtures::now_ms;
-use headroom_tests::harness::{built, eventually};
+use headroom_tests::harness::{KillOnDrop, built, eventually};
 use headroom_tests::postgres::Cluster;
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
@@ -24,26 +24,6 @@ const NODE: &str = "chaos-node";
 const SAMPLE_MS: i64 = 20;
 /// The collector's outage, in intervals.
 const OUTAGE_INTERVALS: i64 = 600;
-
-struct Killed(Child);
-
-impl Killed {
-    fn kill(mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-
-    fn is_running(&mut self) -> bool {
-        self.0.try_wait().unwrap().is_none()
-    }
-}
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -60,9 +40,9 @@ fn log_file(path: &Path) -> File {
         .unwrap()
 }
 
-fn start_collector(url: &str, grpc: SocketAddr, http: SocketAddr, log: &Path) -> Killed {
+fn start_collector(url: &str, grpc: SocketAddr, http: SocketAddr, log: &Path) -> KillOnDrop {
     let log = log_file(log);
-    Killed(
+    KillOnDrop(
         Command::new(built("headroom-collector"))
             .arg("serve")
             .args(["--grpc-listen", &grpc.to_string()])
@@ -76,9 +56,9 @@ fn start_collector(url: &str, grpc: SocketAddr, http: SocketAddr, log: &Path) ->
     )
 }
 
-fn start_agent(grpc: SocketAddr, metrics: SocketAddr, spool: &Path, log: &Path) -> Killed {
+fn start_agent(grpc: SocketAddr, metrics: SocketAddr, spool: &Path, log: &Path) -> KillOnDrop {
     let log = log_file(log);
-    Killed(
+    KillOnDrop(
         Command::new(built("headroom-agent"))
             .args(["--source", "sim", "--sim-node", "gpu-node-01"])
             .args(["--node-name", NODE])

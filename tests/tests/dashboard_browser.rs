@@ -10,19 +10,10 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use headroom_tests::harness::built;
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use headroom_tests::harness::{KillOnDrop, built};
 
 fn browser_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("browser")
@@ -64,7 +55,7 @@ fn dashboard_in_chromium_shows_the_fleet_a_gpu_chart_and_acknowledges_an_alert()
         .spawn()
         .unwrap();
     let stdout = BufReader::new(demo.stdout.take().unwrap());
-    let demo = Killed(demo);
+    let demo = KillOnDrop(demo);
     // Read the URL, then keep draining: a closed pipe would end the demo at
     // its next line of output.
     let (url_tx, url_rx) = std::sync::mpsc::channel();

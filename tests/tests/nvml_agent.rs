@@ -6,26 +6,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use headroom_sim::Scenario;
-use headroom_tests::harness::{RunningCollector, built, eventually};
+use headroom_tests::harness::{KillOnDrop, RunningCollector, built, eventually};
 use serde_json::Value;
 
 const NODE: &str = "fake-node-01";
 
 fn scenario_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nvml-node.toml")
-}
-
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn device<'a>(gpus: &'a Value, uuid: &str) -> Option<&'a Value> {
@@ -68,7 +59,7 @@ async fn agent_on_nvml_reports_memory_mig_layout_changes_and_xid() {
         .stderr(log)
         .spawn()
         .unwrap();
-    let agent = Agent(child);
+    let agent = KillOnDrop(child);
     let agent_log = || std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default();
 
     let node = Scenario::load(&scenario_path())
