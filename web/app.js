@@ -23,6 +23,8 @@ window.__headroom = state;
 
 async function getJson(url, options) {
   const r = await fetch(url, options);
+  // Signed out meanwhile (token revoked, cookie expired): offer to sign in again.
+  if (r.status === 401 && url !== "/api/v1/session") showSignIn(await r.json().catch(() => ({})));
   if (!r.ok) {
     let message = `HTTP ${r.status}`;
     try { message = (await r.json()).error || message; } catch (_) { /* not JSON */ }
@@ -43,7 +45,12 @@ function connectStream() {
   stream.addEventListener("update", (e) => { applyFleet(JSON.parse(e.data), false); });
   stream.addEventListener("unavailable", (e) => { setStatus(`figures may be stale: ${e.data}`); });
   stream.onopen = () => { state.connected = true; };
-  stream.onerror = () => { state.connected = false; setStatus("live updates interrupted; reconnecting…"); };
+  stream.onerror = () => {
+    state.connected = false;
+    setStatus("live updates interrupted; reconnecting…");
+    // A stream refused for its sign-in does not come back by itself.
+    fetch("/api/v1/session").then(async (r) => { if (r.status === 401) showSignIn(await r.json().catch(() => ({}))); }).catch(() => {});
+  };
 }
 
 // How long after a sample its tile changes, and what a fleet render costs
@@ -587,19 +594,23 @@ async function showProcesses(view, p, gen) {
 
 // ---------------------------------------------------------------- alerts
 
-function operator() { return localStorage.getItem("headroom-operator") || ""; }
+// Signed in, the record names the user (the server insists); signed out
+// (`[http_auth] mode = "none"`), the operator types a name.
+function operator() { return (state.session && state.session.user) || localStorage.getItem("headroom-operator") || ""; }
+const mayAct = () => !state.session || state.session.may_act;
 
 async function showAlerts(view, p, gen) {
   document.title = "Headroom — alerts";
   const which = p.get("state") === "resolved" ? "resolved" : "active";
   view.innerHTML = `
     <div class="controls">
-      <label>your name (for acknowledgements and silences) <input id="operator" value="${esc(operator())}" placeholder="alice"></label>
+      ${state.session && state.session.user ? "" : `<label>your name (for acknowledgements and silences) <input id="operator" value="${esc(operator())}" placeholder="alice"></label>`}
       <span><a href="/?view=alerts">active</a> · <a href="/?view=alerts&state=resolved">resolved</a></span>
     </div>
     <div id="alert-list"><p class="muted">loading…</p></div>
     <h3>Silences</h3><div id="silence-list"></div>`;
-  document.getElementById("operator").addEventListener("input", (e) => localStorage.setItem("headroom-operator", e.target.value.trim()));
+  const name = document.getElementById("operator");
+  if (name) name.addEventListener("input", (e) => localStorage.setItem("headroom-operator", e.target.value.trim()));
   await renderAlertList(which, gen);
   await renderSilences(gen);
 }
@@ -609,8 +620,9 @@ async function renderAlertList(which, gen = routeGen) {
   if (!isCurrent(gen)) return;
   const rows = alerts.map((a) => {
     const where = a.labels.device_uuid ? `<a href="/?gpu=${encodeURIComponent(a.labels.device_uuid)}&from=${(a.fired_at_ms || a.started_at_ms) - 3_600_000}&to=${Math.min(Date.now(), (a.resolved_at_ms || Date.now()) + 600_000)}">${esc(a.labels.node)} GPU ${esc(a.labels.gpu)}</a>` : esc(a.labels.node || "");
-    const ack = a.acknowledged_by ? `ack ${esc(a.acknowledged_by)}` : (which === "active" ? `<button class="small" data-ack="${a.id}">acknowledge</button>` : "");
-    const silence = which === "active" ? `<button class="small" data-silence="${a.id}">silence 1 h</button>` : "";
+    const act = which === "active" && mayAct();
+    const ack = a.acknowledged_by ? `ack ${esc(a.acknowledged_by)}` : (act ? `<button class="small" data-ack="${a.id}">acknowledge</button>` : "");
+    const silence = act ? `<button class="small" data-silence="${a.id}">silence 1 h</button>` : "";
     return `<tr data-alert="${a.id}"><td class="${a.severity === "critical" ? "text-crit" : "text-warn"}">${esc(a.severity)}</td><td>${esc(a.state)}</td><td>${esc(a.rule)}</td>
       <td>${where}</td><td class="wrap">${esc(a.summary)}${a.remedy ? `<div class="remedy">What to try: ${esc(a.remedy)}</div>` : ""}</td>
       <td>${fmtTime(a.fired_at_ms || a.started_at_ms)}${a.resolved_at_ms ? " → " + fmtTime(a.resolved_at_ms) : ""}</td><td class="ack">${ack} ${silence}</td></tr>`;
@@ -663,13 +675,63 @@ async function renderSilences(gen = routeGen) {
   const box = document.getElementById("silence-list");
   box.innerHTML = list.length ? `<table><thead><tr><th>matches</th><th>by</th><th>until</th><th>comment</th><th></th></tr></thead><tbody>
     ${list.map((s) => `<tr><td>${esc(Object.entries(s.matchers).map(([k, v]) => `${k}=${v}`).join(", "))}</td><td>${esc(s.created_by)}</td><td>${fmtTime(s.ends_at_ms)}</td>
-      <td class="wrap">${esc(s.comment)}</td><td><button class="small" data-expire="${s.id}">expire</button></td></tr>`).join("")}</tbody></table>` : `<p class="muted">none</p>`;
+      <td class="wrap">${esc(s.comment)}</td><td>${mayAct() ? `<button class="small" data-expire="${s.id}">expire</button>` : ""}</td></tr>`).join("")}</tbody></table>` : `<p class="muted">none</p>`;
   for (const b of box.querySelectorAll("button[data-expire]")) {
-    b.addEventListener("click", async () => { await fetch(`/api/v1/silences/${b.dataset.expire}`, { method: "DELETE" }); await renderSilences(); });
+    b.addEventListener("click", async () => {
+      try { await getJson(`/api/v1/silences/${b.dataset.expire}`, { method: "DELETE" }); } catch (err) { setStatus(err.message); }
+      await renderSilences();
+    });
   }
+}
+
+// ---------------------------------------------------------------- sign-in
+
+// `[http_auth] mode = "tokens"`: a form for a dashboard token, which the
+// server keeps in a cookie no script can read; "proxy": the proxy signs in.
+function showSignIn(answer) {
+  if (stream) { stream.close(); stream = null; }
+  state.session = null;
+  setStatus("not signed in");
+  document.getElementById("who").innerHTML = "";
+  const view = document.getElementById("view");
+  if (answer.auth !== "tokens") {
+    view.innerHTML = `<h2>Not signed in</h2><p>${esc(answer.error || "sign in through your organisation's proxy, then reload")}</p>`;
+    return;
+  }
+  view.innerHTML = `<h2>Sign in</h2>
+    <form id="sign-in" class="controls">
+      <label>dashboard token <input id="token" type="password" autocomplete="off" placeholder="hrd_…" size="40" required></label>
+      <button type="submit">sign in</button>
+    </form>
+    <p class="muted">An operator makes one with <code>headroom-collector token create --role viewer --name you</code> (or <code>--role admin</code> to acknowledge and silence).</p>
+    <p id="sign-in-error" class="text-crit" role="alert"></p>`;
+  document.getElementById("sign-in").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const r = await fetch("/api/v1/session", { method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ token: document.getElementById("token").value }) });
+    if (r.ok) { location.reload(); return; }
+    const body = await r.json().catch(() => ({}));
+    document.getElementById("sign-in-error").textContent = body.error || `HTTP ${r.status}`;
+  });
+}
+
+function showSession(session) {
+  state.session = session.auth === "none" ? null : session;
+  const who = document.getElementById("who");
+  if (!state.session) { who.innerHTML = ""; return; }
+  who.innerHTML = `${esc(session.user || "token")} · ${esc(session.role)}${session.auth === "tokens" ? ' <button class="small" id="sign-out">sign out</button>' : ""}`;
+  const out = document.getElementById("sign-out");
+  if (out) out.addEventListener("click", async () => { await fetch("/api/v1/session", { method: "DELETE" }); location.reload(); });
 }
 
 // ---------------------------------------------------------------- start
 
-connectStream();
-route();
+async function start() {
+  const r = await fetch("/api/v1/session");
+  const answer = await r.json().catch(() => ({}));
+  if (r.status === 401) { showSignIn(answer); return; }
+  if (r.ok) showSession(answer);
+  connectStream();
+  route();
+}
+start();

@@ -8,6 +8,7 @@ use headroom_agent::tls::{TlsError, read_pem};
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
+use crate::http::auth::{HttpAuthConfig, HttpAuthMode};
 use crate::ingest::WriterConfig;
 use crate::ingest::validate::Limits;
 use crate::store::rollup::StorageConfig;
@@ -17,8 +18,8 @@ use crate::store::rollup::StorageConfig;
 pub struct CollectorConfig {
     /// Where agents connect (gRPC).
     pub grpc_listen: SocketAddr,
-    /// Dashboard and JSON API. Loopback by default: the API has no
-    /// authentication yet, so exposing it is a deliberate choice.
+    /// Dashboard and JSON API. Loopback by default: with `[http_auth]
+    /// mode = "none"` whoever reaches it may act.
     pub http_listen: SocketAddr,
     /// `postgres://user@host/db` or `sqlite://path/to/headroom.db`.
     pub database_url: String,
@@ -30,6 +31,8 @@ pub struct CollectorConfig {
     pub agents: AgentsConfig,
     /// TLS for the gRPC port.
     pub tls: TlsConfig,
+    /// Who may read the dashboard and API, and who may act.
+    pub http_auth: HttpAuthConfig,
     /// Bounds on what one agent may send; more is refused with
     /// `INVALID_ARGUMENT` and counted.
     pub limits: Limits,
@@ -96,6 +99,7 @@ impl Default for CollectorConfig {
             storage: StorageConfig::default(),
             agents: AgentsConfig::default(),
             tls: TlsConfig::default(),
+            http_auth: HttpAuthConfig::default(),
             limits: Limits::default(),
         }
     }
@@ -118,6 +122,7 @@ pub enum ConfigError {
 pub struct Overrides {
     pub grpc_listen: Option<SocketAddr>,
     pub http_listen: Option<SocketAddr>,
+    pub http_auth: Option<HttpAuthMode>,
     pub database_url: Option<String>,
 }
 
@@ -152,6 +157,9 @@ impl CollectorConfig {
         if let Some(v) = overrides.http_listen {
             config.http_listen = v;
         }
+        if let Some(v) = overrides.http_auth {
+            config.http_auth.mode = v;
+        }
         if let Some(v) = overrides.database_url {
             config.database_url = v;
         }
@@ -160,6 +168,7 @@ impl CollectorConfig {
             .problem()
             .or_else(|| config.ingest.problem())
             .or_else(|| config.tls.problem())
+            .or_else(|| config.http_auth.problem())
             .or_else(|| config.limits.problem())
         {
             return Err(match file {
@@ -197,6 +206,17 @@ mod tests {
         assert_eq!(config.http_listen.port(), 9999);
         assert!(config.agents.require_token, "the example is a real fleet's");
         assert!(config.tls.cert_file.is_some());
+        assert_eq!(config.http_auth.mode, HttpAuthMode::Tokens);
+        assert_eq!(config.http_auth.admin_users, ["alice", "bob"]);
+        let proxied = CollectorConfig::load(
+            Some(path),
+            Overrides {
+                http_auth: Some(HttpAuthMode::Proxy),
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(proxied.http_auth.mode, HttpAuthMode::Proxy, "the flag wins");
     }
 
     #[test]

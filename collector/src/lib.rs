@@ -2,6 +2,7 @@
 //! (Postgres, or SQLite on one machine) and serves the JSON API and dashboard.
 
 pub mod alerts;
+pub mod auth;
 pub mod backtest;
 pub mod clock;
 pub mod config;

@@ -11,6 +11,7 @@ use headroom_collector::Collector;
 use headroom_collector::alerts::Alerting;
 use headroom_collector::clock::Clock;
 use headroom_collector::config::{CollectorConfig, Overrides};
+use headroom_collector::http::auth::HttpAuthMode;
 use headroom_collector::rules::config::RulesConfig;
 use headroom_collector::store::{self, redact_url};
 use headroom_collector::token_admin::{self, TokenAction};
@@ -39,6 +40,9 @@ enum Command {
         /// Dashboard and JSON API address.
         #[arg(long, env = "HEADROOM_HTTP_LISTEN")]
         http_listen: Option<SocketAddr>,
+        /// Dashboard sign-in: none, tokens or proxy (`[http_auth] mode`).
+        #[arg(long, env = "HEADROOM_HTTP_AUTH", value_parser = parse_http_auth_mode)]
+        http_auth: Option<HttpAuthMode>,
         /// postgres://… or sqlite://… (prefer the environment: flags show in `ps`).
         #[arg(long, env = "HEADROOM_DATABASE_URL", hide_env_values = true)]
         database_url: Option<String>,
@@ -62,6 +66,10 @@ enum Command {
         /// The collector's HTTP address.
         #[arg(long, env = "HEADROOM_URL", default_value = "http://127.0.0.1:8080")]
         url: String,
+        /// A dashboard token (viewer is enough) when the collector asks for
+        /// one (prefer the environment: flags show in `ps`).
+        #[arg(long, env = "HEADROOM_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
     /// Run the whole system on this machine: the collector on SQLite and one
     /// simulated agent per node of a scenario, streaming over gRPC on loopback.
@@ -69,13 +77,19 @@ enum Command {
     /// Print the built-in defaults of `serve` as a configuration file.
     PrintDefaultConfig,
     /// Enrol, list and revoke the tokens agents present (`[agents]
-    /// require_token`), in the database `serve` uses.
+    /// require_token`) and dashboard users sign in with (`[http_auth]`), in
+    /// the database `serve` uses.
     Token {
         /// TOML configuration file (for its database_url).
-        #[arg(long, env = "HEADROOM_CONFIG")]
+        #[arg(long, env = "HEADROOM_CONFIG", global = true)]
         config: Option<PathBuf>,
         /// postgres://… or sqlite://… (prefer the environment: flags show in `ps`).
-        #[arg(long, env = "HEADROOM_DATABASE_URL", hide_env_values = true)]
+        #[arg(
+            long,
+            env = "HEADROOM_DATABASE_URL",
+            hide_env_values = true,
+            global = true
+        )]
         database_url: Option<String>,
         #[command(subcommand)]
         action: TokenAction,
@@ -105,6 +119,7 @@ fn main() -> ExitCode {
                 config,
                 grpc_listen,
                 http_listen,
+                http_auth,
                 database_url,
                 rules,
             } => {
@@ -113,13 +128,14 @@ fn main() -> ExitCode {
                     Overrides {
                         grpc_listen,
                         http_listen,
+                        http_auth,
                         database_url,
                     },
                 )?;
                 serve(config, rules).await
             }
             Command::Backtest { rules, trace } => backtest(rules.as_deref(), &trace),
-            Command::Status { url } => status::run(&url).await,
+            Command::Status { url, token } => status::run(&url, token.as_deref()).await,
             Command::Demo(args) => demo::run(args).await,
             Command::Token {
                 config,
@@ -158,6 +174,15 @@ fn main() -> ExitCode {
             eprintln!("headroom-collector: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn parse_http_auth_mode(text: &str) -> Result<HttpAuthMode, String> {
+    match text {
+        "none" => Ok(HttpAuthMode::None),
+        "tokens" => Ok(HttpAuthMode::Tokens),
+        "proxy" => Ok(HttpAuthMode::Proxy),
+        other => Err(format!("{other:?} is not one of none, tokens, proxy")),
     }
 }
 
@@ -206,6 +231,7 @@ async fn serve(config: CollectorConfig, rules_path: Option<PathBuf>) -> anyhow::
     collector.writers = config.ingest.clone();
     collector.storage = config.storage.clone();
     collector.require_agent_tokens = config.agents.require_token;
+    collector.http_auth = config.http_auth.clone();
     collector.limits = config.limits.clone();
     collector.tls = config.tls.server_config()?;
     if collector.tls.is_none() && !config.grpc_listen.ip().is_loopback() {
@@ -215,6 +241,10 @@ async fn serve(config: CollectorConfig, rules_path: Option<PathBuf>) -> anyhow::
     if !config.agents.require_token && !config.grpc_listen.ip().is_loopback() {
         tracing::warn!(grpc = %config.grpc_listen,
             "agents need no token ([agents] require_token = false): anyone who reaches this port can send samples");
+    }
+    if config.http_auth.mode == HttpAuthMode::None && !config.http_listen.ip().is_loopback() {
+        tracing::warn!(http = %config.http_listen,
+            "the dashboard needs no sign-in ([http_auth] mode = \"none\"): anyone who reaches this port can read and acknowledge or silence alerts");
     }
     if let (Some(alerting), Some(path)) = (collector.alerting.clone(), rules_path) {
         tokio::spawn(reload_on_sighup(alerting, path));

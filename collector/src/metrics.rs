@@ -41,6 +41,7 @@ pub struct CollectorMetrics {
     events: AtomicU64,
     storage_errors: AtomicU64,
     auth_failures: AtomicU64,
+    http_auth_failures: AtomicU64,
     open_streams: AtomicI64,
     write_buckets: [AtomicU64; WRITE_BUCKETS.len()],
     write_count: AtomicU64,
@@ -99,6 +100,12 @@ impl CollectorMetrics {
     /// another node, or from a peer that failed too often).
     pub fn auth_failure(&self) {
         self.auth_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An HTTP request refused: no or a bad credential, a viewer trying to
+    /// act, a cross-site change, a locked-out address.
+    pub fn http_auth_failure(&self) {
+        self.http_auth_failures.fetch_add(1, Ordering::Relaxed);
     }
 
     /// One batch write (validate excluded, commit included).
@@ -206,6 +213,13 @@ impl CollectorMetrics {
             "counter",
             "Agent gRPC calls refused for their token: missing, unknown, revoked, for another node, or from a peer locked out after repeated failures.",
             &[("", get(&self.auth_failures).to_string())],
+        );
+        family(
+            &mut out,
+            "headroom_collector_http_auth_failures_total",
+            "counter",
+            "Dashboard and API requests refused: no or a bad credential, a viewer trying to act, a cross-site change, or an address locked out after repeated failures.",
+            &[("", get(&self.http_auth_failures).to_string())],
         );
         family(
             &mut out,

@@ -11,7 +11,9 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::ServerTlsConfig;
 
 use crate::alerts::{Alerting, AlertingError};
+use crate::auth::cache::TokenCache;
 use crate::clock::Clock;
+use crate::http::auth::{HttpAuth, HttpAuthConfig};
 use crate::http::{self, AppState};
 use crate::ingest::validate::Limits;
 use crate::ingest::{AgentAuth, Coalescer, IngestService, WriterConfig};
@@ -45,6 +47,8 @@ pub struct Collector {
     pub storage: StorageConfig,
     /// Refuse agents without an enrolled token.
     pub require_agent_tokens: bool,
+    /// Who may read the dashboard and API, and who may act.
+    pub http_auth: HttpAuthConfig,
     /// Serve gRPC over TLS (mutual when it names a client CA).
     pub tls: Option<ServerTlsConfig>,
 }
@@ -60,6 +64,7 @@ impl Collector {
             writers: WriterConfig::default(),
             storage: StorageConfig::default(),
             require_agent_tokens: false,
+            http_auth: HttpAuthConfig::default(),
             tls: None,
         }
     }
@@ -79,6 +84,7 @@ impl Collector {
             writers: WriterConfig::default(),
             storage: StorageConfig::default(),
             require_agent_tokens: false,
+            http_auth: HttpAuthConfig::default(),
             tls: None,
         })
     }
@@ -106,14 +112,17 @@ impl Collector {
             stopped.clone(),
         ));
         let writers = Coalescer::start(self.store.clone(), &self.writers, metrics.clone());
-        let auth = Arc::new(AgentAuth::new(
-            self.store.clone(),
-            self.require_agent_tokens,
+        // One list of active tokens for both sides, so a revocation reaches
+        // agents and browsers alike and the store is asked once per refresh.
+        let tokens = Arc::new(TokenCache::new(self.store.clone()));
+        let agent_auth = Arc::new(AgentAuth::new(
+            self.require_agent_tokens.then(|| tokens.clone()),
             metrics.clone(),
         ));
+        let http_auth = Arc::new(HttpAuth::new(self.http_auth, tokens, metrics.clone()));
         let ingest = IngestService::new(
             self.store.clone(),
-            auth,
+            agent_auth,
             writers,
             self.limits.clone(),
             self.clock.clone(),
@@ -133,9 +142,15 @@ impl Collector {
             store: self.store,
             clock: self.clock,
             metrics,
+            auth: http_auth,
             shutdown: stopped.clone(),
         });
-        let http_server = axum::serve(http, router).with_graceful_shutdown(wait(stopped));
+        // The peer address feeds the sign-in lockout and the proxy check.
+        let http_server = axum::serve(
+            http,
+            router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(wait(stopped));
         tokio::spawn(async move {
             shutdown.await;
             let _ = stop.send(true);

@@ -78,13 +78,21 @@ pub fn render(devices: &Value, alerts: &Value) -> String {
     out
 }
 
-async fn get(client: &reqwest::Client, url: &str) -> anyhow::Result<Value> {
-    let response = client
-        .get(url)
+async fn get(client: &reqwest::Client, url: &str, token: Option<&str>) -> anyhow::Result<Value> {
+    let mut request = client.get(url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request
         .send()
         .await
         .with_context(|| format!("cannot reach the collector at {url}"))?;
     let status = response.status();
+    if status == reqwest::StatusCode::UNAUTHORIZED {
+        anyhow::bail!(
+            "{url} wants a dashboard token: pass --token or set HEADROOM_TOKEN (`headroom-collector token create --role viewer --name …`)"
+        );
+    }
     if !status.is_success() {
         anyhow::bail!("{url} answered HTTP {status}");
     }
@@ -94,13 +102,14 @@ async fn get(client: &reqwest::Client, url: &str) -> anyhow::Result<Value> {
         .with_context(|| format!("{url} did not answer JSON"))
 }
 
-pub async fn run(base: &str) -> anyhow::Result<()> {
+/// `token`: a viewer or admin token, for a collector with `[http_auth]`.
+pub async fn run(base: &str, token: Option<&str>) -> anyhow::Result<()> {
     let base = base.trim_end_matches('/');
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()?;
-    let devices = get(&client, &format!("{base}/api/v1/gpus")).await?;
-    let alerts = get(&client, &format!("{base}/api/v1/alerts")).await?;
+    let devices = get(&client, &format!("{base}/api/v1/gpus"), token).await?;
+    let alerts = get(&client, &format!("{base}/api/v1/alerts"), token).await?;
     print!("{}", render(&devices, &alerts));
     Ok(())
 }

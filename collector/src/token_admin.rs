@@ -1,33 +1,49 @@
-//! `headroom-collector token …`: enrols, lists and revokes agent tokens.
-//! A new token is printed once and only its hash is stored.
+//! `headroom-collector token …`: enrols, lists and revokes the tokens agents
+//! and dashboard users present. A new token is printed once and only its
+//! hash is stored.
 
 use std::io::Write;
 
-use crate::ingest::auth::issue_token;
+use crate::auth::issue_token;
+use crate::store::tokens::{NewToken, TokenRole};
 use crate::store::{Store, StoreError};
+
+/// The roles a person's token may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DashboardRole {
+    /// Reads the dashboard, the API and /metrics.
+    Viewer,
+    /// Also acknowledges alerts and creates or expires silences.
+    Admin,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
 pub enum TokenAction {
-    /// Enrol a token for one node (or, with --any-node, for every node) and
-    /// print it. It is shown this once.
+    /// Enrol a token and print it; it is shown this once. An agent token
+    /// names its node (--node) or --any-node; a dashboard token names its
+    /// --role and who holds it (--name).
+    #[command(group(clap::ArgGroup::new("kind").required(true).args(["node", "any_node", "role"])))]
     Create {
-        /// The node name the agent registers as; calls for other nodes are refused.
-        #[arg(
-            long,
-            required_unless_present = "any_node",
-            conflicts_with = "any_node"
-        )]
+        /// Agent token for this node name; calls for other nodes are refused.
+        #[arg(long)]
         node: Option<String>,
-        /// Valid for any node name: one secret for a whole fleet (a
-        /// Kubernetes Secret shared by a DaemonSet). Weaker: whoever holds
-        /// it can speak for every node.
+        /// Agent token valid for any node name: one secret for a whole fleet
+        /// (a Kubernetes Secret shared by a DaemonSet). Weaker: whoever
+        /// holds it can speak for every node.
         #[arg(long)]
         any_node: bool,
+        /// Dashboard and API token (`[http_auth] mode = "tokens"` or "proxy").
+        #[arg(long, value_enum, requires = "name")]
+        role: Option<DashboardRole>,
+        /// Who holds the dashboard token: shown on what they acknowledge or silence.
+        #[arg(long, requires = "role")]
+        name: Option<String>,
     },
-    /// List tokens: id, node, the token's first characters, age, state.
+    /// List tokens: id, role, node or holder, the token's first characters,
+    /// age, state.
     List,
-    /// Revoke a token by id; agents using it are refused within seconds,
-    /// open streams included.
+    /// Revoke a token by id; its agents and browsers are refused within
+    /// seconds, open streams included.
     Revoke { id: i64 },
 }
 
@@ -35,12 +51,27 @@ pub enum TokenAction {
 pub enum TokenAdminError {
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("node name {0:?} must be 1..=253 bytes without control characters")]
-    BadNode(String),
+    #[error("{what} {value:?} must be 1..={max} bytes without control characters")]
+    BadName {
+        what: &'static str,
+        value: String,
+        max: usize,
+    },
     #[error("no active token with id {0}")]
     NoSuchToken(i64),
     #[error("writing the output failed: {0}")]
     Output(#[from] std::io::Error),
+}
+
+fn check_name(what: &'static str, value: &str, max: usize) -> Result<(), TokenAdminError> {
+    if value.trim().is_empty() || value.len() > max || value.chars().any(char::is_control) {
+        return Err(TokenAdminError::BadName {
+            what,
+            value: value.to_owned(),
+            max,
+        });
+    }
+    Ok(())
 }
 
 /// Runs `action`; what the operator needs goes to `out`.
@@ -51,46 +82,75 @@ pub async fn run(
     out: &mut impl Write,
 ) -> Result<(), TokenAdminError> {
     match action {
-        TokenAction::Create { node, any_node: _ } => {
-            if let Some(node) = &node
-                && (node.is_empty() || node.len() > 253 || node.chars().any(char::is_control))
-            {
-                return Err(TokenAdminError::BadNode(node.clone()));
+        TokenAction::Create {
+            node,
+            any_node: _,
+            role,
+            name,
+        } => {
+            if let Some(node) = &node {
+                check_name("node name", node, 253)?;
             }
-            let issued = issue_token();
+            if let Some(name) = &name {
+                check_name("--name", name, 256)?;
+            }
+            let role = match role {
+                None => TokenRole::Agent,
+                Some(DashboardRole::Viewer) => TokenRole::Viewer,
+                Some(DashboardRole::Admin) => TokenRole::Admin,
+            };
+            let issued = issue_token(role);
             let id = store
-                .create_agent_token(node.as_deref(), &issued.sha256, &issued.hint, now_ms)
+                .create_token(
+                    &NewToken {
+                        role,
+                        node: node.as_deref(),
+                        name: name.as_deref(),
+                        token_sha256: &issued.sha256,
+                        hint: &issued.hint,
+                    },
+                    now_ms,
+                )
                 .await?;
             tracing::info!(
                 id,
-                node = node.as_deref().unwrap_or("*"),
-                "agent token created; it is printed once"
+                role = role.as_str(),
+                node = node.as_deref().unwrap_or("-"),
+                name = name.as_deref().unwrap_or("-"),
+                "token created; it is printed once"
             );
             writeln!(out, "{}", issued.token)?;
         }
         TokenAction::List => {
             writeln!(
                 out,
-                "{:>5}  {:<24}  {:<14}  {:>9}  state",
-                "id", "node", "token", "age"
+                "{:>5}  {:<6}  {:<24}  {:<14}  {:>9}  state",
+                "id", "role", "node / holder", "token", "age"
             )?;
-            for t in store.agent_tokens().await? {
+            for t in store.tokens().await? {
                 let state = match t.revoked_at_ms {
                     Some(at) => format!("revoked {} ago", age(now_ms - at)),
                     None => "active".to_owned(),
                 };
+                let whose = match (t.role.as_str(), &t.node, &t.name) {
+                    ("agent", Some(node), _) => node.clone(),
+                    ("agent", None, _) => "* (any node)".to_owned(),
+                    (_, _, Some(name)) => name.clone(),
+                    (_, _, None) => "-".to_owned(),
+                };
                 writeln!(
                     out,
-                    "{:>5}  {:<24}  {:<14}  {:>9}  {state}",
+                    "{:>5}  {:<6}  {:<24}  {:<14}  {:>9}  {state}",
                     t.id,
-                    t.node.as_deref().unwrap_or("* (any node)"),
+                    t.role,
+                    whose,
                     format!("{}…", t.hint),
                     age(now_ms - t.created_at_ms),
                 )?;
             }
         }
         TokenAction::Revoke { id } => {
-            if !store.revoke_agent_token(id, now_ms).await? {
+            if !store.revoke_token(id, now_ms).await? {
                 return Err(TokenAdminError::NoSuchToken(id));
             }
             writeln!(out, "revoked token {id}")?;

@@ -137,3 +137,28 @@ pub fn other_node_batch(seq: u64, ts: i64) -> pb::Batch {
     }
     b
 }
+
+/// Enrols a token in `store` as `headroom-collector token create` would and
+/// returns its id and the token itself.
+pub async fn enrol_token(
+    store: &dyn headroom_collector::store::Store,
+    role: headroom_collector::store::tokens::TokenRole,
+    node: Option<&str>,
+    name: Option<&str>,
+) -> (i64, String) {
+    let issued = headroom_collector::auth::issue_token(role);
+    let id = store
+        .create_token(
+            &headroom_collector::store::tokens::NewToken {
+                role,
+                node,
+                name,
+                token_sha256: &issued.sha256,
+                hint: &issued.hint,
+            },
+            now_ms(),
+        )
+        .await
+        .expect("enrolling a token");
+    (id, issued.token)
+}

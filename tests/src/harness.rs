@@ -108,6 +108,13 @@ impl RunningCollector {
 
 /// A binary or library cargo built in this profile's directory (`cargo test
 /// --workspace` builds every member's binaries).
+/// A loopback address no one listens on now, for a child process to bind.
+pub fn free_loopback_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding a loopback port")
+}
+
 pub fn built(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
     let path = exe

@@ -11,8 +11,9 @@ use std::time::Duration;
 use headroom_agent::source::SimSource;
 use headroom_agent::{AgentSettings, AgentToken};
 use headroom_collector::Collector;
-use headroom_collector::ingest::auth::{MAX_FAILURES, REFRESH, issue_token};
+use headroom_collector::ingest::auth::{MAX_FAILURES, REFRESH};
 use headroom_collector::store::Store;
+use headroom_collector::store::tokens::TokenRole;
 use headroom_proto::v1 as pb;
 use headroom_proto::v1::ingest_client::IngestClient;
 use headroom_sim::Scenario;
@@ -44,12 +45,7 @@ async fn collector_requiring_tokens() -> Fixture {
 
 /// Enrols a token for `node` (`None`: any node) and returns it.
 async fn enrol(store: &dyn Store, node: Option<&str>) -> (i64, String) {
-    let issued = issue_token();
-    let id = store
-        .create_agent_token(node, &issued.sha256, &issued.hint, now_ms())
-        .await
-        .unwrap();
-    (id, issued.token)
+    fixtures::enrol_token(store, TokenRole::Agent, node, None).await
 }
 
 async fn client(c: &RunningCollector) -> IngestClient<Channel> {
@@ -157,7 +153,7 @@ async fn only_an_enrolled_token_for_the_node_gets_in_until_it_is_revoked() {
     assert_eq!(refused.code(), Code::PermissionDenied);
 
     // Revocation reaches the open stream within the refresh interval.
-    assert!(f.store.revoke_agent_token(id, now_ms()).await.unwrap());
+    assert!(f.store.revoke_token(id, now_ms()).await.unwrap());
     let deadline = std::time::Instant::now() + REFRESH + Duration::from_secs(5);
     let mut seq = 2;
     let cut = loop {
@@ -297,6 +293,28 @@ fn the_token_command_prints_a_token_once_and_stores_only_its_hash() {
     let missing = token_cli(&db, &["create"]);
     assert!(
         !missing.status.success(),
-        "a node or --any-node is required"
+        "a node, --any-node or --role is required"
     );
+
+    let admin = token_cli(&db, &["create", "--role", "admin", "--name", "alice"]);
+    assert!(admin.status.success(), "{admin:?}");
+    let admin = String::from_utf8(admin.stdout).unwrap().trim().to_owned();
+    assert!(admin.starts_with("hrd_") && admin.len() == 68, "{admin}");
+    let listing = String::from_utf8(token_cli(&db, &["list"]).stdout).unwrap();
+    let alice = listing
+        .lines()
+        .find(|l| l.contains("alice"))
+        .unwrap_or_else(|| panic!("{listing}"));
+    assert!(
+        alice.contains("admin") && alice.contains(&admin[..12]),
+        "{alice}"
+    );
+    for refused in [
+        &["create", "--role", "viewer"][..],
+        &["create", "--node", "n1", "--role", "admin", "--name", "bob"],
+        &["create", "--role", "root", "--name", "bob"],
+    ] {
+        let out = token_cli(&db, refused);
+        assert!(!out.status.success(), "{refused:?} must be refused");
+    }
 }

@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use headroom_tests::fixtures::now_ms;
-use headroom_tests::harness::{KillOnDrop, built, eventually};
+use headroom_tests::harness::{KillOnDrop, built, eventually, free_loopback_addr};
 use headroom_tests::postgres::Cluster;
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
@@ -24,13 +24,6 @@ const NODE: &str = "chaos-node";
 const SAMPLE_MS: i64 = 20;
 /// The collector's outage, in intervals.
 const OUTAGE_INTERVALS: i64 = 600;
-
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
 
 fn log_file(path: &Path) -> File {
     File::options()
@@ -156,7 +149,11 @@ async fn every_interval_is_stored_once_through_collector_agent_and_postgres_cras
             std::fs::read_to_string(&agent_log).unwrap_or_default()
         )
     };
-    let (grpc, http, metrics) = (free_addr(), free_addr(), free_addr());
+    let (grpc, http, metrics) = (
+        free_loopback_addr(),
+        free_loopback_addr(),
+        free_loopback_addr(),
+    );
 
     let collector = start_collector(&url, grpc, http, &collector_log);
     let agent = start_agent(grpc, metrics, &spool, &agent_log);

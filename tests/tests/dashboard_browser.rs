@@ -2,7 +2,9 @@
 //! the simulated fleet) and drives Debian's Chromium through it with
 //! playwright-core (`tests/browser/dashboard.mjs`): the fleet's tiles, a
 //! live update, a GPU page with its chart drawn, an acknowledged alert.
-//! Screenshots land in `target/browser-artifacts/`.
+//! A second run signs in (`[http_auth] mode = "tokens"`) as a viewer and an
+//! admin (`tests/browser/signin.mjs`). Screenshots land in
+//! `target/browser-artifacts/`.
 //!
 //! Needs `chromium`, `node` and `npm ci --prefix tests/browser`; skips
 //! without them, and fails instead under `CI=true` (`.ci/run` installs them).
@@ -13,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use headroom_tests::harness::{KillOnDrop, built};
+use headroom_tests::harness::{KillOnDrop, built, free_loopback_addr};
 
 fn browser_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("browser")
@@ -34,14 +36,44 @@ fn missing_tools() -> Option<String> {
     None
 }
 
+/// Whether the browser tests can run here; under `CI=true` they must.
+fn browser_available() -> bool {
+    let Some(missing) = missing_tools() else {
+        return true;
+    };
+    assert!(
+        std::env::var("CI").is_err(),
+        "CI=true and the browser test cannot run: missing {missing}"
+    );
+    eprintln!("SKIPPING: the browser test needs {missing}");
+    false
+}
+
+fn artifacts_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/browser-artifacts")
+}
+
+/// Runs `tests/browser/{script}` with `args`; fails the test with its output
+/// unless it reports `"ok":true`.
+fn run_script(script: &str, args: &[&str]) {
+    let out = Command::new("node")
+        .arg(browser_dir().join(script))
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{script} failed (screenshots in {}):\n{stdout}\n{stderr}",
+        artifacts_dir().display()
+    );
+    assert!(stdout.contains("\"ok\":true"), "{stdout}");
+}
+
 #[test]
 fn dashboard_in_chromium_shows_the_fleet_a_gpu_chart_and_acknowledges_an_alert() {
-    if let Some(missing) = missing_tools() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI=true and the browser test cannot run: missing {missing}"
-        );
-        eprintln!("SKIPPING: the browser test needs {missing}");
+    if !browser_available() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -70,25 +102,84 @@ fn dashboard_in_chromium_shows_the_fleet_a_gpu_chart_and_acknowledges_an_alert()
         .recv_timeout(Duration::from_secs(60))
         .expect("the demo printed no dashboard URL");
 
-    let artifacts = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/browser-artifacts");
+    let artifacts = artifacts_dir();
     // Screenshots of an earlier run must not pass for this one's.
-    let _ = std::fs::remove_dir_all(&artifacts);
-    let out = Command::new("node")
-        .arg(browser_dir().join("dashboard.mjs"))
-        .arg(&url)
-        .arg(&artifacts)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "browser test failed (screenshots in {}):\n{stdout}\n{stderr}",
-        artifacts.display()
-    );
-    assert!(stdout.contains("\"ok\":true"), "{stdout}");
+    for shot in ["1-fleet.png", "2-gpu.png", "3-alerts.png"] {
+        let _ = std::fs::remove_file(artifacts.join(shot));
+    }
+    run_script("dashboard.mjs", &[&url, &artifacts.to_string_lossy()]);
     for shot in ["1-fleet.png", "2-gpu.png", "3-alerts.png"] {
         assert!(artifacts.join(shot).exists(), "{shot} missing");
     }
     drop(demo);
+}
+
+#[test]
+fn signing_in_with_tokens_in_chromium_separates_viewers_from_admins() {
+    if !browser_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("collector.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "database_url = \"sqlite://{}\"\n[http_auth]\nmode = \"tokens\"\n",
+            dir.path().join("headroom.db").display()
+        ),
+    )
+    .unwrap();
+    let token = |role: &str, name: &str| {
+        let out = Command::new(built("headroom-collector"))
+            .args([
+                "token", "create", "--role", role, "--name", name, "--config",
+            ])
+            .arg(&config)
+            .env_remove("HEADROOM_DATABASE_URL")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    let viewer = token("viewer", "carol");
+    let admin = token("admin", "alice");
+    let http = free_loopback_addr();
+    let _collector = KillOnDrop(
+        Command::new(built("headroom-collector"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .args(["--grpc-listen", &free_loopback_addr().to_string()])
+            .args(["--http-listen", &http.to_string()])
+            .env_remove("HEADROOM_DATABASE_URL")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let url = format!("http://{http}");
+    wait_until_healthy(&url);
+    run_script(
+        "signin.mjs",
+        &[&url, &viewer, &admin, &artifacts_dir().to_string_lossy()],
+    );
+}
+
+fn wait_until_healthy(url: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        while reqwest::get(format!("{url}/healthz")).await.is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the collector at {url} never answered"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
 }

@@ -10,6 +10,7 @@ use headroom_collector::store::alerts::{
     ActiveAlertCounts, AlertFilter, AlertUpdate, NewNotification, NewSilence, UpdateKind,
 };
 use headroom_collector::store::rollup::{self, DAY_MS, HOUR_MS, MINUTE_MS};
+use headroom_collector::store::tokens::{NewToken, TokenRole};
 use headroom_collector::store::{AllocatorSeriesQuery, Store};
 use headroom_proto::v1 as pb;
 use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, GPU1, GPU2, MIG_A, MIG_B, NODE, now_ms};
@@ -850,48 +851,74 @@ async fn a_group_of_batches_gets_one_outcome_each(store: Arc<dyn Store>) {
     assert_eq!(store.write_batches(&[]).await.unwrap(), vec![]);
 }
 
-async fn agent_tokens_are_enrolled_listed_and_revoked(store: Arc<dyn Store>) {
+async fn tokens_are_enrolled_listed_and_revoked(store: Arc<dyn Store>) {
+    let token = |role, node, name, hash| NewToken {
+        role,
+        node,
+        name,
+        token_sha256: hash,
+        hint: "hra_0123abcd",
+    };
     let one = store
-        .create_agent_token(Some("node-a"), "hash-a", "hra_0123abcd", 1_000)
+        .create_token(
+            &token(TokenRole::Agent, Some("node-a"), None, "hash-a"),
+            1_000,
+        )
         .await
         .unwrap();
     let any = store
-        .create_agent_token(None, "hash-any", "hra_4567ef01", 2_000)
+        .create_token(&token(TokenRole::Agent, None, None, "hash-any"), 2_000)
         .await
         .unwrap();
-    assert_ne!(one, any);
+    let admin = store
+        .create_token(
+            &token(TokenRole::Admin, None, Some("alice"), "hash-alice"),
+            2_500,
+        )
+        .await
+        .unwrap();
+    assert!(one != any && any != admin);
     let duplicate = store
-        .create_agent_token(Some("node-b"), "hash-a", "hra_0123abcd", 3_000)
+        .create_token(
+            &token(TokenRole::Agent, Some("node-b"), None, "hash-a"),
+            3_000,
+        )
         .await;
     assert!(duplicate.is_err(), "a token hash is unique");
 
-    let active = store.active_agent_tokens().await.unwrap();
-    assert_eq!(active.len(), 2);
+    let active = store.active_tokens().await.unwrap();
+    assert_eq!(active.len(), 3);
     assert!(
         active
             .iter()
-            .any(|t| t.token_sha256 == "hash-any" && t.node.is_none())
+            .any(|t| t.token_sha256 == "hash-any" && t.node.is_none() && t.role == "agent")
     );
+    assert!(active.iter().any(|t| t.token_sha256 == "hash-alice"
+        && t.role == "admin"
+        && t.name.as_deref() == Some("alice")));
 
-    assert!(store.revoke_agent_token(one, 5_000).await.unwrap());
+    assert!(store.revoke_token(one, 5_000).await.unwrap());
     assert!(
-        !store.revoke_agent_token(one, 6_000).await.unwrap(),
+        !store.revoke_token(one, 6_000).await.unwrap(),
         "already revoked"
     );
     assert!(
-        !store.revoke_agent_token(9_999, 6_000).await.unwrap(),
+        !store.revoke_token(9_999, 6_000).await.unwrap(),
         "no such token"
     );
-    let active = store.active_agent_tokens().await.unwrap();
-    assert_eq!(active.len(), 1);
-    assert_eq!(active[0].token_sha256, "hash-any");
+    let active = store.active_tokens().await.unwrap();
+    assert_eq!(active.len(), 2);
+    assert!(active.iter().all(|t| t.token_sha256 != "hash-a"));
 
-    let listed = store.agent_tokens().await.unwrap();
-    assert_eq!(listed.len(), 2);
+    let listed = store.tokens().await.unwrap();
+    assert_eq!(listed.len(), 3);
     assert_eq!(listed[0].node.as_deref(), Some("node-a"));
+    assert_eq!(listed[0].role, "agent");
     assert_eq!(listed[0].hint, "hra_0123abcd");
     assert_eq!(listed[0].revoked_at_ms, Some(5_000));
     assert_eq!(listed[1].revoked_at_ms, None);
+    assert_eq!(listed[2].role, "admin");
+    assert_eq!(listed[2].name.as_deref(), Some("alice"));
 }
 
 async fn sqlite_store() -> (Arc<dyn Store>, tempfile::TempDir) {
@@ -943,5 +970,5 @@ conformance!(
     retention_drops_raw_samples_and_rollups_keep_the_peak,
     a_group_of_batches_gets_one_outcome_each,
     steady_processes_are_stored_every_second_and_changes_show_at_once,
-    agent_tokens_are_enrolled_listed_and_revoked,
+    tokens_are_enrolled_listed_and_revoked,
 );

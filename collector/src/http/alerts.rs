@@ -1,14 +1,15 @@
 //! Alerts, acknowledgements and silences over the JSON API.
 
-use axum::Json;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::AppState;
 use super::api::ApiError;
+use super::auth::Identity;
 use crate::store::alerts::{AlertFilter, AlertView, NewSilence, SilenceView};
 
 const MAX_TEXT: usize = 1024;
@@ -41,7 +42,15 @@ pub async fn list(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AckBody {
+    /// Who acknowledges; a signed-in user's own name replaces it.
+    #[serde(default)]
     by: String,
+}
+
+/// Who did it, for the record: the signed-in user when there is one (so
+/// nobody can act in another's name), else what the request says.
+fn actor(identity: Option<&Identity>, claimed: String) -> String {
+    identity.and_then(|i| i.user.clone()).unwrap_or(claimed)
 }
 
 fn check_text(field: &str, value: &str) -> Result<(), ApiError> {
@@ -56,13 +65,15 @@ fn check_text(field: &str, value: &str) -> Result<(), ApiError> {
 pub async fn acknowledge(
     State(state): State<AppState>,
     Path(id): Path<i64>,
+    identity: Option<Extension<Identity>>,
     body: Result<Json<AckBody>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Json(body) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    check_text("by", &body.by)?;
+    let by = actor(identity.as_ref().map(|Extension(i)| i), body.by);
+    check_text("by", &by)?;
     if state
         .store
-        .acknowledge_alert(id, &body.by, state.clock.now_ms())
+        .acknowledge_alert(id, &by, state.clock.now_ms())
         .await?
     {
         Ok(Json(json!({ "acknowledged": true })))
@@ -77,9 +88,11 @@ pub async fn silences(State(state): State<AppState>) -> Result<Json<Vec<SilenceV
 
 pub async fn create_silence(
     State(state): State<AppState>,
+    identity: Option<Extension<Identity>>,
     body: Result<Json<NewSilence>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let Json(silence) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let Json(mut silence) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    silence.created_by = actor(identity.as_ref().map(|Extension(i)| i), silence.created_by);
     if silence.matchers.is_empty() {
         return Err(ApiError::BadRequest(
             "`matchers` is empty: a silence must name at least one label".into(),

@@ -2,6 +2,8 @@
 
 mod alerts;
 mod api;
+pub mod auth;
+mod session;
 mod stream;
 
 use std::sync::Arc;
@@ -25,6 +27,8 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub clock: Clock,
     pub metrics: Arc<CollectorMetrics>,
+    /// Who may read and who may act.
+    pub auth: Arc<auth::HttpAuth>,
     /// Turns true when the collector stops: endless responses (the event
     /// stream) end then, so a graceful shutdown is not held up by an open
     /// dashboard.
@@ -90,7 +94,17 @@ pub fn router(state: AppState) -> Router {
             get(alerts::silences).post(alerts::create_silence),
         )
         .route("/api/v1/silences/{id}", delete(alerts::expire_silence))
+        .route(
+            "/api/v1/session",
+            get(session::current)
+                .post(session::sign_in)
+                .delete(session::sign_out),
+        )
         .fallback(api::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.auth.clone(),
+            auth::authorize,
+        ))
         .layer(TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,
             Duration::from_secs(30),

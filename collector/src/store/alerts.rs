@@ -104,6 +104,8 @@ pub struct NewSilence {
     /// Label → exact value; an alert is silenced when every matcher matches.
     pub matchers: std::collections::BTreeMap<String, String>,
     pub comment: String,
+    /// Over the API, a signed-in user's own name replaces it.
+    #[serde(default)]
     pub created_by: String,
     pub ends_at_ms: i64,
 }

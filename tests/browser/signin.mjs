@@ -1,0 +1,97 @@
+// Signing in to the dashboard in a real browser (Debian's Chromium, driven
+// by playwright-core), against a collector with `[http_auth] mode = "tokens"`.
+// Usage: node signin.mjs BASE_URL VIEWER_TOKEN ADMIN_TOKEN ARTIFACT_DIR
+// A wrong token is refused on the form; a viewer reads but is offered no
+// action; the cookie is out of scripts' reach; sign-out returns to the form;
+// an admin expires a silence through the browser (the same-origin check
+// lets the page's own change through). Exits non-zero, naming the step, on
+// the first failure.
+import { chromium } from "playwright-core";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+
+const [base, viewer, admin, artifacts] = process.argv.slice(2);
+if (!base || !viewer || !admin || !artifacts) {
+  console.error("usage: node signin.mjs BASE_URL VIEWER_TOKEN ADMIN_TOKEN ARTIFACT_DIR");
+  process.exit(2);
+}
+mkdirSync(artifacts, { recursive: true });
+
+// A silence to look at and expire, made the way a script would: a bearer token.
+const made = await fetch(`${base}/api/v1/silences`, {
+  method: "POST",
+  headers: { authorization: `Bearer ${admin}`, "content-type": "application/json" },
+  body: JSON.stringify({ matchers: { node: "gpu-node-01" }, comment: "maintenance", ends_at_ms: Date.now() + 3_600_000 }),
+});
+if (made.status !== 201) throw new Error(`creating a silence: HTTP ${made.status}`);
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+});
+let step = "start";
+const page = await browser.newPage({ viewport: { width: 1200, height: 800 } });
+const errors = [];
+page.on("pageerror", (e) => errors.push(e.message));
+// Refusals are expected while signed out and for the wrong token; nothing
+// else may fail.
+page.on("response", (r) => {
+  const expected = r.status() === 401 && (r.url().endsWith("/api/v1/session") || !page.__signedIn);
+  if (r.status() >= 400 && !expected) errors.push(`HTTP ${r.status()} for ${r.url()}`);
+});
+const shot = (name) => page.screenshot({ path: join(artifacts, `${name}.png`), fullPage: true });
+
+async function signIn(token) {
+  await page.fill("#token", token);
+  page.__signedIn = true;
+  await Promise.all([page.waitForEvent("load"), page.click("#sign-in button[type=submit]")]);
+}
+
+try {
+  step = "a signed-out visitor sees the sign-in form and no data";
+  await page.goto(base);
+  await page.waitForSelector("#sign-in", { timeout: 10000 });
+  if (await page.locator(".tile").count() !== 0) throw new Error("tiles shown before sign-in");
+  await shot("signin-1-form");
+
+  step = "a wrong token is refused on the form";
+  await page.fill("#token", "hrd_" + "0".repeat(64));
+  await page.click("#sign-in button[type=submit]");
+  await page.waitForFunction(() => /unknown or revoked/.test(document.getElementById("sign-in-error").textContent), null, { timeout: 5000 });
+
+  step = "a viewer reads the alerts view but is offered no action";
+  await signIn(viewer);
+  await page.waitForFunction(() => /carol · viewer/.test(document.getElementById("who").textContent), null, { timeout: 5000 });
+  const cookieSeen = await page.evaluate(() => document.cookie.includes("headroom_token"));
+  if (cookieSeen) throw new Error("the sign-in cookie is readable by scripts");
+  await page.goto(`${base}/?view=alerts`);
+  await page.waitForFunction(() => /maintenance/.test(document.getElementById("silence-list").textContent), null, { timeout: 5000 });
+  if (await page.locator("button[data-expire]").count() !== 0) throw new Error("a viewer is offered to expire a silence");
+  if (await page.locator("#operator").count() !== 0) throw new Error("a signed-in user is asked for a name");
+  const by = await page.locator("#silence-list td").nth(1).innerText();
+  if (by !== "alice") throw new Error(`the silence says it was made by ${by}, not the admin token's holder`);
+  await shot("signin-2-viewer");
+
+  step = "signing out returns to the form";
+  page.__signedIn = false;
+  await Promise.all([page.waitForEvent("load"), page.click("#sign-out")]);
+  await page.waitForSelector("#sign-in", { timeout: 5000 });
+
+  step = "an admin expires the silence from the page";
+  await signIn(admin);
+  await page.goto(`${base}/?view=alerts`);
+  await page.waitForSelector("button[data-expire]", { timeout: 5000 });
+  await page.click("button[data-expire]");
+  await page.waitForFunction(() => /none/.test(document.getElementById("silence-list").textContent), null, { timeout: 5000 });
+  await shot("signin-3-admin");
+
+  if (errors.length) throw new Error(`page errors: ${errors.join("; ")}`);
+  console.log(JSON.stringify({ ok: true }));
+} catch (e) {
+  await shot("signin-failed").catch(() => {});
+  console.error(`FAILED at step "${step}": ${e.message}`);
+  process.exitCode = 1;
+} finally {
+  await browser.close();
+}
