@@ -4,7 +4,7 @@
 // update, follows a tile to its GPU page, sees the memory chart drawn with
 // data, and acknowledges an alert. Saves a screenshot of each step in
 // ARTIFACT_DIR. Exits non-zero, naming the step, on the first failure.
-import { chromium } from "playwright-core";
+import { launchChromium } from "./chromium.mjs";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 
@@ -15,11 +15,7 @@ if (!base || !artifacts) {
 }
 mkdirSync(artifacts, { recursive: true });
 
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
+const browser = await launchChromium();
 let step = "start";
 const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
 const errors = [];

@@ -3,15 +3,11 @@
 // Prints one JSON line: load times to all tiles filled (5 fresh loads), the
 // bytes the page transferred, and over 20 s of live updates the time from a
 // sample to its tile (sample_to_screen) and the cost of each fleet render.
-import { chromium } from "playwright-core";
+import { launchChromium } from "./chromium.mjs";
 
 const [base, tilesArg] = process.argv.slice(2);
 const want = Number(tilesArg || 1000);
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
+const browser = await launchChromium();
 const pct = (xs, p) => { const s = [...xs].sort((a, b) => a - b); return s[Math.min(s.length - 1, Math.floor(s.length * p))]; };
 const median = (xs) => pct(xs, 0.5);
 

@@ -6,7 +6,7 @@
 // an admin expires a silence through the browser (the same-origin check
 // lets the page's own change through). Exits non-zero, naming the step, on
 // the first failure.
-import { chromium } from "playwright-core";
+import { launchChromium } from "./chromium.mjs";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 
@@ -25,11 +25,7 @@ const made = await fetch(`${base}/api/v1/silences`, {
 });
 if (made.status !== 201) throw new Error(`creating a silence: HTTP ${made.status}`);
 
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
+const browser = await launchChromium();
 let step = "start";
 const page = await browser.newPage({ viewport: { width: 1200, height: 800 } });
 const errors = [];
