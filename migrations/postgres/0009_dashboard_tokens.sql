@@ -7,3 +7,9 @@ ALTER TABLE tokens ADD COLUMN role TEXT NOT NULL DEFAULT 'agent'
     CHECK (role IN ('agent', 'viewer', 'admin'));
 -- Who holds a dashboard token; it is recorded on what they acknowledge or silence.
 ALTER TABLE tokens ADD COLUMN name TEXT;
+-- A collector of the previous version, still running during a rolling
+-- upgrade, reads and enrols agent tokens by the old name meanwhile (a
+-- simple view, so its INSERT works too). A later migration drops it.
+CREATE VIEW agent_tokens AS
+    SELECT id, node, token_sha256, hint, created_at_ms, revoked_at_ms
+    FROM tokens WHERE role = 'agent';

@@ -266,7 +266,8 @@ async fn signing_in_sets_a_script_proof_cookie_that_revocation_and_sign_out_end(
 #[tokio::test]
 async fn guessing_locks_an_address_out_but_a_valid_token_still_gets_in() {
     let f = collector_with(tokens_mode()).await;
-    let (_, viewer) = enrol_token(f.store.as_ref(), TokenRole::Viewer, None, Some("ops")).await;
+    let (viewer_id, viewer) =
+        enrol_token(f.store.as_ref(), TokenRole::Viewer, None, Some("ops")).await;
     // Known before the lockout, as a signed-in user's token would be.
     assert_eq!(
         f.get("/api/v1/gpus", Auth::Bearer(&viewer)).await.status(),
@@ -312,6 +313,34 @@ async fn guessing_locks_an_address_out_but_a_valid_token_still_gets_in() {
         .parse()
         .unwrap();
     assert!(refused > u64::from(MAX_FAILURES), "{refused}");
+
+    // Locked out or not, a revoked token stops working.
+    assert!(f.store.revoke_token(viewer_id, now_ms()).await.unwrap());
+    let deadline = Instant::now() + REFRESH + Duration::from_secs(5);
+    while f.get("/api/v1/gpus", Auth::Bearer(&viewer)).await.status() == StatusCode::OK {
+        assert!(
+            Instant::now() < deadline,
+            "a revoked token still works from a locked-out address"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    f.collector.stop().await;
+}
+
+#[tokio::test]
+async fn the_live_stream_ends_when_its_token_is_revoked() {
+    let f = collector_with(tokens_mode()).await;
+    let (id, viewer) = enrol_token(f.store.as_ref(), TokenRole::Viewer, None, Some("wall")).await;
+    let mut stream = f.get("/api/v1/stream", Auth::Bearer(&viewer)).await;
+    assert_eq!(stream.status(), StatusCode::OK);
+    let first = stream.chunk().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("snapshot"));
+    assert!(f.store.revoke_token(id, now_ms()).await.unwrap());
+    let ended = tokio::time::timeout(REFRESH + Duration::from_secs(5), async {
+        while let Some(_event) = stream.chunk().await.transpose() {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream outlived its token's revocation");
     f.collector.stop().await;
 }
 
@@ -369,6 +398,18 @@ async fn a_trusted_proxy_names_the_user_and_only_listed_admins_act() {
         .unwrap();
     assert_eq!(passed_on.status(), StatusCode::OK);
     assert_eq!(passed_on.json::<Value>().await.unwrap()["user"], "alice");
+
+    // A client's own header that the proxy appended to instead of
+    // replacing is believed from neither.
+    let doubled = f
+        .http
+        .get(f.collector.api("/api/v1/gpus"))
+        .header("x-forwarded-user", "alice")
+        .header("x-forwarded-user", "bob")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(doubled.status(), StatusCode::UNAUTHORIZED);
 
     // Tokens still serve what cannot sign in through the proxy (Prometheus).
     let (_, scraper) = enrol_token(

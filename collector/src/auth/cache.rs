@@ -64,13 +64,21 @@ impl TokenCache {
         Ok(found)
     }
 
-    /// Whether `hash` is still active, reloading only when the list is
-    /// older than [`REFRESH`]: the check on every message of an open stream.
-    pub async fn still_active(&self, hash: &str) -> Result<bool, StoreError> {
+    /// What `hash` grants, reloading only when the list is older than
+    /// [`REFRESH`], found or not: for a locked-out address, whose guesses
+    /// must cost no query, but whose revoked tokens must still stop
+    /// working and whose newly enrolled ones start.
+    pub async fn lookup_stale_only(&self, hash: &str) -> Result<Option<Grant>, StoreError> {
         if self.age().is_none_or(|age| age >= REFRESH) {
             self.reload().await?;
         }
-        Ok(self.cached(hash).is_some())
+        Ok(self.cached(hash))
+    }
+
+    /// Whether `hash` is still active, reloading only when the list is
+    /// older than [`REFRESH`]: the check on every message of an open stream.
+    pub async fn still_active(&self, hash: &str) -> Result<bool, StoreError> {
+        Ok(self.lookup_stale_only(hash).await?.is_some())
     }
 
     /// What `hash` grants from memory alone.

@@ -85,8 +85,10 @@ impl Lockout {
 /// One IPv6 host holds a whole /64: key its failures by the prefix, so
 /// rotating addresses within it neither escapes the lockout nor fills the map.
 fn peer_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
+    // An IPv4 client of a `[::]` listener (::ffff:a.b.c.d) is keyed as
+    // itself, not by the /64 every IPv4 client shares.
+    match ip.to_canonical() {
+        v4 @ IpAddr::V4(_) => v4,
         IpAddr::V6(v6) => {
             let s = v6.segments();
             IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
@@ -114,5 +116,23 @@ mod tests {
         assert!(lockout.locked_out(a).is_some());
         assert!(lockout.locked_out(same_64).is_some());
         assert_eq!(lockout.locked_out(other), None);
+        let mapped: IpAddr = "::ffff:192.0.2.8".parse().unwrap_or(IpAddr::from([0; 4]));
+        assert_eq!(
+            lockout.locked_out(mapped),
+            None,
+            "IPv4 clients of an IPv6 listener do not share one key"
+        );
+        for _ in 0..MAX_FAILURES {
+            lockout.record_failure(Some(mapped), "bad token");
+        }
+        assert!(
+            lockout
+                .locked_out("192.0.2.8".parse().unwrap_or(IpAddr::from([0; 4])))
+                .is_some()
+        );
+        assert_eq!(
+            lockout.locked_out("::ffff:192.0.2.9".parse().unwrap_or(IpAddr::from([0; 4]))),
+            None
+        );
     }
 }

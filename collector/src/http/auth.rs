@@ -117,18 +117,23 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Peer {
 }
 
 fn peer_of(extensions: &axum::http::Extensions) -> Option<IpAddr> {
+    // An IPv4 client of a `[::]` listener arrives as ::ffff:a.b.c.d; as
+    // itself it matches IPv4 trusted_proxies and gets a lockout of its own.
     extensions
         .get::<ConnectInfo<SocketAddr>>()
-        .map(|ConnectInfo(addr)| addr.ip())
+        .map(|ConnectInfo(addr)| addr.ip().to_canonical())
 }
 
 /// Who a request was authenticated as.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     /// The token's holder or the proxy's user; `None` with `mode = "none"`
     /// or a token enrolled without a name.
     pub user: Option<String>,
     pub role: TokenRole,
+    /// The token it came with, so a long response (the live stream) can
+    /// notice a revocation; `None` for the proxy's users and `mode = "none"`.
+    pub token_sha256: Option<String>,
 }
 
 impl Identity {
@@ -232,22 +237,23 @@ impl HttpAuth {
             return Ok(Identity {
                 user: None,
                 role: TokenRole::Admin,
+                token_sha256: None,
             });
         };
         // The proxy's word first: proxies may pass on an Authorization
         // header of their own (an identity provider's token).
         if let Some(name) = &self.user_header
-            && let Some(value) = headers.get(name)
+            && headers.contains_key(name)
         {
-            return self.proxy_user(value, peer);
+            return self.proxy_user(headers.get_all(name), peer);
         }
-        if let Some(value) = headers.get(header::AUTHORIZATION) {
-            let Some(token) = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")) else {
-                return Err(self.refuse(
-                    peer,
-                    "malformed Authorization header (want `Bearer <token>`)",
-                ));
-            };
+        // Only Bearer is ours: a Basic header from a proxy in front must
+        // not hide the sign-in cookie.
+        if let Some(token) = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+        {
             return self.check_token(tokens, token.trim(), peer).await;
         }
         if self.config.mode == HttpAuthMode::Tokens
@@ -273,37 +279,45 @@ impl HttpAuth {
     ) -> Result<Identity, Refusal> {
         let hash = token_sha256(token);
         let locked_out = peer.and_then(|ip| self.lockout.locked_out(ip));
-        let grant = match locked_out {
-            // Locked out: only what is already known gets in, so guessing
-            // costs neither a query nor a log line, and a valid token
-            // behind the same NAT still works.
-            Some(wait) => match tokens.cached(&hash) {
-                Some(grant) => grant,
-                None => {
-                    self.metrics.http_auth_failure();
-                    return Err(Refusal::LockedOut {
-                        retry_after_s: wait.as_secs().max(1),
-                    });
-                }
-            },
-            None => match tokens.lookup(&hash).await {
-                Ok(Some(grant)) => grant,
-                Ok(None) => return Err(self.refuse(peer, "unknown or revoked dashboard token")),
-                Err(error) => {
-                    self.metrics.storage_error();
-                    tracing::error!(%error, "loading tokens failed");
-                    return Err(Refusal::Unavailable(format!(
-                        "storage unavailable: {error}"
-                    )));
-                }
-            },
+        let found = match locked_out {
+            // Locked out: the list is read at most once per refresh, so
+            // guessing costs neither a query nor a log line, while a
+            // revocation still counts and a valid token behind the same
+            // address (a NAT, a TLS proxy) still gets in.
+            Some(_) => tokens.lookup_stale_only(&hash).await,
+            None => tokens.lookup(&hash).await,
+        };
+        let grant = match (found, locked_out) {
+            (Ok(Some(grant)), _) => grant,
+            (Ok(None), Some(wait)) => {
+                self.metrics.http_auth_failure();
+                return Err(Refusal::LockedOut {
+                    retry_after_s: wait.as_secs().max(1),
+                });
+            }
+            (Ok(None), None) => {
+                return Err(self.refuse(peer, "unknown or revoked dashboard token"));
+            }
+            (Err(error), _) => {
+                self.metrics.storage_error();
+                tracing::error!(%error, "loading tokens failed");
+                // The detail (hosts, roles) is for the log, not for callers
+                // who have not signed in.
+                return Err(Refusal::Unavailable(
+                    "the collector cannot read its token list; see its log".into(),
+                ));
+            }
         };
         match grant {
             Grant {
                 role: role @ (TokenRole::Viewer | TokenRole::Admin),
                 name,
                 ..
-            } => Ok(Identity { user: name, role }),
+            } => Ok(Identity {
+                user: name,
+                role,
+                token_sha256: Some(hash),
+            }),
             Grant {
                 role: TokenRole::Agent,
                 ..
@@ -319,7 +333,11 @@ impl HttpAuth {
         self.tokens.as_deref()
     }
 
-    fn proxy_user(&self, value: &HeaderValue, peer: Option<IpAddr>) -> Result<Identity, Refusal> {
+    fn proxy_user(
+        &self,
+        values: header::GetAll<'_, HeaderValue>,
+        peer: Option<IpAddr>,
+    ) -> Result<Identity, Refusal> {
         let trusted = peer.is_some_and(|ip| {
             self.config
                 .trusted_proxies
@@ -335,6 +353,18 @@ impl HttpAuth {
                 ),
             ));
         }
+        // A proxy that appends its header instead of replacing the client's
+        // would leave two: believe neither.
+        let mut values = values.iter();
+        let (Some(value), None) = (values.next(), values.next()) else {
+            return Err(self.refuse(
+                peer,
+                &format!(
+                    "{} appears more than once: the proxy must replace the client's",
+                    self.config.user_header
+                ),
+            ));
+        };
         let user = value
             .to_str()
             .ok()
@@ -354,6 +384,7 @@ impl HttpAuth {
         Ok(Identity {
             user: Some(user.to_owned()),
             role,
+            token_sha256: None,
         })
     }
 
@@ -469,6 +500,8 @@ pub async fn authorize(
 ) -> Response {
     if let Err(refusal) = check_same_origin(request.method(), request.headers()) {
         auth.metrics.http_auth_failure();
+        tracing::warn!(peer = ?peer_of(request.extensions()), path = request.uri().path(),
+            origin = ?request.headers().get(header::ORIGIN), "refused a cross-site change");
         return refusal.into_response();
     }
     let need = needs(request.method(), request.uri().path());
@@ -482,6 +515,12 @@ pub async fn authorize(
     };
     if need == Needs::Admin && !identity.may_act() {
         auth.metrics.http_auth_failure();
+        tracing::warn!(
+            ?peer,
+            user = identity.user.as_deref().unwrap_or("-"),
+            path = request.uri().path(),
+            "refused a viewer's change"
+        );
         return Refusal::Forbidden(format!(
             "{} may read but not change anything: acknowledging and silencing need an admin",
             identity.user.as_deref().unwrap_or("this viewer token")

@@ -33,6 +33,7 @@ pub async fn current(
 }
 
 fn signed_in(mode: HttpAuthMode, identity: &Identity) -> serde_json::Value {
+    // Never the token, nor its hash.
     json!({
         "auth": mode,
         "user": identity.user,

@@ -8,12 +8,14 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::{Stream, StreamExt};
 use serde::Serialize;
 
 use super::AppState;
+use super::auth::Identity;
 use crate::store::alerts::ActiveAlertCounts;
 use crate::store::{DeviceView, NodeView};
 
@@ -29,6 +31,9 @@ struct FleetMessage<'a> {
 
 struct Follower {
     state: AppState,
+    /// The token the stream was opened with, checked on every event: a
+    /// revoked token ends the stream instead of following the fleet forever.
+    token_sha256: Option<String>,
     /// What this client was last sent: each device's latest sample time.
     sent: Option<HashMap<String, Option<i64>>>,
     /// False until the first event went out: only that one is not paced.
@@ -36,6 +41,15 @@ struct Follower {
 }
 
 impl Follower {
+    /// False once the stream's token is revoked; a store that cannot say
+    /// keeps the stream (its events say the figures are stale).
+    async fn still_allowed(&self) -> bool {
+        match (&self.token_sha256, self.state.auth.tokens()) {
+            (Some(hash), Some(tokens)) => tokens.still_active(hash).await.unwrap_or(true),
+            _ => true,
+        }
+    }
+
     async fn next_event(&mut self) -> Event {
         let (nodes, devices) = match (
             self.state.store.nodes().await,
@@ -86,16 +100,22 @@ impl Follower {
 
 pub async fn fleet(
     State(state): State<AppState>,
+    identity: Option<Extension<Identity>>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let mut shutdown = state.shutdown.clone();
     let follower = Follower {
         state,
+        token_sha256: identity.and_then(|Extension(i)| i.token_sha256),
         sent: None,
         started: false,
     };
     let events = futures::stream::unfold(follower, |mut f| async move {
         if f.started {
             tokio::time::sleep(PERIOD).await;
+        }
+        if !f.still_allowed().await {
+            tracing::info!("fleet stream ended: its token was revoked");
+            return None;
         }
         f.started = true;
         let event = f.next_event().await;

@@ -88,18 +88,16 @@ impl AgentAuth {
         // A lockout slows guessing; it must not shut out a valid token that
         // shares the address (a NAT, a node whose users send junk).
         let grant = match locked_out {
-            Some(lock) => {
-                // At most one reload per refresh interval while locked out,
-                // so a token enrolled meanwhile still gets in.
-                let stale = tokens.age().is_none_or(|age| age >= REFRESH);
-                if tokens.cached(&hash).is_none() && stale {
-                    tokens.reload().await.map_err(|e| self.unavailable(&e))?;
-                }
-                match tokens.cached(&hash) {
-                    Some(grant) => grant,
-                    None => return Err(lockout(lock)),
-                }
-            }
+            // At most one reload per refresh interval while locked out, so
+            // a token enrolled meanwhile gets in and a revoked one stops.
+            Some(lock) => match tokens
+                .lookup_stale_only(&hash)
+                .await
+                .map_err(|e| self.unavailable(&e))?
+            {
+                Some(grant) => grant,
+                None => return Err(lockout(lock)),
+            },
             None => match tokens
                 .lookup(&hash)
                 .await
@@ -166,7 +164,8 @@ impl AgentAuth {
     fn unavailable(&self, error: &StoreError) -> Status {
         self.metrics.storage_error();
         tracing::error!(%error, "loading tokens failed");
-        Status::unavailable(format!("storage unavailable: {error}"))
+        // The detail is for the log, not for a caller not yet let in.
+        Status::unavailable("the collector cannot read its token list; see its log")
     }
 
     fn refuse(&self, peer: Option<IpAddr>, reason: &str) -> Status {
