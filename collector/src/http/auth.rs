@@ -208,17 +208,6 @@ impl HttpAuth {
         }
     }
 
-    /// Everyone is an admin: the demo, or a collector on loopback.
-    pub fn open(metrics: Arc<CollectorMetrics>) -> Self {
-        Self {
-            config: HttpAuthConfig::default(),
-            tokens: None,
-            user_header: None,
-            lockout: Lockout::new("a dashboard request"),
-            metrics,
-        }
-    }
-
     pub fn mode(&self) -> HttpAuthMode {
         self.config.mode
     }
