@@ -4,8 +4,11 @@
 //!
 //! ```sh
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \
-//!   cargo run --release -p headroom-tests --example storage_bench -- [AGENTS] [SECONDS] [HISTORY_NODES] [ROUNDS]
+//!   cargo run --release -p headroom-tests --example storage_bench -- [AGENTS] [SECONDS] [HISTORY_NODES] [ROUNDS] [PHASES]
 //! ```
+//!
+//! PHASES (default `ingest,storage`; queries need the storage phase's data)
+//! picks what runs: `ingest` alone is the quick A/B of a write-path change.
 //!
 //! 1. Ingest: AGENTS (default 200) simulated 8-GPU agents register over real
 //!    gRPC on loopback with a collector on Postgres and stream one batch per
@@ -531,7 +534,23 @@ async fn main() {
     let seconds = arg(1, 20) as u64;
     let history_nodes = arg(2, 8).clamp(1, FLEET_GPUS / GPUS_PER_NODE);
     let rounds = arg(3, 3).max(1);
+    let phases = args.get(4).map_or("ingest,storage", String::as_str);
+    let ingest_phase = phases.split(',').any(|p| p == "ingest");
+    let storage_phase = phases.split(',').any(|p| p == "storage");
+    if !ingest_phase && !storage_phase {
+        eprintln!("PHASES is a comma-separated list of `ingest` and `storage`, not {phases:?}");
+        std::process::exit(2);
+    }
+    if ingest_phase {
+        ingest_rounds(agents, seconds, rounds).await;
+    }
+    if storage_phase {
+        storage_and_queries(history_nodes).await;
+    }
+}
 
+/// Phase 1, `rounds` times: the collector over gRPC, then `COPY`.
+async fn ingest_rounds(agents: usize, seconds: u64, rounds: usize) {
     println!(
         "## 1. Ingest: {agents} agents × {GPUS_PER_NODE} GPUs over gRPC, {seconds} s, {rounds} rounds"
     );
@@ -561,8 +580,11 @@ async fn main() {
     }
     ratios.sort_by(f64::total_cmp);
     println!("median ratio to COPY: {:.2}", percentile(&ratios, 0.5));
-
     println!();
+}
+
+/// Phases 2 and 3: a day of history, its size on disk, then the queries.
+async fn storage_and_queries(history_nodes: usize) {
     let gpus = history_nodes * GPUS_PER_NODE;
     println!(
         "## 2. Storage: 24 h of {gpus} GPUs ({} processes), 1 sample/s",

@@ -1,7 +1,8 @@
 //! What only Postgres does: partitions made ahead and dropped past
 //! retention, one maintenance leader among several collectors (and another
 //! one when it dies), and exactly-once storage when collectors race on the
-//! same batches.
+//! same batches, and the fleet overview's checkpoints seen from another
+//! collector.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use std::collections::HashSet;
@@ -204,6 +205,150 @@ async fn two_collectors_racing_on_the_same_batches_store_each_once() {
         2 * distinct.len() as i64,
         "two GPU samples per stored batch"
     );
+    a.close().await;
+    b.close().await;
+    db.drop_database().await;
+}
+
+/// The fleet overview of `store`: GPU0's latest sample time and memory.
+async fn gpu0_latest(store: &PostgresStore) -> (i64, i64) {
+    let devices = store.latest_devices().await.unwrap();
+    let gpu0 = devices.iter().find(|d| d.uuid == fixtures::GPU0).unwrap();
+    let latest = gpu0.latest.as_ref().unwrap();
+    (latest.timestamp_ms, latest.memory_used_bytes)
+}
+
+#[tokio::test]
+async fn the_serving_collector_shows_every_second_and_another_a_checkpoint_at_most_5_s_old() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let serving = collector(&db).await;
+    let other = collector(&db).await;
+    let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
+    let now = now_ms();
+    let start = now - 60_000;
+    let gib = 1i64 << 30;
+    let write = |seq: u64, used: i64| {
+        let ts = start + seq as i64 * 1000;
+        let mut b = fixtures::batch(seq, ts);
+        b.gpu_samples[0] = fixtures::gpu_sample(fixtures::GPU0, ts, used as u64);
+        rows_at(&session, &b, now)
+    };
+    let at = |seq: u64| start + seq as i64 * 1000;
+
+    serving.write_batches(&[write(1, 40 * gib)]).await.unwrap();
+    assert_eq!(gpu0_latest(&other).await, (at(1), 40 * gib), "first sight");
+    // 2 MiB more: the collector serving the agent shows it; the other one
+    // still has the checkpoint.
+    serving
+        .write_batches(&[write(2, 40 * gib + (2 << 20))])
+        .await
+        .unwrap();
+    assert_eq!(gpu0_latest(&serving).await, (at(2), 40 * gib + (2 << 20)));
+    assert_eq!(gpu0_latest(&other).await, (at(1), 40 * gib));
+    // A jump of 1 % of the GPU's 80 GiB or more is checkpointed at once.
+    serving.write_batches(&[write(3, 41 * gib)]).await.unwrap();
+    assert_eq!(gpu0_latest(&other).await, (at(3), 41 * gib));
+    // Steady for 5 s: the checkpoint moves.
+    for seq in 4..=8 {
+        serving
+            .write_batches(&[write(seq, 41 * gib)])
+            .await
+            .unwrap();
+        let (ts, _) = gpu0_latest(&other).await;
+        assert!(
+            ts >= at(seq) - 5_000,
+            "checkpoint {ts} too old at {}",
+            at(seq)
+        );
+    }
+    assert_eq!(gpu0_latest(&other).await.0, at(8));
+    // The agent moves to the other collector: its samples show at once, and
+    // the first collector's memory does not hide them.
+    let moved = register(&other, &fixtures::register(NODE, "boot-2")).await;
+    let mut b = fixtures::batch(1, at(9));
+    b.boot_id = "boot-2".into();
+    b.gpu_samples[0] = fixtures::gpu_sample(fixtures::GPU0, at(9), (41 * gib + (4 << 20)) as u64);
+    other
+        .write_batches(&[rows_at(&moved, &b, now)])
+        .await
+        .unwrap();
+    assert_eq!(gpu0_latest(&serving).await, (at(9), 41 * gib + (4 << 20)));
+    serving.close().await;
+    other.close().await;
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn late_samples_written_by_two_collectors_during_rollups_are_all_rolled_up() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let a = Arc::new(collector(&db).await);
+    let b = Arc::new(collector(&db).await);
+    let node_a = register(&*a, &fixtures::register(NODE, BOOT)).await;
+    let node_b = register(&*b, &fixtures::register_other_node()).await;
+    let now = now_ms();
+    let minute = bucket_start(now - 30 * MINUTE_MS, MINUTE_MS);
+    let at = move |i: u64| minute + i as i64 * 1000;
+    // The minute is rolled up before most of its samples arrive, as when
+    // agents replay their spools after an outage.
+    a.write_batches(&[rows_at(&node_a, &fixtures::batch(1, at(0)), now)])
+        .await
+        .unwrap();
+    while a.maintain(now).await.unwrap().minutes_rolled_up > 0 {}
+
+    let replay = move |store: Arc<PostgresStore>, session: NodeSession, other: bool| {
+        tokio::spawn(async move {
+            for i in 1..60u64 {
+                let b = if other {
+                    fixtures::other_node_batch(i + 1, at(i))
+                } else {
+                    fixtures::batch(i + 1, at(i))
+                };
+                let outcome = store.write_batches(&[rows_at(&session, &b, now)]).await;
+                assert_eq!(outcome.unwrap(), vec![WriteOutcome::Committed]);
+            }
+        })
+    };
+    let rollups = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            for _ in 0..40 {
+                a.maintain(now).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let (ra, rb, rr) = tokio::join!(
+        replay(a.clone(), node_a, false),
+        replay(b.clone(), node_b, true),
+        rollups
+    );
+    ra.unwrap();
+    rb.unwrap();
+    rr.unwrap();
+    while b.maintain(now).await.unwrap().minutes_rolled_up > 0 {}
+
+    // Every raw sample of the minute is in its rollup row, whatever order
+    // the writers and the rollup passes took.
+    let (rolled, raw): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT sum(samples)::int8 FROM gpu_samples_1m WHERE ts_ms = $1),
+                (SELECT count(*) FROM gpu_samples WHERE ts_ms >= $1 AND ts_ms < $1 + $2)",
+    )
+    .bind(minute)
+    .bind(MINUTE_MS)
+    .fetch_one(a.pool())
+    .await
+    .unwrap();
+    assert_eq!(raw, 2 * 60 + 2 * 59, "two GPUs per batch, both nodes");
+    assert_eq!(rolled, raw);
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM rollup_pending")
+        .fetch_one(a.pool())
+        .await
+        .unwrap();
+    assert_eq!(pending, 0, "no mark left behind");
     a.close().await;
     b.close().await;
     db.drop_database().await;

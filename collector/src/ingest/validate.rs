@@ -3,6 +3,7 @@
 //! the operator reading the agent's log knows what to fix.
 
 use std::collections::HashSet;
+use std::fmt;
 
 use headroom_proto::v1 as pb;
 
@@ -77,7 +78,12 @@ fn invalid<T>(message: String) -> Result<T, Invalid> {
     Err(Invalid(message))
 }
 
-fn check_text(field: &str, value: &str, max: usize, required: bool) -> Result<(), Invalid> {
+fn check_text(
+    field: impl fmt::Display,
+    value: &str,
+    max: usize,
+    required: bool,
+) -> Result<(), Invalid> {
     if required && value.is_empty() {
         return invalid(format!("{field} is empty"));
     }
@@ -93,7 +99,7 @@ fn check_text(field: &str, value: &str, max: usize, required: bool) -> Result<()
     Ok(())
 }
 
-fn bytes(field: &str, value: u64) -> Result<i64, Invalid> {
+fn bytes(field: impl fmt::Display, value: u64) -> Result<i64, Invalid> {
     i64::try_from(value)
         .or_else(|_| invalid(format!("{field} = {value} is not a plausible byte count")))
 }
@@ -132,7 +138,7 @@ pub fn registration(req: &pb::RegisterRequest, limits: &Limits) -> Result<Regist
     for gpu in &req.gpus {
         check_text("gpu uuid", &gpu.uuid, limits.max_id_len, true)?;
         check_text(
-            &format!("name of GPU {}", gpu.uuid),
+            format!("name of GPU {}", gpu.uuid),
             &gpu.name,
             limits.max_id_len,
             false,
@@ -141,7 +147,7 @@ pub fn registration(req: &pb::RegisterRequest, limits: &Limits) -> Result<Regist
             return invalid(format!("GPU uuid {} appears twice", gpu.uuid));
         }
         let total = bytes(
-            &format!("memory_total_bytes of GPU {}", gpu.uuid),
+            format!("memory_total_bytes of GPU {}", gpu.uuid),
             gpu.memory_total_bytes,
         )?;
         if total == 0 {
@@ -161,7 +167,7 @@ pub fn registration(req: &pb::RegisterRequest, limits: &Limits) -> Result<Regist
         for mig in &gpu.mig_instances {
             check_text("MIG uuid", &mig.uuid, limits.max_id_len, true)?;
             check_text(
-                &format!("profile of MIG {}", mig.uuid),
+                format!("profile of MIG {}", mig.uuid),
                 &mig.profile,
                 limits.max_id_len,
                 false,
@@ -170,7 +176,7 @@ pub fn registration(req: &pb::RegisterRequest, limits: &Limits) -> Result<Regist
                 return invalid(format!("MIG uuid {} appears twice", mig.uuid));
             }
             let mig_bytes = bytes(
-                &format!("memory_total_bytes of MIG {}", mig.uuid),
+                format!("memory_total_bytes of MIG {}", mig.uuid),
                 mig.memory_total_bytes,
             )?;
             if mig_bytes == 0 {
@@ -212,7 +218,12 @@ pub fn registration(req: &pb::RegisterRequest, limits: &Limits) -> Result<Regist
     })
 }
 
-fn timestamp(field: &str, ts: i64, now_ms: i64, limits: &Limits) -> Result<i64, Invalid> {
+fn timestamp(
+    field: impl fmt::Display,
+    ts: i64,
+    now_ms: i64,
+    limits: &Limits,
+) -> Result<i64, Invalid> {
     if ts > now_ms.saturating_add(limits.max_future_skew_ms) {
         return invalid(format!(
             "{field} = {ts} is {} s ahead of the collector's clock (limit {} s)",
@@ -227,6 +238,35 @@ fn timestamp(field: &str, ts: i64, now_ms: i64, limits: &Limits) -> Result<i64, 
         ));
     }
     Ok(ts)
+}
+
+/// "{field} of {subject}" in an error message. Only a failed check formats
+/// it: a valid batch, nearly every batch, formats nothing.
+struct FieldOf<'a, S> {
+    field: &'a str,
+    subject: &'a S,
+}
+
+impl<S: fmt::Display> fmt::Display for FieldOf<'_, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} of {}", self.field, self.subject)
+    }
+}
+
+struct GpuSampleAt<'a>(&'a pb::GpuSample);
+
+impl fmt::Display for GpuSampleAt<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "device {} at {}", self.0.uuid, self.0.timestamp_ms)
+    }
+}
+
+struct ProcessOn<'a>(&'a pb::ProcessSample);
+
+impl fmt::Display for ProcessOn<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "pid {} on {}", self.0.pid, self.0.uuid)
+    }
 }
 
 fn device_id(session: &NodeSession, uuid: &str) -> Result<i64, Invalid> {
@@ -259,16 +299,20 @@ pub fn batch(
     let mut seen = HashSet::new();
     for s in &b.gpu_samples {
         let id = device_id(session, &s.uuid)?;
-        let at = |field: &str| format!("{field} of device {} at {}", s.uuid, s.timestamp_ms);
-        let ts = timestamp(&at("timestamp_ms"), s.timestamp_ms, now_ms, limits)?;
+        let subject = GpuSampleAt(s);
+        let at = |field| FieldOf {
+            field,
+            subject: &subject,
+        };
+        let ts = timestamp(at("timestamp_ms"), s.timestamp_ms, now_ms, limits)?;
         if !seen.insert((id, ts)) {
             return invalid(format!("device {} has two samples at {ts}", s.uuid));
         }
-        let total = bytes(&at("memory_total_bytes"), s.memory_total_bytes)?;
-        let last = bytes(&at("memory_used_last_bytes"), s.memory_used_last_bytes)?;
-        let min = bytes(&at("memory_used_min_bytes"), s.memory_used_min_bytes)?;
-        let max = bytes(&at("memory_used_max_bytes"), s.memory_used_max_bytes)?;
-        let reserved = bytes(&at("memory_reserved_bytes"), s.memory_reserved_bytes)?;
+        let total = bytes(at("memory_total_bytes"), s.memory_total_bytes)?;
+        let last = bytes(at("memory_used_last_bytes"), s.memory_used_last_bytes)?;
+        let min = bytes(at("memory_used_min_bytes"), s.memory_used_min_bytes)?;
+        let max = bytes(at("memory_used_max_bytes"), s.memory_used_max_bytes)?;
+        let reserved = bytes(at("memory_reserved_bytes"), s.memory_reserved_bytes)?;
         if total == 0 {
             return invalid(format!("{} is 0", at("memory_total_bytes")));
         }
@@ -297,7 +341,7 @@ pub fn batch(
             Some(u) => Some(i16::try_from(u).unwrap_or(100)),
             None => None,
         };
-        let rate = |field: &str, v: Option<u64>| v.map(|v| bytes(&at(field), v)).transpose();
+        let rate = |field: &'static str, v: Option<u64>| v.map(|v| bytes(at(field), v)).transpose();
         gpu_samples.push(GpuSampleRow {
             device_id: id,
             timestamp_ms: ts,
@@ -316,40 +360,44 @@ pub fn batch(
     let mut process_samples = Vec::with_capacity(b.process_samples.len());
     for p in &b.process_samples {
         let id = device_id(session, &p.uuid)?;
-        let at = |field: &str| format!("{field} of pid {} on {}", p.pid, p.uuid);
-        let ts = timestamp(&at("timestamp_ms"), p.timestamp_ms, now_ms, limits)?;
+        let subject = ProcessOn(p);
+        let at = |field| FieldOf {
+            field,
+            subject: &subject,
+        };
+        let ts = timestamp(at("timestamp_ms"), p.timestamp_ms, now_ms, limits)?;
         if p.pid == 0 {
             return invalid(format!("process on {} has pid 0", p.uuid));
         }
-        check_text(&at("name"), &p.name, limits.max_name_len, false)?;
-        check_text(&at("user"), &p.user, limits.max_id_len, false)?;
+        check_text(at("name"), &p.name, limits.max_name_len, false)?;
+        check_text(at("user"), &p.user, limits.max_id_len, false)?;
         check_text(
-            &at("container_id"),
+            at("container_id"),
             &p.container_id,
             limits.max_id_len,
             false,
         )?;
-        check_text(&at("pod_uid"), &p.pod_uid, limits.max_id_len, false)?;
+        check_text(at("pod_uid"), &p.pod_uid, limits.max_id_len, false)?;
         check_text(
-            &at("container_runtime"),
+            at("container_runtime"),
             &p.container_runtime,
             limits.max_id_len,
             false,
         )?;
         check_text(
-            &at("pod_qos_class"),
+            at("pod_qos_class"),
             &p.pod_qos_class,
             limits.max_id_len,
             false,
         )?;
         check_text(
-            &at("slurm_job_id"),
+            at("slurm_job_id"),
             &p.slurm_job_id,
             limits.max_id_len,
             false,
         )?;
-        let last = bytes(&at("memory_used_last_bytes"), p.memory_used_last_bytes)?;
-        let max = bytes(&at("memory_used_max_bytes"), p.memory_used_max_bytes)?;
+        let last = bytes(at("memory_used_last_bytes"), p.memory_used_last_bytes)?;
+        let max = bytes(at("memory_used_max_bytes"), p.memory_used_max_bytes)?;
         if last > max {
             return invalid(format!(
                 "{}: last {last} is above max {max}",
@@ -366,7 +414,7 @@ pub fn batch(
         // Allocator figures come from the job itself, not from NVML: an
         // impossible one is dropped and logged, the sample is kept.
         let allocator = p.allocator.as_ref().and_then(|a| {
-            allocator_row(&at, a, now_ms, limits)
+            allocator_row(at, a, now_ms, limits)
                 .map_err(|error| tracing::warn!(node = %b.node, %error, "allocator stats dropped"))
                 .ok()
         });
@@ -429,21 +477,23 @@ pub fn batch(
 
 /// A process's own allocator counters: sizes that fit the reservation they
 /// come from, taken at a sane time.
-fn allocator_row(
-    at: &dyn Fn(&str) -> String,
+fn allocator_row<F: fmt::Display>(
+    field: impl Fn(&'static str) -> F,
     a: &pb::AllocatorStats,
     now_ms: i64,
     limits: &Limits,
 ) -> Result<AllocatorRow, Invalid> {
-    let field = |name: &str| at(&format!("allocator.{name}"));
-    let reserved = bytes(&field("reserved_bytes"), a.reserved_bytes)?;
-    let allocated = bytes(&field("allocated_bytes"), a.allocated_bytes)?;
-    let active = bytes(&field("active_bytes"), a.active_bytes)?;
-    let inactive_split = bytes(&field("inactive_split_bytes"), a.inactive_split_bytes)?;
+    let reserved = bytes(field("allocator.reserved_bytes"), a.reserved_bytes)?;
+    let allocated = bytes(field("allocator.allocated_bytes"), a.allocated_bytes)?;
+    let active = bytes(field("allocator.active_bytes"), a.active_bytes)?;
+    let inactive_split = bytes(
+        field("allocator.inactive_split_bytes"),
+        a.inactive_split_bytes,
+    )?;
     for (name, value) in [
-        ("allocated_bytes", allocated),
-        ("active_bytes", active),
-        ("inactive_split_bytes", inactive_split),
+        ("allocator.allocated_bytes", allocated),
+        ("allocator.active_bytes", active),
+        ("allocator.inactive_split_bytes", inactive_split),
     ] {
         if value > reserved {
             return invalid(format!(
@@ -453,13 +503,21 @@ fn allocator_row(
         }
     }
     Ok(AllocatorRow {
-        timestamp_ms: timestamp(&field("timestamp_ms"), a.timestamp_ms, now_ms, limits)?,
+        timestamp_ms: timestamp(
+            field("allocator.timestamp_ms"),
+            a.timestamp_ms,
+            now_ms,
+            limits,
+        )?,
         allocated,
         reserved,
         active,
         inactive_split,
-        peak_allocated: bytes(&field("peak_allocated_bytes"), a.peak_allocated_bytes)?,
-        alloc_retries: bytes(&field("alloc_retries"), a.alloc_retries)?,
-        ooms: bytes(&field("ooms"), a.ooms)?,
+        peak_allocated: bytes(
+            field("allocator.peak_allocated_bytes"),
+            a.peak_allocated_bytes,
+        )?,
+        alloc_retries: bytes(field("allocator.alloc_retries"), a.alloc_retries)?,
+        ooms: bytes(field("allocator.ooms"), a.ooms)?,
     })
 }

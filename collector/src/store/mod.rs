@@ -19,7 +19,7 @@ pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 pub use tokens::TokenStore;
 
-use crate::model::{DeviceMeta, NodeSession, Registration, StoreBatch, WriteOutcome};
+use crate::model::{DeviceMeta, GpuSampleRow, NodeSession, Registration, StoreBatch, WriteOutcome};
 use rollup::{MaintenanceReport, StorageConfig, Watermarks};
 
 #[derive(Debug, thiserror::Error)]
@@ -557,6 +557,7 @@ pub(crate) fn session_from(
 /// Row shape shared by both backends for `latest_devices`.
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct DeviceRow {
+    device_id: i64,
     uuid: String,
     node: String,
     parent_uuid: Option<String>,
@@ -575,6 +576,29 @@ pub(crate) struct DeviceRow {
     utilization: Option<i64>,
     pcie_tx: Option<i64>,
     pcie_rx: Option<i64>,
+}
+
+impl DeviceRow {
+    /// Replaces the row's latest figures with `sample` when it is newer:
+    /// a sample committed by this collector that `gpu_latest` does not hold
+    /// yet (Postgres checkpoints that table every few seconds).
+    pub(crate) fn overlay_newer(
+        &mut self,
+        newer: impl FnOnce(i64, Option<i64>) -> Option<GpuSampleRow>,
+    ) {
+        let Some(s) = newer(self.device_id, self.ts_ms) else {
+            return;
+        };
+        self.ts_ms = Some(s.timestamp_ms);
+        self.used_last = Some(s.used_last);
+        self.used_min = Some(s.used_min);
+        self.used_max = Some(s.used_max);
+        self.reserved = Some(s.reserved);
+        self.total = Some(s.total);
+        self.utilization = s.utilization_pct.map(i64::from);
+        self.pcie_tx = s.pcie_tx_bytes_per_s;
+        self.pcie_rx = s.pcie_rx_bytes_per_s;
+    }
 }
 
 impl From<DeviceRow> for DeviceView {

@@ -13,6 +13,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Row, Transaction};
 
 mod alerts;
+mod copy;
+mod latest_cache;
 mod maintenance;
 mod process_cache;
 mod write;
@@ -36,6 +38,7 @@ pub struct PostgresStore {
     storage: StorageConfig,
     leadership: Arc<maintenance::Leadership>,
     process_cache: Arc<process_cache::ProcessCache>,
+    latest_cache: Arc<latest_cache::LatestCache>,
 }
 
 impl PostgresStore {
@@ -60,6 +63,7 @@ impl PostgresStore {
             storage,
             leadership: Arc::new(maintenance::Leadership::new(options)),
             process_cache: Arc::default(),
+            latest_cache: Arc::default(),
         };
         // Today's partitions exist before the first batch, whoever leads.
         let now = crate::clock::Clock::System.now_ms();
@@ -79,13 +83,15 @@ impl PostgresStore {
         &self,
         batches: &[StoreBatch],
     ) -> Result<Vec<WriteOutcome>, StoreError> {
-        match write::write_group(&self.pool, &self.process_cache, batches).await {
+        match write::write_group(&self.pool, &self.process_cache, &self.latest_cache, batches).await
+        {
             Err(StoreError::Database(e)) if is_missing_partition(&e) => {
                 if let Some((from, to)) = write::time_span(batches) {
                     tracing::warn!(from, to, "a write met a missing partition; creating it");
                     maintenance::ensure_partitions(&self.pool, from, to).await?;
                 }
-                write::write_group(&self.pool, &self.process_cache, batches).await
+                write::write_group(&self.pool, &self.process_cache, &self.latest_cache, batches)
+                    .await
             }
             other => other,
         }
@@ -254,7 +260,7 @@ impl Store for PostgresStore {
 
     async fn latest_devices(&self) -> Result<Vec<DeviceView>, StoreError> {
         let rows = sqlx::query_as::<_, DeviceRow>(
-            "SELECT d.uuid, n.name AS node, p.uuid AS parent_uuid, d.gpu_index::int8 AS gpu_index, d.name,
+            "SELECT d.id::int8 AS device_id, d.uuid, n.name AS node, p.uuid AS parent_uuid, d.gpu_index::int8 AS gpu_index, d.name,
                  d.mig_profile, d.mig_gpu_instance_id::int8 AS mig_gpu_instance_id,
                  d.mig_compute_instance_id::int8 AS mig_compute_instance_id, d.memory_total,
                  l.ts_ms, l.used_last, l.used_min, l.used_max, l.reserved, l.total, l.utilization::int8 AS utilization,
@@ -267,7 +273,13 @@ impl Store for PostgresStore {
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.into_iter().map(DeviceView::from).collect())
+        Ok(rows
+            .into_iter()
+            .map(|mut row| {
+                row.overlay_newer(|device, row_ms| self.latest_cache.newer_than(device, row_ms));
+                DeviceView::from(row)
+            })
+            .collect())
     }
 
     async fn device_series(

@@ -45,6 +45,19 @@ impl ProcessKey {
     }
 }
 
+/// What a sample needs done to its process's row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RowState {
+    /// Unknown here, or something on the row changed: upserted, which
+    /// returns the row's id.
+    Upsert,
+    /// Nothing to write: the sample goes in by the row's id.
+    Steady(i64),
+    /// Only `last_seen_ms` is due: a narrow update by id, not an upsert
+    /// of every column.
+    Refresh(i64),
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Written {
     id: i64,
@@ -84,29 +97,37 @@ fn attribution(row: &ProcessSampleRow) -> u64 {
 }
 
 impl ProcessCache {
-    /// The row id of each sample whose process row needs no rewrite;
-    /// `None` where it does (or the process is unknown here).
-    pub(super) fn steady_ids(&self, rows: &[&ProcessSampleRow]) -> Vec<Option<i64>> {
+    /// What each sample needs done to its process's row.
+    pub(super) fn states(&self, rows: &[&ProcessSampleRow]) -> Vec<RowState> {
         let Ok(inner) = self.inner.lock() else {
-            return vec![None; rows.len()];
+            return vec![RowState::Upsert; rows.len()];
         };
         rows.iter()
             .map(|row| {
-                let known = inner.written.get(&ProcessKey::of(row))?;
-                let unchanged = row.used_max <= known.memory_peak
+                let Some(known) = inner.written.get(&ProcessKey::of(row)) else {
+                    return RowState::Upsert;
+                };
+                let same = row.used_max <= known.memory_peak
                     && row.timestamp_ms >= known.first_seen_ms
-                    && attribution(row) == known.attribution
-                    && (row.timestamp_ms <= known.last_seen_ms
-                        || (row.used_last == known.memory_last
-                            && row.timestamp_ms < known.last_seen_ms + PROCESS_REFRESH_MS));
-                unchanged.then_some(known.id)
+                    && attribution(row) == known.attribution;
+                if !same {
+                    RowState::Upsert
+                } else if row.timestamp_ms <= known.last_seen_ms {
+                    RowState::Steady(known.id)
+                } else if row.used_last != known.memory_last {
+                    RowState::Upsert
+                } else if row.timestamp_ms < known.last_seen_ms + PROCESS_REFRESH_MS {
+                    RowState::Steady(known.id)
+                } else {
+                    RowState::Refresh(known.id)
+                }
             })
             .collect()
     }
 
     /// After the commit: what the rows written to `processes` now hold at
-    /// least. `written` are the samples that went through the upsert, with
-    /// their row ids.
+    /// least. `written` are the samples that were upserted or refreshed,
+    /// with their row ids.
     pub(super) fn learn(&self, written: &[(i64, &ProcessSampleRow)]) {
         let Ok(mut inner) = self.inner.lock() else {
             return;
@@ -162,25 +183,41 @@ mod tests {
     fn a_steady_process_is_rewritten_only_when_due() {
         let cache = ProcessCache::default();
         let first = sample(1_000, 100);
-        assert_eq!(cache.steady_ids(&[&first]), vec![None], "unknown yet");
+        assert_eq!(
+            cache.states(&[&first]),
+            vec![RowState::Upsert],
+            "unknown yet"
+        );
         cache.learn(&[(7, &first)]);
         let same = sample(2_000, 100);
-        assert_eq!(cache.steady_ids(&[&same]), vec![Some(7)]);
+        assert_eq!(cache.states(&[&same]), vec![RowState::Steady(7)]);
         let due = sample(1_000 + PROCESS_REFRESH_MS, 100);
-        assert_eq!(cache.steady_ids(&[&due]), vec![None], "last seen refresh");
+        assert_eq!(
+            cache.states(&[&due]),
+            vec![RowState::Refresh(7)],
+            "last seen refresh"
+        );
         let grew = sample(3_000, 150);
-        assert_eq!(cache.steady_ids(&[&grew]), vec![None], "new peak");
+        assert_eq!(cache.states(&[&grew]), vec![RowState::Upsert], "new peak");
         let shrank = sample(3_000, 50);
-        assert_eq!(cache.steady_ids(&[&shrank]), vec![None], "new last value");
+        assert_eq!(
+            cache.states(&[&shrank]),
+            vec![RowState::Upsert],
+            "new last value"
+        );
         let older = sample(500, 50);
         assert_eq!(
-            cache.steady_ids(&[&older]),
-            vec![None],
+            cache.states(&[&older]),
+            vec![RowState::Upsert],
             "earlier first seen"
         );
         let mut moved = sample(3_000, 100);
         moved.container_id = "c0ffee".into();
-        assert_eq!(cache.steady_ids(&[&moved]), vec![None], "new attribution");
+        assert_eq!(
+            cache.states(&[&moved]),
+            vec![RowState::Upsert],
+            "new attribution"
+        );
     }
 
     #[test]
@@ -190,9 +227,12 @@ mod tests {
         let later = sample(2_000, 100);
         cache.learn(&[(7, &later), (7, &peak)]);
         // The peak of 300 is known, the last value is the later one's.
-        assert_eq!(cache.steady_ids(&[&sample(2_500, 100)]), vec![Some(7)]);
+        assert_eq!(
+            cache.states(&[&sample(2_500, 100)]),
+            vec![RowState::Steady(7)]
+        );
         let mut under_peak = sample(2_500, 100);
         under_peak.used_max = 250;
-        assert_eq!(cache.steady_ids(&[&under_peak]), vec![Some(7)]);
+        assert_eq!(cache.states(&[&under_peak]), vec![RowState::Steady(7)]);
     }
 }

@@ -1,6 +1,7 @@
 //! Writing a group of batches, from any number of agents, in one
-//! transaction: the seq check of every batch, then one `UNNEST` insert per
-//! table for all of their rows. A batch whose seq was already committed is
+//! transaction: the seq check of every batch, then one binary `COPY` per
+//! sample table and one `UNNEST` statement per other table for all of
+//! their rows. A batch whose seq was already committed is
 //! left out and reported as a duplicate, inside the same transaction that
 //! writes the others, so two collectors can never both store one batch.
 
@@ -9,7 +10,9 @@ use std::collections::HashMap;
 use sqlx::postgres::PgPool;
 use sqlx::{Postgres, Row, Transaction};
 
-use super::process_cache::{ProcessCache, ProcessKey};
+use super::copy::{BinaryRows, copy_in};
+use super::latest_cache::{LatestCache, newest_per_device};
+use super::process_cache::{ProcessCache, ProcessKey, RowState};
 use crate::model::{
     AllocatorRow, EventRow, GpuSampleRow, ProcessSampleRow, StoreBatch, WriteOutcome,
 };
@@ -20,6 +23,7 @@ use crate::store::rollup::{MINUTE_MS, late_minutes};
 pub(super) async fn write_group(
     pool: &PgPool,
     process_cache: &ProcessCache,
+    latest_cache: &LatestCache,
     batches: &[StoreBatch],
 ) -> Result<Vec<WriteOutcome>, StoreError> {
     let mut tx = pool.begin().await?;
@@ -40,7 +44,7 @@ pub(super) async fn write_group(
         .iter()
         .flat_map(|b| b.events.iter().map(|e| (b.node_id, e)))
         .collect();
-    write_gpu_samples(&mut tx, &gpu).await?;
+    let latest = write_gpu_samples(&mut tx, latest_cache, &gpu).await?;
     let learned = write_process_samples(&mut tx, process_cache, &processes).await?;
     write_allocator_samples(&mut tx, &processes).await?;
     write_events(&mut tx, &events).await?;
@@ -52,21 +56,59 @@ pub(super) async fn write_group(
             .chain(processes.iter().map(|s| s.timestamp_ms));
         let late = late_minutes(timestamps, watermark);
         if !late.is_empty() {
-            // DO UPDATE, not DO NOTHING: it locks the pending row, so a rollup
-            // pass taking it concurrently waits for these samples.
-            sqlx::query(
-                "INSERT INTO rollup_pending (step_ms, bucket_ms) SELECT $1, UNNEST($2::int8[])
-                 ON CONFLICT (step_ms, bucket_ms) DO UPDATE SET bucket_ms = EXCLUDED.bucket_ms",
-            )
-            .bind(MINUTE_MS)
-            .bind(&late)
-            .execute(&mut *tx)
-            .await?;
+            mark_minutes_pending(&mut tx, &late).await?;
         }
     }
     tx.commit().await?;
     process_cache.learn(&learned);
+    latest_cache.learn(&latest.newest, &latest.written);
     Ok(outcomes)
+}
+
+/// A mark that disappears between our insert and our lock is one the
+/// rollup job just took; it is inserted again. Two rounds is already rare.
+const PENDING_ROUNDS: usize = 8;
+
+/// Marks `minutes` (sorted) for the rollup job to redo, and holds the
+/// marks until commit so that the job cannot take one and roll the minute
+/// up without these rows.
+///
+/// The job takes marks `FOR UPDATE SKIP LOCKED`, so a share lock is enough
+/// to keep it off, and writers do not queue behind one another as they
+/// would on an exclusive lock: when agents replay hours of spooled samples
+/// after an outage, every writer marks the same minutes.
+async fn mark_minutes_pending(
+    tx: &mut Transaction<'_, Postgres>,
+    minutes: &[i64],
+) -> Result<(), StoreError> {
+    let mut unmarked = minutes.to_vec();
+    for _ in 0..PENDING_ROUNDS {
+        // The SELECT's snapshot does not see this statement's inserts, which
+        // are this transaction's own and held anyway; it waits for a job
+        // that took a mark and returns the mark only if it is still there.
+        let held: Vec<i64> = sqlx::query_scalar(
+            "WITH wanted AS (SELECT UNNEST($2::int8[]) AS bucket_ms),
+             inserted AS (
+                 INSERT INTO rollup_pending (step_ms, bucket_ms) SELECT $1, bucket_ms FROM wanted
+                 ON CONFLICT (step_ms, bucket_ms) DO NOTHING RETURNING bucket_ms),
+             locked AS (
+                 SELECT p.bucket_ms FROM rollup_pending p JOIN wanted w ON p.bucket_ms = w.bucket_ms
+                 WHERE p.step_ms = $1 ORDER BY p.bucket_ms FOR SHARE OF p)
+             SELECT bucket_ms FROM inserted UNION ALL SELECT bucket_ms FROM locked",
+        )
+        .bind(MINUTE_MS)
+        .bind(&unmarked)
+        .fetch_all(&mut **tx)
+        .await?;
+        unmarked.retain(|minute| !held.contains(minute));
+        if unmarked.is_empty() {
+            return Ok(());
+        }
+    }
+    Err(StoreError::Invalid(format!(
+        "could not hold the rollup marks of {} late minutes against the rollup job",
+        unmarked.len()
+    )))
 }
 
 struct Claimed<'b> {
@@ -155,7 +197,56 @@ async fn claim_seqs<'b>(
     })
 }
 
-async fn write_gpu_samples(
+/// What a write did to `gpu_latest`, for the cache to learn after commit.
+struct LatestWritten<'r> {
+    newest: Vec<&'r GpuSampleRow>,
+    written: Vec<&'r GpuSampleRow>,
+}
+
+async fn write_gpu_samples<'r>(
+    tx: &mut Transaction<'_, Postgres>,
+    latest_cache: &LatestCache,
+    s: &[&'r GpuSampleRow],
+) -> Result<LatestWritten<'r>, StoreError> {
+    if s.is_empty() {
+        return Ok(LatestWritten {
+            newest: Vec::new(),
+            written: Vec::new(),
+        });
+    }
+    let mut rows = BinaryRows::new(12, s.len());
+    for r in s {
+        rows.row()
+            .int8(r.timestamp_ms)
+            .int8(r.used_last)
+            .int8(r.used_min)
+            .int8(r.used_max)
+            .int8(r.reserved)
+            .int8(r.total)
+            .opt_int8(r.pcie_tx_bytes_per_s)
+            .opt_int8(r.pcie_rx_bytes_per_s)
+            .int4(device_id(r.device_id)?)
+            .int4(r.interval_ms)
+            .int4(r.poll_count)
+            .opt_int2(r.utilization_pct);
+    }
+    copy_in(
+        tx,
+        "COPY gpu_samples (ts_ms, used_last, used_min, used_max, reserved, total, pcie_tx, pcie_rx,
+             device_id, interval_ms, poll_count, utilization) FROM STDIN (FORMAT binary)",
+        rows,
+    )
+    .await?;
+    // One sample per device: ON CONFLICT may touch a row once per statement.
+    let newest = newest_per_device(s);
+    let written = latest_cache.due(&newest);
+    write_gpu_latest(tx, &written).await?;
+    Ok(LatestWritten { newest, written })
+}
+
+/// Moves each device's row in `gpu_latest` (what the fleet overview reads)
+/// to its sample in `s`, unless a newer one is already there.
+async fn write_gpu_latest(
     tx: &mut Transaction<'_, Postgres>,
     s: &[&GpuSampleRow],
 ) -> Result<(), StoreError> {
@@ -164,8 +255,6 @@ async fn write_gpu_samples(
     }
     let device = device_ids(s.iter().map(|r| r.device_id))?;
     let ts: Vec<i64> = s.iter().map(|r| r.timestamp_ms).collect();
-    let interval: Vec<i32> = s.iter().map(|r| r.interval_ms).collect();
-    let polls: Vec<i32> = s.iter().map(|r| r.poll_count).collect();
     let last: Vec<i64> = s.iter().map(|r| r.used_last).collect();
     let min: Vec<i64> = s.iter().map(|r| r.used_min).collect();
     let max: Vec<i64> = s.iter().map(|r| r.used_max).collect();
@@ -174,20 +263,10 @@ async fn write_gpu_samples(
     let util: Vec<Option<i16>> = s.iter().map(|r| r.utilization_pct).collect();
     let tx_rate: Vec<Option<i64>> = s.iter().map(|r| r.pcie_tx_bytes_per_s).collect();
     let rx_rate: Vec<Option<i64>> = s.iter().map(|r| r.pcie_rx_bytes_per_s).collect();
-    // One statement for both tables: the arrays cross the wire and are
-    // parsed once.
     sqlx::query(
-        "WITH s AS (
-             SELECT * FROM UNNEST($1::int4[], $2::int8[], $3::int4[], $4::int4[], $5::int8[], $6::int8[],
-                 $7::int8[], $8::int8[], $9::int8[], $10::int2[], $11::int8[], $12::int8[])
-                 AS s(d, t, iv, pc, l, mi, ma, r, tot, u, tr, rr)),
-         raw AS (
-             INSERT INTO gpu_samples (device_id, ts_ms, interval_ms, poll_count, used_last, used_min, used_max,
-                 reserved, total, utilization, pcie_tx, pcie_rx)
-             SELECT d, t, iv, pc, l, mi, ma, r, tot, u, tr, rr FROM s)
-         INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx)
-         SELECT DISTINCT ON (d) d, t, l, mi, ma, r, tot, u, tr, rr FROM s
-         ORDER BY d, t DESC
+        "INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx)
+         SELECT * FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[],
+             $7::int8[], $8::int2[], $9::int8[], $10::int8[])
          ON CONFLICT (device_id) DO UPDATE SET ts_ms = EXCLUDED.ts_ms, used_last = EXCLUDED.used_last,
              used_min = EXCLUDED.used_min, used_max = EXCLUDED.used_max, reserved = EXCLUDED.reserved,
              total = EXCLUDED.total, utilization = EXCLUDED.utilization, pcie_tx = EXCLUDED.pcie_tx,
@@ -196,8 +275,6 @@ async fn write_gpu_samples(
     )
     .bind(&device)
     .bind(&ts)
-    .bind(&interval)
-    .bind(&polls)
     .bind(&last)
     .bind(&min)
     .bind(&max)
@@ -213,8 +290,9 @@ async fn write_gpu_samples(
 
 /// Process samples, and the rows of the processes they belong to. A
 /// process this collector wrote recently and that has not changed (most,
-/// between allocator growth steps) keeps its row; its samples go in by the
-/// id the cache knows. The others are upserted, which returns their ids.
+/// between allocator growth steps) keeps its row, but for `last_seen_ms`
+/// every few seconds; its samples go in by the id the cache knows. The
+/// others are upserted, which returns their ids.
 /// Returns what the cache may learn once the transaction commits.
 async fn write_process_samples<'r>(
     tx: &mut Transaction<'_, Postgres>,
@@ -224,14 +302,40 @@ async fn write_process_samples<'r>(
     if p.is_empty() {
         return Ok(Vec::new());
     }
-    let mut ids = cache.steady_ids(p);
+    let states = cache.states(p);
+    let mut ids: Vec<Option<i64>> = states
+        .iter()
+        .map(|state| match state {
+            RowState::Steady(id) | RowState::Refresh(id) => Some(*id),
+            RowState::Upsert => None,
+        })
+        .collect();
+    let mut learned = Vec::new();
+    let mut refreshed: HashMap<i64, i64> = HashMap::new();
+    for (row, state) in p.iter().zip(&states) {
+        if let RowState::Refresh(id) = *state {
+            let seen = refreshed.entry(id).or_insert(row.timestamp_ms);
+            *seen = (*seen).max(row.timestamp_ms);
+            learned.push((id, *row));
+        }
+    }
+    if !refreshed.is_empty() {
+        let (refresh_ids, seen): (Vec<i64>, Vec<i64>) = refreshed.into_iter().unzip();
+        sqlx::query(
+            "UPDATE processes p SET last_seen_ms = GREATEST(p.last_seen_ms, v.ts)
+             FROM UNNEST($1::int8[], $2::int8[]) AS v(id, ts) WHERE p.id = v.id",
+        )
+        .bind(&refresh_ids)
+        .bind(&seen)
+        .execute(&mut **tx)
+        .await?;
+    }
     let changed: Vec<&ProcessSampleRow> = p
         .iter()
         .zip(&ids)
         .filter(|(_, id)| id.is_none())
         .map(|(row, _)| *row)
         .collect();
-    let mut learned = Vec::with_capacity(changed.len());
     if !changed.is_empty() {
         let upserted = upsert_processes(tx, &changed).await?;
         for (row, id) in p.iter().zip(ids.iter_mut()) {
@@ -250,18 +354,19 @@ async fn write_process_samples<'r>(
         .zip(ids)
         .filter_map(|(row, id)| Some((*row, id?)))
         .unzip();
-    let ts: Vec<i64> = rows.iter().map(|r| r.timestamp_ms).collect();
-    let last: Vec<i64> = rows.iter().map(|r| r.used_last).collect();
-    let max: Vec<i64> = rows.iter().map(|r| r.used_max).collect();
-    sqlx::query(
-        "INSERT INTO process_samples (process_id, ts_ms, used_last, used_max)
-         SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::int8[])",
+    let mut copy = BinaryRows::new(4, rows.len());
+    for (row, id) in rows.iter().zip(ids) {
+        copy.row()
+            .int8(id)
+            .int8(row.timestamp_ms)
+            .int8(row.used_last)
+            .int8(row.used_max);
+    }
+    copy_in(
+        tx,
+        "COPY process_samples (process_id, ts_ms, used_last, used_max) FROM STDIN (FORMAT binary)",
+        copy,
     )
-    .bind(&ids)
-    .bind(&ts)
-    .bind(&last)
-    .bind(&max)
-    .execute(&mut **tx)
     .await?;
     Ok(learned)
 }

@@ -296,7 +296,7 @@ impl Store for SqliteStore {
 
     async fn latest_devices(&self) -> Result<Vec<DeviceView>, StoreError> {
         let rows = sqlx::query_as::<_, DeviceRow>(
-            "SELECT d.uuid, n.name AS node, p.uuid AS parent_uuid, d.gpu_index, d.name,
+            "SELECT d.id AS device_id, d.uuid, n.name AS node, p.uuid AS parent_uuid, d.gpu_index, d.name,
                  d.mig_profile, d.mig_gpu_instance_id, d.mig_compute_instance_id, d.memory_total,
                  l.ts_ms, l.used_last, l.used_min, l.used_max, l.reserved, l.total, l.utilization,
                  l.pcie_tx, l.pcie_rx

@@ -1,0 +1,220 @@
+//! The newest GPU sample this collector committed for each device, and what
+//! it last wrote to the device's `gpu_latest` row.
+//!
+//! Rewriting a `gpu_latest` row costs Postgres about as much as inserting
+//! the sample did, and every GPU sends one a second; so the row is a
+//! checkpoint, rewritten when memory moves by at least 1 % of the device's
+//! total, or at least every [`CHECKPOINT_MS`]. This collector's fleet
+//! overview lays its newest committed samples over the rows, so for the
+//! devices it serves it is current to the second; another collector on the
+//! same database sees a steady device at most [`CHECKPOINT_MS`] late.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::model::GpuSampleRow;
+
+/// A steady device's `gpu_latest` row trails its newest sample by at most this.
+pub(super) const CHECKPOINT_MS: i64 = 5_000;
+
+/// Entries not refreshed for this long are forgotten (the device went away
+/// or its agent moved to another collector).
+const FORGET_AFTER_MS: i64 = 10 * 60_000;
+
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    /// The newest committed sample.
+    newest: GpuSampleRow,
+    /// What the database row holds, as far as this collector wrote it.
+    checkpoint: GpuSampleRow,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct LatestCache {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    known: HashMap<i64, Known>,
+    newest_ms: i64,
+    size_after_sweep: usize,
+}
+
+/// True when `sample` moved memory far enough from `written` that a reader
+/// of the row alone should see it now.
+fn moved(sample: &GpuSampleRow, written: &GpuSampleRow) -> bool {
+    let step = sample.total.max(written.total) / 100;
+    sample.used_last.abs_diff(written.used_last) >= step.unsigned_abs()
+        || sample.used_max.abs_diff(written.used_max) >= step.unsigned_abs()
+        || sample.total != written.total
+        || sample.reserved != written.reserved
+}
+
+impl LatestCache {
+    /// The samples of `newest` (one per device, its newest in the group)
+    /// that must be written to `gpu_latest` in this transaction.
+    pub(super) fn due<'r>(&self, newest: &[&'r GpuSampleRow]) -> Vec<&'r GpuSampleRow> {
+        let Ok(inner) = self.inner.lock() else {
+            return newest.to_vec();
+        };
+        newest
+            .iter()
+            .copied()
+            .filter(|sample| match inner.known.get(&sample.device_id) {
+                None => true,
+                Some(known) => {
+                    let written = &known.checkpoint;
+                    sample.timestamp_ms > written.timestamp_ms
+                        && (sample.timestamp_ms >= written.timestamp_ms + CHECKPOINT_MS
+                            || moved(sample, written))
+                }
+            })
+            .collect()
+    }
+
+    /// After the commit: `newest` were committed, `written` (a subset) also
+    /// went to `gpu_latest`.
+    pub(super) fn learn(&self, newest: &[&GpuSampleRow], written: &[&GpuSampleRow]) {
+        let Ok(mut inner) = self.inner.lock() else {
+            return;
+        };
+        for sample in newest {
+            inner.newest_ms = inner.newest_ms.max(sample.timestamp_ms);
+            match inner.known.get_mut(&sample.device_id) {
+                Some(known) => {
+                    if sample.timestamp_ms > known.newest.timestamp_ms {
+                        known.newest = **sample;
+                    }
+                }
+                None => {
+                    // Only a sample written to the row may start an entry:
+                    // the checkpoint must be something the row holds.
+                    if written.iter().any(|w| w.device_id == sample.device_id) {
+                        inner.known.insert(
+                            sample.device_id,
+                            Known {
+                                newest: **sample,
+                                checkpoint: **sample,
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        for sample in written {
+            if let Some(known) = inner.known.get_mut(&sample.device_id)
+                && sample.timestamp_ms >= known.checkpoint.timestamp_ms
+            {
+                known.checkpoint = **sample;
+            }
+        }
+        if inner.known.len() > inner.size_after_sweep * 2 + 1024 {
+            let cutoff = inner.newest_ms - FORGET_AFTER_MS;
+            inner.known.retain(|_, k| k.newest.timestamp_ms >= cutoff);
+            inner.size_after_sweep = inner.known.len();
+        }
+    }
+
+    /// The newest committed sample of `device_id` if it is newer than
+    /// `row_ms`, the time of the sample its `gpu_latest` row holds.
+    pub(super) fn newer_than(&self, device_id: i64, row_ms: Option<i64>) -> Option<GpuSampleRow> {
+        let inner = self.inner.lock().ok()?;
+        let known = inner.known.get(&device_id)?;
+        (row_ms.is_none_or(|ms| known.newest.timestamp_ms > ms)).then_some(known.newest)
+    }
+}
+
+/// One sample per device: the newest of each in `samples`.
+pub(super) fn newest_per_device<'r>(samples: &[&'r GpuSampleRow]) -> Vec<&'r GpuSampleRow> {
+    let mut newest: HashMap<i64, &GpuSampleRow> = HashMap::with_capacity(samples.len());
+    for sample in samples {
+        let entry = newest.entry(sample.device_id).or_insert(sample);
+        if entry.timestamp_ms < sample.timestamp_ms {
+            *entry = sample;
+        }
+    }
+    newest.into_values().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: i64 = 1 << 30;
+
+    fn sample(ts: i64, used: i64) -> GpuSampleRow {
+        GpuSampleRow {
+            device_id: 3,
+            timestamp_ms: ts,
+            interval_ms: 1000,
+            poll_count: 10,
+            used_last: used,
+            used_min: used,
+            used_max: used,
+            reserved: GIB / 2,
+            total: 80 * GIB,
+            utilization_pct: Some(50),
+            pcie_tx_bytes_per_s: None,
+            pcie_rx_bytes_per_s: None,
+        }
+    }
+
+    fn learn_due(cache: &LatestCache, s: &GpuSampleRow) -> bool {
+        let due = cache.due(&[s]);
+        cache.learn(&[s], &due);
+        !due.is_empty()
+    }
+
+    #[test]
+    fn a_steady_device_is_checkpointed_every_few_seconds() {
+        let cache = LatestCache::default();
+        assert!(learn_due(&cache, &sample(10_000, 40 * GIB)), "first sight");
+        assert!(!learn_due(&cache, &sample(11_000, 40 * GIB)));
+        assert!(!learn_due(&cache, &sample(14_000, 40 * GIB + GIB / 2)));
+        assert!(learn_due(&cache, &sample(10_000 + CHECKPOINT_MS, 40 * GIB)));
+        assert!(!learn_due(&cache, &sample(16_000, 40 * GIB)));
+    }
+
+    #[test]
+    fn a_move_of_one_percent_is_written_at_once() {
+        let cache = LatestCache::default();
+        learn_due(&cache, &sample(10_000, 40 * GIB));
+        assert!(learn_due(&cache, &sample(11_000, 41 * GIB)), "up 1 GiB");
+        assert!(learn_due(&cache, &sample(12_000, 40 * GIB)), "back down");
+        let mut spike = sample(13_000, 40 * GIB);
+        spike.used_max = 60 * GIB;
+        assert!(learn_due(&cache, &spike), "a peak within the interval");
+    }
+
+    #[test]
+    fn the_overlay_is_the_newest_committed_sample() {
+        let cache = LatestCache::default();
+        assert_eq!(cache.newer_than(3, None), None, "unknown device");
+        learn_due(&cache, &sample(10_000, 40 * GIB));
+        learn_due(&cache, &sample(12_000, 40 * GIB + 2));
+        // A replayed older sample changes nothing.
+        assert!(!learn_due(&cache, &sample(9_000, 70 * GIB)));
+        let overlay = cache.newer_than(3, Some(10_000)).map(|s| s.used_last);
+        assert_eq!(overlay, Some(40 * GIB + 2));
+        assert_eq!(cache.newer_than(3, Some(12_000)), None, "row is as new");
+        assert_eq!(
+            cache.newer_than(3, Some(20_000)),
+            None,
+            "another collector wrote a newer one"
+        );
+    }
+
+    #[test]
+    fn newest_per_device_keeps_one_sample_each() {
+        let a = sample(1_000, 1);
+        let b = sample(3_000, 2);
+        let c = sample(2_000, 3);
+        let mut other = sample(500, 4);
+        other.device_id = 9;
+        let mut newest = newest_per_device(&[&a, &b, &c, &other]);
+        newest.sort_by_key(|s| s.device_id);
+        let picked: Vec<(i64, i64)> = newest.iter().map(|s| (s.device_id, s.used_last)).collect();
+        assert_eq!(picked, vec![(3, 2), (9, 4)]);
+    }
+}
