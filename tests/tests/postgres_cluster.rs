@@ -353,3 +353,146 @@ async fn late_samples_written_by_two_collectors_during_rollups_are_all_rolled_up
     b.close().await;
     db.drop_database().await;
 }
+
+/// A batch of `boot` at `ts` with GPU0 at `gpu0_used` and process 777 on
+/// GPU0 (one incarnation, whatever `ts`) at `process_used`; GPU1 only when
+/// `with_gpu1`.
+fn hop_batch(
+    boot: &str,
+    seq: u64,
+    ts: i64,
+    gpu0_used: u64,
+    process_used: u64,
+    with_gpu1: bool,
+) -> pb::Batch {
+    let mut b = fixtures::batch(seq, ts);
+    b.boot_id = boot.into();
+    b.gpu_samples[0] = fixtures::gpu_sample(fixtures::GPU0, ts, gpu0_used);
+    if !with_gpu1 {
+        b.gpu_samples.truncate(1);
+    }
+    let mut p = fixtures::process_sample(fixtures::GPU0, ts, 777, process_used);
+    p.start_time_ms = 1_700_000_000_000;
+    b.process_samples = vec![p];
+    b
+}
+
+#[tokio::test]
+async fn quiet_devices_and_a_closing_collector_leave_their_newest_sample_in_the_overview() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let serving = collector(&db).await;
+    let other = collector(&db).await;
+    let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
+    let now = now_ms();
+    let start = now - 60_000;
+    let gib = 1u64 << 30;
+    let at = |seq: u64| start + seq as i64 * 1000;
+    let gpu1_latest = |devices: Vec<headroom_collector::store::DeviceView>| {
+        let gpu1 = devices
+            .into_iter()
+            .find(|d| d.uuid == fixtures::GPU1)
+            .unwrap();
+        gpu1.latest.map(|l| l.timestamp_ms)
+    };
+    serving
+        .write_batches(&[rows_at(
+            &session,
+            &hop_batch(BOOT, 1, at(1), 40 * gib, gib, true),
+            now,
+        )])
+        .await
+        .unwrap();
+    serving
+        .write_batches(&[rows_at(
+            &session,
+            &hop_batch(BOOT, 2, at(2), 40 * gib, gib, true),
+            now,
+        )])
+        .await
+        .unwrap();
+    assert_eq!(
+        gpu1_latest(other.latest_devices().await.unwrap()),
+        Some(at(1))
+    );
+    // GPU1 falls silent (its agent reports GPU0 only); 5 s later its last
+    // sample reaches the row.
+    for seq in 3..=8 {
+        let b = hop_batch(BOOT, seq, at(seq), 40 * gib, gib, false);
+        serving
+            .write_batches(&[rows_at(&session, &b, now)])
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        gpu1_latest(other.latest_devices().await.unwrap()),
+        Some(at(2))
+    );
+    // GPU0's newest sample is not checkpointed yet; closing writes it.
+    let b = hop_batch(BOOT, 9, at(9), 40 * gib + (2 << 20), gib, false);
+    serving
+        .write_batches(&[rows_at(&session, &b, now)])
+        .await
+        .unwrap();
+    assert_ne!(gpu0_latest(&other).await.0, at(9));
+    serving.close().await;
+    assert_eq!(
+        gpu0_latest(&other).await,
+        (at(9), (40 * gib + (2 << 20)) as i64)
+    );
+    other.close().await;
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn a_process_whose_agent_hops_between_collectors_shows_its_current_memory() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let a = collector(&db).await;
+    let b = collector(&db).await;
+    let now = now_ms();
+    let start = now - 120_000;
+    let gib = 1u64 << 30;
+    let at = |s: i64| start + s * 1000;
+    let memory = |store: &PostgresStore| {
+        let store = store.clone();
+        async move {
+            let listed = store.processes(0).await.unwrap();
+            let p = listed.iter().find(|p| p.pid == 777).unwrap();
+            (p.memory_used_bytes, p.last_seen_ms)
+        }
+    };
+    let on_a = register(&a, &fixtures::register(NODE, "boot-1")).await;
+    a.write_batches(&[rows_at(
+        &on_a,
+        &hop_batch("boot-1", 1, at(0), 40 * gib, 10 * gib, true),
+        now,
+    )])
+    .await
+    .unwrap();
+    // The agent restarts against the other collector; the process grows.
+    let on_b = register(&b, &fixtures::register(NODE, "boot-2")).await;
+    b.write_batches(&[rows_at(
+        &on_b,
+        &hop_batch("boot-2", 1, at(1), 40 * gib, 12 * gib, true),
+        now,
+    )])
+    .await
+    .unwrap();
+    assert_eq!(memory(&a).await, ((12 * gib) as i64, at(1)));
+    // Back on the first collector, the process is at its old size again: the
+    // value the first collector last wrote, but not the row's.
+    let on_a = register(&a, &fixtures::register(NODE, "boot-3")).await;
+    // Ten seconds after its last write the first collector moves the row's
+    // last-seen time, and the memory with it.
+    let batch = hop_batch("boot-3", 1, at(10), 40 * gib, 10 * gib, true);
+    a.write_batches(&[rows_at(&on_a, &batch, now)])
+        .await
+        .unwrap();
+    assert_eq!(memory(&b).await, ((10 * gib) as i64, at(10)));
+    a.close().await;
+    b.close().await;
+    db.drop_database().await;
+}

@@ -32,6 +32,9 @@ pub enum StoreError {
     UnsupportedUrl(String),
     #[error("refused to store: {0}")]
     Invalid(String),
+    /// Another transaction kept what this one needed; retrying may succeed.
+    #[error("database contention: {0}")]
+    Contended(String),
 }
 
 #[async_trait]

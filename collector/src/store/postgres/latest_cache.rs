@@ -7,7 +7,11 @@
 //! total, or at least every [`CHECKPOINT_MS`]. This collector's fleet
 //! overview lays its newest committed samples over the rows, so for the
 //! devices it serves it is current to the second; another collector on the
-//! same database sees a steady device at most [`CHECKPOINT_MS`] late.
+//! same database sees a steady device at most [`CHECKPOINT_MS`] late. A
+//! device that stops reporting gets its last sample written once it has
+//! been quiet for [`CHECKPOINT_MS`] (while other devices keep this
+//! collector writing) or when the collector closes; a collector that dies
+//! leaves rows up to [`CHECKPOINT_MS`] behind.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -16,6 +20,9 @@ use crate::model::GpuSampleRow;
 
 /// A steady device's `gpu_latest` row trails its newest sample by at most this.
 pub(super) const CHECKPOINT_MS: i64 = 5_000;
+
+/// How often, in sample time, entries are scanned for quiet devices.
+const QUIET_SCAN_EVERY_MS: i64 = 1_000;
 
 /// Entries not refreshed for this long are forgotten (the device went away
 /// or its agent moved to another collector).
@@ -37,8 +44,18 @@ pub(super) struct LatestCache {
 #[derive(Debug, Default)]
 struct Inner {
     known: HashMap<i64, Known>,
+    /// The newest sample time of any device: the clock quiet devices are
+    /// measured by, so that replays of old samples behave like live ones.
     newest_ms: i64,
+    /// `newest_ms` when quiet devices were last looked for.
+    quiet_scan_ms: i64,
     size_after_sweep: usize,
+}
+
+impl Known {
+    fn unwritten(&self) -> bool {
+        self.newest.timestamp_ms > self.checkpoint.timestamp_ms
+    }
 }
 
 /// True when `sample` moved memory far enough from `written` that a reader
@@ -52,15 +69,16 @@ fn moved(sample: &GpuSampleRow, written: &GpuSampleRow) -> bool {
 }
 
 impl LatestCache {
-    /// The samples of `newest` (one per device, its newest in the group)
-    /// that must be written to `gpu_latest` in this transaction.
-    pub(super) fn due<'r>(&self, newest: &[&'r GpuSampleRow]) -> Vec<&'r GpuSampleRow> {
-        let Ok(inner) = self.inner.lock() else {
-            return newest.to_vec();
+    /// What this transaction writes to `gpu_latest`: the samples of
+    /// `newest` (one per device, its newest in the group) that are due, and
+    /// about once a second of sample time the unwritten newest samples of
+    /// devices that went quiet. One row per device, in device order.
+    pub(super) fn due(&self, newest: &[&GpuSampleRow]) -> Vec<GpuSampleRow> {
+        let Ok(mut inner) = self.inner.lock() else {
+            return newest.iter().map(|s| **s).collect();
         };
-        newest
+        let mut due: Vec<GpuSampleRow> = newest
             .iter()
-            .copied()
             .filter(|sample| match inner.known.get(&sample.device_id) {
                 None => true,
                 Some(known) => {
@@ -70,12 +88,49 @@ impl LatestCache {
                             || moved(sample, written))
                 }
             })
-            .collect()
+            .map(|sample| **sample)
+            .collect();
+        let clock = newest
+            .iter()
+            .map(|s| s.timestamp_ms)
+            .fold(inner.newest_ms, i64::max);
+        if clock >= inner.quiet_scan_ms + QUIET_SCAN_EVERY_MS {
+            inner.quiet_scan_ms = clock;
+            let quiet_before = clock - CHECKPOINT_MS;
+            let in_group = |device: i64| newest.iter().any(|s| s.device_id == device);
+            due.extend(
+                inner
+                    .known
+                    .values()
+                    .filter(|k| k.unwritten() && k.newest.timestamp_ms <= quiet_before)
+                    .filter(|k| !in_group(k.newest.device_id))
+                    .map(|k| k.newest),
+            );
+            due.sort_unstable_by_key(|s| s.device_id);
+        }
+        due
+    }
+
+    /// Every newest sample not yet in `gpu_latest`, for a collector that is
+    /// closing; they count as written from here on.
+    pub(super) fn take_unwritten(&self) -> Vec<GpuSampleRow> {
+        let Ok(mut inner) = self.inner.lock() else {
+            return Vec::new();
+        };
+        let mut unwritten = Vec::new();
+        for known in inner.known.values_mut() {
+            if known.unwritten() {
+                unwritten.push(known.newest);
+                known.checkpoint = known.newest;
+            }
+        }
+        unwritten.sort_unstable_by_key(|s| s.device_id);
+        unwritten
     }
 
     /// After the commit: `newest` were committed, `written` (a subset) also
     /// went to `gpu_latest`.
-    pub(super) fn learn(&self, newest: &[&GpuSampleRow], written: &[&GpuSampleRow]) {
+    pub(super) fn learn(&self, newest: &[&GpuSampleRow], written: &[GpuSampleRow]) {
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };
@@ -106,7 +161,7 @@ impl LatestCache {
             if let Some(known) = inner.known.get_mut(&sample.device_id)
                 && sample.timestamp_ms >= known.checkpoint.timestamp_ms
             {
-                known.checkpoint = **sample;
+                known.checkpoint = *sample;
             }
         }
         if inner.known.len() > inner.size_after_sweep * 2 + 1024 {
@@ -134,7 +189,11 @@ pub(super) fn newest_per_device<'r>(samples: &[&'r GpuSampleRow]) -> Vec<&'r Gpu
             *entry = sample;
         }
     }
-    newest.into_values().collect()
+    // In device order: two writers updating the same rows lock them in the
+    // same order.
+    let mut newest: Vec<&GpuSampleRow> = newest.into_values().collect();
+    newest.sort_unstable_by_key(|s| s.device_id);
+    newest
 }
 
 #[cfg(test)]
@@ -163,7 +222,53 @@ mod tests {
     fn learn_due(cache: &LatestCache, s: &GpuSampleRow) -> bool {
         let due = cache.due(&[s]);
         cache.learn(&[s], &due);
-        !due.is_empty()
+        due.iter().any(|d| d.device_id == s.device_id)
+    }
+
+    #[test]
+    fn a_quiet_device_gets_its_last_sample_written() {
+        let cache = LatestCache::default();
+        let mut other = sample(10_000, GIB);
+        other.device_id = 9;
+        learn_due(&cache, &sample(10_000, 40 * GIB));
+        learn_due(&cache, &other);
+        learn_due(&cache, &sample(11_000, 40 * GIB + 2));
+        // Device 3 goes quiet; device 9 keeps reporting.
+        for ts in (11_000..16_000).step_by(1000) {
+            other.timestamp_ms = ts;
+            let due = cache.due(&[&other]);
+            assert!(
+                !due.iter().any(|d| d.device_id == 3),
+                "not quiet yet at {ts}"
+            );
+            cache.learn(&[&other], &due);
+        }
+        other.timestamp_ms = 16_000;
+        let due = cache.due(&[&other]);
+        let quiet: Vec<i64> = due
+            .iter()
+            .filter(|d| d.device_id == 3)
+            .map(|d| d.used_last)
+            .collect();
+        assert_eq!(quiet, vec![40 * GIB + 2], "its newest sample, once");
+        cache.learn(&[&other], &due);
+        other.timestamp_ms = 18_000;
+        assert!(!cache.due(&[&other]).iter().any(|d| d.device_id == 3));
+    }
+
+    #[test]
+    fn closing_takes_every_unwritten_sample_once() {
+        let cache = LatestCache::default();
+        learn_due(&cache, &sample(10_000, 40 * GIB));
+        assert!(cache.take_unwritten().is_empty(), "all written");
+        learn_due(&cache, &sample(11_000, 40 * GIB + 2));
+        let taken: Vec<i64> = cache
+            .take_unwritten()
+            .iter()
+            .map(|s| s.timestamp_ms)
+            .collect();
+        assert_eq!(taken, vec![11_000]);
+        assert!(cache.take_unwritten().is_empty());
     }
 
     #[test]

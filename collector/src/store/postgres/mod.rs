@@ -241,6 +241,18 @@ impl Store for PostgresStore {
     }
 
     async fn close(&self) {
+        // Another collector would otherwise show this one's devices as they
+        // were at their last checkpoint until their agents reconnect.
+        let unwritten = self.latest_cache.take_unwritten();
+        if !unwritten.is_empty() {
+            let written = match self.pool.acquire().await {
+                Ok(mut conn) => write::write_gpu_latest(&mut conn, &unwritten).await,
+                Err(e) => Err(e.into()),
+            };
+            if let Err(error) = written {
+                tracing::warn!(%error, devices = unwritten.len(), "could not write the newest samples to gpu_latest on close");
+            }
+        }
         self.leadership.resign().await;
         self.pool.close().await;
     }

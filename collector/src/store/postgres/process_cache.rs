@@ -2,9 +2,13 @@
 //! process's samples go straight into `process_samples` by id, without
 //! rewriting its row (a new row version and three index entries) and
 //! without looking its id up, every second. The database stays the truth:
-//! every figure here is one the row already has or exceeds (peaks only
-//! grow, last-seen times only move forward), so a stale entry costs at
-//! worst a write that was not needed, never a lost peak.
+//! peaks and first-seen times here are ones the row already has or beats
+//! (peaks only grow, last-seen times only move forward), so a stale entry
+//! costs at worst a write that was not needed, never a lost peak. The
+//! last memory value is the exception (another collector may have written
+//! a different one since), so every refresh of a steady process's
+//! last-seen time writes its memory too: a wrong value lasts at most
+//! [`PROCESS_REFRESH_MS`].
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};

@@ -5,9 +5,9 @@
 //! left out and reported as a duplicate, inside the same transaction that
 //! writes the others, so two collectors can never both store one batch.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
-use sqlx::postgres::PgPool;
+use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Postgres, Row, Transaction};
 
 use super::copy::{BinaryRows, copy_in};
@@ -65,8 +65,10 @@ pub(super) async fn write_group(
     Ok(outcomes)
 }
 
-/// A mark that disappears between our insert and our lock is one the
-/// rollup job just took; it is inserted again. Two rounds is already rare.
+/// A round ends short when a mark this writer found and meant to lock is
+/// taken by the rollup job in between; the next round inserts it again.
+/// More than a couple of rounds means the job and the writer keep meeting
+/// on one minute, which the caller retries.
 const PENDING_ROUNDS: usize = 8;
 
 /// Marks `minutes` (sorted) for the rollup job to redo, and holds the
@@ -74,39 +76,47 @@ const PENDING_ROUNDS: usize = 8;
 /// up without these rows.
 ///
 /// The job takes marks `FOR UPDATE SKIP LOCKED`, so a share lock is enough
-/// to keep it off, and writers do not queue behind one another as they
-/// would on an exclusive lock: when agents replay hours of spooled samples
-/// after an outage, every writer marks the same minutes.
+/// to keep it off, and writers holding the same marks do not queue behind
+/// each other as they would on exclusive locks (when agents replay hours
+/// of spooled samples after an outage, every writer marks the same
+/// minutes). A writer does wait for another's uncommitted insert of a mark,
+/// once per minute the job has just taken; inserts go in minute order, so
+/// within a round two writers cannot wait on each other.
 async fn mark_minutes_pending(
     tx: &mut Transaction<'_, Postgres>,
     minutes: &[i64],
 ) -> Result<(), StoreError> {
     let mut unmarked = minutes.to_vec();
     for _ in 0..PENDING_ROUNDS {
-        // The SELECT's snapshot does not see this statement's inserts, which
-        // are this transaction's own and held anyway; it waits for a job
-        // that took a mark and returns the mark only if it is still there.
-        let held: Vec<i64> = sqlx::query_scalar(
-            "WITH wanted AS (SELECT UNNEST($2::int8[]) AS bucket_ms),
-             inserted AS (
-                 INSERT INTO rollup_pending (step_ms, bucket_ms) SELECT $1, bucket_ms FROM wanted
-                 ON CONFLICT (step_ms, bucket_ms) DO NOTHING RETURNING bucket_ms),
-             locked AS (
-                 SELECT p.bucket_ms FROM rollup_pending p JOIN wanted w ON p.bucket_ms = w.bucket_ms
-                 WHERE p.step_ms = $1 ORDER BY p.bucket_ms FOR SHARE OF p)
-             SELECT bucket_ms FROM inserted UNION ALL SELECT bucket_ms FROM locked",
+        let inserted: Vec<i64> = sqlx::query_scalar(
+            "INSERT INTO rollup_pending (step_ms, bucket_ms) SELECT $1, UNNEST($2::int8[])
+             ON CONFLICT (step_ms, bucket_ms) DO NOTHING RETURNING bucket_ms",
         )
         .bind(MINUTE_MS)
         .bind(&unmarked)
         .fetch_all(&mut **tx)
         .await?;
-        unmarked.retain(|minute| !held.contains(minute));
+        unmarked.retain(|minute| !inserted.contains(minute));
+        if unmarked.is_empty() {
+            return Ok(());
+        }
+        // A statement of its own, so that its snapshot sees the marks
+        // other writers committed while the insert waited for them.
+        let locked: Vec<i64> = sqlx::query_scalar(
+            "SELECT bucket_ms FROM rollup_pending WHERE step_ms = $1 AND bucket_ms = ANY($2::int8[])
+             ORDER BY bucket_ms FOR SHARE",
+        )
+        .bind(MINUTE_MS)
+        .bind(&unmarked)
+        .fetch_all(&mut **tx)
+        .await?;
+        unmarked.retain(|minute| !locked.contains(minute));
         if unmarked.is_empty() {
             return Ok(());
         }
     }
-    Err(StoreError::Invalid(format!(
-        "could not hold the rollup marks of {} late minutes against the rollup job",
+    Err(StoreError::Contended(format!(
+        "the rollup job kept taking {} late minutes' marks before this write could hold them",
         unmarked.len()
     )))
 }
@@ -200,7 +210,7 @@ async fn claim_seqs<'b>(
 /// What a write did to `gpu_latest`, for the cache to learn after commit.
 struct LatestWritten<'r> {
     newest: Vec<&'r GpuSampleRow>,
-    written: Vec<&'r GpuSampleRow>,
+    written: Vec<GpuSampleRow>,
 }
 
 async fn write_gpu_samples<'r>(
@@ -245,10 +255,11 @@ async fn write_gpu_samples<'r>(
 }
 
 /// Moves each device's row in `gpu_latest` (what the fleet overview reads)
-/// to its sample in `s`, unless a newer one is already there.
-async fn write_gpu_latest(
-    tx: &mut Transaction<'_, Postgres>,
-    s: &[&GpuSampleRow],
+/// to its sample in `s` (one per device), unless a newer one is already
+/// there.
+pub(super) async fn write_gpu_latest(
+    conn: &mut PgConnection,
+    s: &[GpuSampleRow],
 ) -> Result<(), StoreError> {
     if s.is_empty() {
         return Ok(());
@@ -283,7 +294,7 @@ async fn write_gpu_latest(
     .bind(&util)
     .bind(&tx_rate)
     .bind(&rx_rate)
-    .execute(&mut **tx)
+    .execute(conn)
     .await?;
     Ok(())
 }
@@ -311,22 +322,35 @@ async fn write_process_samples<'r>(
         })
         .collect();
     let mut learned = Vec::new();
-    let mut refreshed: HashMap<i64, i64> = HashMap::new();
+    // Per row, the newest sample's time and memory; sorted by id so that
+    // two writers update rows in the same order.
+    let mut refreshed: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
     for (row, state) in p.iter().zip(&states) {
         if let RowState::Refresh(id) = *state {
-            let seen = refreshed.entry(id).or_insert(row.timestamp_ms);
-            *seen = (*seen).max(row.timestamp_ms);
+            let seen = refreshed
+                .entry(id)
+                .or_insert((row.timestamp_ms, row.used_last));
+            if row.timestamp_ms > seen.0 {
+                *seen = (row.timestamp_ms, row.used_last);
+            }
             learned.push((id, *row));
         }
     }
     if !refreshed.is_empty() {
-        let (refresh_ids, seen): (Vec<i64>, Vec<i64>) = refreshed.into_iter().unzip();
+        let refresh_ids: Vec<i64> = refreshed.keys().copied().collect();
+        let seen: Vec<i64> = refreshed.values().map(|(ts, _)| *ts).collect();
+        let last: Vec<i64> = refreshed.values().map(|(_, used)| *used).collect();
+        // The memory too: another collector may have written the row since
+        // this one last did, with a value this sample's replaces.
         sqlx::query(
-            "UPDATE processes p SET last_seen_ms = GREATEST(p.last_seen_ms, v.ts)
-             FROM UNNEST($1::int8[], $2::int8[]) AS v(id, ts) WHERE p.id = v.id",
+            "UPDATE processes p SET
+                 memory_last = CASE WHEN v.ts >= p.last_seen_ms THEN v.last ELSE p.memory_last END,
+                 last_seen_ms = GREATEST(p.last_seen_ms, v.ts)
+             FROM UNNEST($1::int8[], $2::int8[], $3::int8[]) AS v(id, ts, last) WHERE p.id = v.id",
         )
         .bind(&refresh_ids)
         .bind(&seen)
+        .bind(&last)
         .execute(&mut **tx)
         .await?;
     }
