@@ -110,19 +110,20 @@ impl BinaryRows {
 }
 
 /// Sends `rows` with `statement` (`COPY t (…) FROM STDIN (FORMAT binary)`)
-/// inside `tx`; returns the number of rows Postgres took. On an error the
-/// `COPY` is abandoned and the transaction with it.
+/// inside `tx`. `COPY` takes every row or fails; on an error it is
+/// abandoned and the transaction with it.
 pub(super) async fn copy_in(
     tx: &mut Transaction<'_, Postgres>,
     statement: &str,
     rows: BinaryRows,
-) -> Result<u64, StoreError> {
+) -> Result<(), StoreError> {
     if rows.is_empty() {
-        return Ok(0);
+        return Ok(());
     }
     let mut copy = tx.copy_in_raw(statement).await?;
     copy.send(rows.into_bytes()).await?;
-    Ok(copy.finish().await?)
+    copy.finish().await?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -57,8 +57,8 @@ pub(super) enum RowState {
     Upsert,
     /// Nothing to write: the sample goes in by the row's id.
     Steady(i64),
-    /// Only `last_seen_ms` is due: a narrow update by id, not an upsert
-    /// of every column.
+    /// Only the last-seen time is due: a narrow update by id of it and of
+    /// the memory, not an upsert of every column.
     Refresh(i64),
 }
 

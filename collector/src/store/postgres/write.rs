@@ -301,9 +301,9 @@ pub(super) async fn write_gpu_latest(
 
 /// Process samples, and the rows of the processes they belong to. A
 /// process this collector wrote recently and that has not changed (most,
-/// between allocator growth steps) keeps its row, but for `last_seen_ms`
-/// every few seconds; its samples go in by the id the cache knows. The
-/// others are upserted, which returns their ids.
+/// between allocator growth steps) keeps its row, but for its last-seen
+/// time and memory every few seconds; its samples go in by the id the
+/// cache knows. The others are upserted, which returns their ids.
 /// Returns what the cache may learn once the transaction commits.
 async fn write_process_samples<'r>(
     tx: &mut Transaction<'_, Postgres>,
