@@ -55,6 +55,7 @@ pub struct CollectorMetrics {
     partitions_created: AtomicU64,
     partitions_dropped: AtomicU64,
     rows_expired: AtomicU64,
+    samples_packed: AtomicU64,
     /// Epoch ms; 0 until the first pass.
     minute_watermark_ms: AtomicI64,
     maintenance_at_ms: AtomicI64,
@@ -145,6 +146,7 @@ impl CollectorMetrics {
         add(&self.partitions_created, report.partitions_created);
         add(&self.partitions_dropped, report.partitions_dropped);
         add(&self.rows_expired, report.rows_expired);
+        add(&self.samples_packed, report.samples_packed);
         self.maintenance_leader
             .store(i64::from(report.leader), Ordering::Relaxed);
         if let Some(marks) = report.watermarks {
@@ -361,6 +363,13 @@ impl CollectorMetrics {
             "counter",
             "Rows deleted past retention where the database has no partitions (SQLite).",
             &[("", get(&self.rows_expired))],
+        );
+        family(
+            out,
+            "headroom_collector_samples_packed_total",
+            "counter",
+            "Raw GPU samples of cold days moved into compressed chunks by this collector (Postgres).",
+            &[("", get(&self.samples_packed))],
         );
     }
 }

@@ -80,7 +80,7 @@ impl StoreBatch {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GpuSampleRow {
     pub device_id: i64,
     pub timestamp_ms: i64,

@@ -193,7 +193,10 @@ async fn maintain_storage(
                     );
                     was_leader = report.leader;
                 }
-                if report.minutes_rolled_up + report.partitions_created + report.partitions_dropped
+                if report.minutes_rolled_up
+                    + report.partitions_created
+                    + report.partitions_dropped
+                    + report.samples_packed
                     > 0
                 {
                     tracing::debug!(?report, "storage maintenance pass");

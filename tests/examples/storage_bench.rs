@@ -19,15 +19,19 @@
 //!    the most this Postgres takes. Same process, same machine, one run;
 //!    ROUNDS (default 3) rounds of both, and the median ratio.
 //! 2. Storage: HISTORY_NODES (default 8) nodes of 8 GPUs, each GPU with two
-//!    processes, write 24 h at one sample per second through the store's own
-//!    write path, then maintenance rolls them up. Bytes per GPU-second are the
-//!    raw partitions' size on disk, indexes included. The first node's 8 GPUs
-//!    go to Prometheus too (`promtool tsdb create-blocks-from openmetrics`,
-//!    Debian's `prometheus` package) as 8 series per GPU, the same figures.
+//!    processes, write one whole UTC day (the last that ended more than a day
+//!    ago) at one sample per second through the store's own write path, then
+//!    maintenance rolls them up. Bytes per GPU-second are the raw
+//!    partitions' size on disk, indexes included. Then maintenance packs the
+//!    day's GPU samples into chunks, timed and sized the same way. The first
+//!    node's 8 GPUs go to Prometheus too (`promtool tsdb create-blocks-from
+//!    openmetrics`, Debian's `prometheus` package) as 8 series per GPU, the
+//!    same figures.
 //! 3. Queries: the fleet grows to 1,000 GPUs (the rest with a current sample
 //!    only), a collector serves it, and one client times the fleet overview
-//!    (`GET /api/v1/gpus`) and a 24 h chart of one GPU
-//!    (`GET /api/v1/gpus/{uuid}/series`, 1,000 points), 300 of each.
+//!    (`GET /api/v1/gpus`), a 24 h chart of one GPU
+//!    (`GET /api/v1/gpus/{uuid}/series`, 1,000 points) and a 1 h chart of
+//!    the packed day at one point per sample, 300 of each.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: fail loudly
 
 use std::fmt::Write as _;
@@ -36,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use headroom_collector::ingest::validate::{self, Limits};
 use headroom_collector::model::{NodeSession, StoreBatch};
-use headroom_collector::store::rollup::DAY_MS;
+use headroom_collector::store::rollup::{DAY_MS, HOUR_MS, StorageConfig, bucket_start};
 use headroom_collector::store::{self, PostgresStore, Store};
 use headroom_proto::v1 as pb;
 use headroom_proto::v1::ingest_client::IngestClient;
@@ -591,10 +595,14 @@ async fn storage_and_queries(history_nodes: usize) {
         gpus * PROCESSES_PER_GPU
     );
     let db = postgres::fresh_database().await.expect("Postgres");
-    let store = PostgresStore::connect(&db.url, Default::default())
-        .await
-        .unwrap();
-    let end_ms = (now_ms() - 10 * 60_000) / 1000 * 1000;
+    // Loaded and rolled up with packing off, to size the raw rows first.
+    let unpacked = StorageConfig {
+        pack_raw_after_hours: 0,
+        ..StorageConfig::default()
+    };
+    let store = PostgresStore::connect(&db.url, unpacked).await.unwrap();
+    // One whole UTC day, ended more than a day ago: what packing takes.
+    let end_ms = bucket_start(now_ms() - DAY_MS, DAY_MS);
     let (write_s, rollup_s) = load_history(&store, history_nodes, end_ms).await;
     sqlx::query("VACUUM ANALYZE")
         .execute(store.pool())
@@ -618,6 +626,33 @@ async fn storage_and_queries(history_nodes: usize) {
         let bytes = table_bytes(&store, table).await;
         println!("| {table} | {bytes} | {:.2} |", bytes as f64 / per);
     }
+    store.close().await;
+
+    // The same day packed, as maintenance does a day after it ends.
+    let store = PostgresStore::connect(&db.url, StorageConfig::default())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut packed = 0;
+    loop {
+        let report = store.maintain(now_ms()).await.unwrap();
+        if report.samples_packed == 0 {
+            break;
+        }
+        packed += report.samples_packed;
+    }
+    let pack_s = started.elapsed().as_secs_f64();
+    sqlx::query("VACUUM ANALYZE")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let raw_left = table_bytes(&store, "gpu_samples").await;
+    let packed_bytes = table_bytes(&store, "gpu_samples_packed").await;
+    println!(
+        "| gpu_samples_packed ({packed} samples packed in {pack_s:.1} s, {:.0}/s; {raw_left} B of empty raw partitions left) | {packed_bytes} | {:.2} |",
+        packed as f64 / pack_s,
+        packed_bytes as f64 / gpu_seconds
+    );
     let dir = tempfile::tempdir().unwrap();
     if let Some((bytes, took)) = prometheus_bytes(dir.path(), end_ms) {
         let per = bytes as f64 / (GPUS_PER_NODE as i64 * DAY_MS / 1000) as f64;
@@ -641,15 +676,27 @@ async fn storage_and_queries(history_nodes: usize) {
         end_ms - DAY_MS,
         end_ms
     ));
+    // An hour at one point per sample: raw resolution, out of the chunks.
+    let zoom = collector.api(&format!(
+        "/api/v1/gpus/{}/series?from={}&to={}&max_points=3600",
+        gpu_uuid(history_nodes / 2, 3),
+        end_ms - 12 * HOUR_MS,
+        end_ms - 11 * HOUR_MS - 1
+    ));
     // Warm the connection and the caches, as a dashboard in use would.
     time_get(&overview, &client, 20).await;
     time_get(&chart, &client, 20).await;
+    time_get(&zoom, &client, 20).await;
     let (o50, o99, obytes) = time_get(&overview, &client, 300).await;
     let (c50, c99, cbytes) = time_get(&chart, &client, 300).await;
+    let (z50, z99, zbytes) = time_get(&zoom, &client, 300).await;
     println!("| query | p50 | p99 | response |");
     println!("|---|---|---|---|");
     println!("| fleet overview, {FLEET_GPUS} GPUs | {o50:.1} ms | {o99:.1} ms | {obytes} B |");
     println!("| 24 h chart, 1,000 points | {c50:.1} ms | {c99:.1} ms | {cbytes} B |");
+    println!(
+        "| 1 h chart of a packed day, 3,600 points | {z50:.1} ms | {z99:.1} ms | {zbytes} B |"
+    );
     collector.stop().await;
     shared.close().await;
     db.drop_database().await;

@@ -289,9 +289,31 @@ fn start_throwaway_cluster() -> anyhow::Result<String> {
     Cluster::create()?.reap_at_exit()
 }
 
+/// `YYYYMMDD` of the UTC day holding `ts_ms`, as partition names end
+/// (days-from-civil, inverted).
+pub fn day_suffix(ts_ms: i64) -> String {
+    let z = ts_ms.div_euclid(86_400_000) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}{month:02}{day:02}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn day_suffix_names_the_utc_day() {
+        assert_eq!(day_suffix(0), "19700101");
+        assert_eq!(day_suffix(1_764_460_800_000), "20251130");
+        assert_eq!(day_suffix(1_709_164_800_000 + 86_400_000 - 1), "20240229");
+    }
 
     #[test]
     fn database_name_is_swapped_keeping_options() {

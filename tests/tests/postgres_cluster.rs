@@ -14,7 +14,7 @@ use headroom_collector::store::rollup::{DAY_MS, MINUTE_MS, StorageConfig, bucket
 use headroom_collector::store::{PostgresStore, Store};
 use headroom_proto::v1 as pb;
 use headroom_tests::fixtures::{self, BOOT, NODE, now_ms};
-use headroom_tests::postgres::{self, TestDatabase};
+use headroom_tests::postgres::{self, TestDatabase, day_suffix};
 
 async fn collector(db: &TestDatabase) -> PostgresStore {
     PostgresStore::connect(&db.url, StorageConfig::default())
@@ -31,27 +31,6 @@ async fn partitions(store: &PostgresStore) -> HashSet<String> {
     .unwrap()
     .into_iter()
     .collect()
-}
-
-/// `YYYYMMDD` of the UTC day holding `ts_ms` (days-from-civil, inverted).
-fn day_suffix(ts_ms: i64) -> String {
-    let z = ts_ms.div_euclid(DAY_MS) + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}{month:02}{day:02}")
-}
-
-#[test]
-fn day_suffix_names_the_utc_day() {
-    assert_eq!(day_suffix(0), "19700101");
-    assert_eq!(day_suffix(1_764_460_800_000), "20251130");
-    assert_eq!(day_suffix(1_709_164_800_000 + DAY_MS - 1), "20240229");
 }
 
 async fn register(store: &dyn Store, req: &pb::RegisterRequest) -> NodeSession {

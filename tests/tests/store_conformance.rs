@@ -737,6 +737,62 @@ async fn late_samples_are_rolled_up_again(store: Arc<dyn Store>) {
     assert_eq!(after[0].memory_used_bytes, (30 * GIB) as i64);
 }
 
+/// Raw samples of a day long past are packed into chunks on Postgres
+/// (SQLite keeps them as rows): a chart fine enough for raw samples reads
+/// exactly the same after maintenance, and a sample that arrives for a
+/// packed day is charted and rolled up like any late sample.
+async fn cold_days_chart_the_same_once_packed(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let now = now_ms();
+    let start = rollup::bucket_start(now - 3 * DAY_MS, DAY_MS) + HOUR_MS;
+    let sample = |seq: u64, ts: i64, used_gib: u64| {
+        let mut b = gpu0_batch(seq, ts, used_gib);
+        let g = &mut b.gpu_samples[0];
+        g.pcie_tx_bytes_per_s = (!seq.is_multiple_of(5)).then_some(seq * 4096);
+        g.utilization_pct = Some((seq % 101) as u32);
+        rows_at(&session, &b, now)
+    };
+    let batches: Vec<StoreBatch> = (0..720u64)
+        .map(|i| sample(i + 1, start + i as i64 * 10_000, 10 + i % 7))
+        .collect();
+    for group in batches.chunks(120) {
+        store.write_batches(group).await.unwrap();
+    }
+    let raw = || store.device_series(GPU0, start, start + 2 * HOUR_MS - 1, 2000);
+    let before = raw().await.unwrap().unwrap();
+    assert_eq!(before.len(), 720, "one point per sample");
+    let report = store.maintain(now).await.unwrap();
+    assert!(
+        [0, 720].contains(&report.samples_packed),
+        "all or (SQLite) nothing: {report:?}"
+    );
+    assert_eq!(raw().await.unwrap().unwrap(), before);
+
+    let minute = start + 30 * MINUTE_MS;
+    let late = sample(721, minute + 5_000, 70);
+    store.write_batch(&late).await.unwrap();
+    let report = store.maintain(now + 1000).await.unwrap();
+    assert_eq!(report.minutes_rolled_up, 1, "only the late minute");
+    let rolled = store
+        .device_series(GPU0, minute, minute + MINUTE_MS - 1, 1)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rolled[0].samples, 7, "six packed samples and the late one");
+    assert_eq!(rolled[0].memory_used_max_bytes, (71 * GIB) as i64);
+    assert_eq!(rolled[0].memory_used_min_bytes, (9 * GIB) as i64);
+    let after = raw().await.unwrap().unwrap();
+    assert_eq!(after.len(), 721);
+    assert!(
+        after
+            .iter()
+            .any(|p| p.timestamp_ms == minute + 5_000 && p.memory_used_bytes == (70 * GIB) as i64)
+    );
+    // The next pass packs the late sample and its hour again.
+    store.maintain(now + 2000).await.unwrap();
+    assert_eq!(raw().await.unwrap().unwrap(), after);
+}
+
 /// Samples older than raw retention go (by whole partitions on Postgres);
 /// a chart of that time still shows the spike, from the rollups.
 async fn retention_drops_raw_samples_and_rollups_keep_the_peak(store: Arc<dyn Store>) {
@@ -967,6 +1023,7 @@ conformance!(
     silences_match_until_they_expire,
     rollups_keep_min_max_avg_and_last,
     late_samples_are_rolled_up_again,
+    cold_days_chart_the_same_once_packed,
     retention_drops_raw_samples_and_rollups_keep_the_peak,
     a_group_of_batches_gets_one_outcome_each,
     steady_processes_are_stored_every_second_and_changes_show_at_once,

@@ -35,6 +35,9 @@ pub enum StoreError {
     /// Another transaction kept what this one needed; retrying may succeed.
     #[error("database contention: {0}")]
     Contended(String),
+    /// Stored data that cannot be read back (a damaged packed chunk).
+    #[error("stored data is damaged: {0}")]
+    Damaged(String),
 }
 
 #[async_trait]

@@ -31,6 +31,10 @@ pub struct StorageConfig {
     /// Seconds between maintenance passes (partitions ahead, rollups,
     /// retention). Only one collector per database does the work.
     pub maintenance_interval_s: u32,
+    /// Postgres: raw GPU samples of a day that ended this many hours ago are
+    /// packed into compressed chunks (0: never). They still chart at full
+    /// resolution; a late sample for a packed day is still rolled up.
+    pub pack_raw_after_hours: u32,
 }
 
 impl Default for StorageConfig {
@@ -40,6 +44,7 @@ impl Default for StorageConfig {
             minute_retention_days: 90,
             hour_retention_days: 730,
             maintenance_interval_s: 20,
+            pack_raw_after_hours: 24,
         }
     }
 }
@@ -51,6 +56,11 @@ impl StorageConfig {
 
     pub fn minute_retention_ms(&self) -> i64 {
         i64::from(self.minute_retention_days.max(1)) * DAY_MS
+    }
+
+    /// How old a day must be before its raw GPU samples are packed.
+    pub fn pack_raw_after_ms(&self) -> Option<i64> {
+        (self.pack_raw_after_hours > 0).then(|| i64::from(self.pack_raw_after_hours) * HOUR_MS)
     }
 
     pub fn hour_retention_ms(&self) -> i64 {
@@ -210,6 +220,8 @@ pub struct MaintenanceReport {
     pub rows_expired: u64,
     pub minutes_rolled_up: u64,
     pub hours_rolled_up: u64,
+    /// Raw GPU samples moved into packed chunks (Postgres).
+    pub samples_packed: u64,
     /// Where the rollups stand after the pass.
     pub watermarks: Option<Watermarks>,
 }

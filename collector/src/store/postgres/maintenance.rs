@@ -8,6 +8,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
 use sqlx::{Connection, Postgres, Row, Transaction};
 use tokio::sync::Mutex;
 
+use super::packing;
 use crate::store::StoreError;
 use crate::store::rollup::{
     DAY_MS, HOUR_MS, MINUTE_MS, MaintenanceReport, StorageConfig, Watermarks, bucket_start,
@@ -38,9 +39,14 @@ struct Partitioned {
     keep: Keep,
 }
 
-const PARTITIONED: [Partitioned; 8] = [
+const PARTITIONED: [Partitioned; 9] = [
     Partitioned {
         table: "gpu_samples",
+        width_ms: DAY_MS,
+        keep: Keep::Raw,
+    },
+    Partitioned {
+        table: "gpu_samples_packed",
         width_ms: DAY_MS,
         keep: Keep::Raw,
     },
@@ -174,6 +180,8 @@ pub(super) async fn run(
         report.hours_rolled_up = roll_up_hours(pool).await?;
         let marks = watermarks(pool).await?;
         report.partitions_dropped = drop_expired(pool, storage, now_ms, marks).await?;
+        report.samples_packed =
+            packing::pack_cold_days(pool, storage, now_ms, marks.minute_ms).await?;
     }
     report.watermarks = Some(watermarks(pool).await?);
     Ok(report)
@@ -214,14 +222,17 @@ pub(super) async fn ensure_partitions(
     Ok(created)
 }
 
-/// Drops every partition whose whole range is older than its table keeps,
-/// once the next rollup has what it holds.
-async fn drop_expired(
-    pool: &PgPool,
-    storage: &StorageConfig,
-    now_ms: i64,
-    marks: Watermarks,
-) -> Result<u64, StoreError> {
+/// A partition of one of the time-partitioned tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Partition {
+    pub parent: String,
+    pub name: String,
+    pub from_ms: i64,
+    pub to_ms: i64,
+}
+
+/// The range partitions of `parents`, each with its bounds.
+async fn partitions_of(pool: &PgPool, parents: &[&str]) -> Result<Vec<Partition>, StoreError> {
     let rows = sqlx::query(
         "SELECT parent.relname AS parent, child.relname AS child,
                 pg_get_expr(child.relpartbound, child.oid) AS bound
@@ -230,19 +241,48 @@ async fn drop_expired(
          JOIN pg_class child ON child.oid = i.inhrelid
          WHERE parent.relname = ANY($1) AND child.relkind = 'r'",
     )
-    .bind(PARTITIONED.iter().map(|p| p.table).collect::<Vec<_>>())
+    .bind(parents)
     .fetch_all(pool)
     .await?;
-    let mut dropped = 0;
+    let mut partitions = Vec::with_capacity(rows.len());
     for row in rows {
         let parent: String = row.try_get("parent")?;
-        let child: String = row.try_get("child")?;
+        let name: String = row.try_get("child")?;
         let bound: String = row.try_get("bound")?;
-        let Some(spec) = PARTITIONED.iter().find(|p| p.table == parent) else {
+        let Some((from_ms, to_ms)) = parse_bound(&bound) else {
+            tracing::warn!(partition = %name, %bound, "partition bound not understood; left alone");
             continue;
         };
-        let Some((_, upper)) = parse_bound(&bound) else {
-            tracing::warn!(partition = %child, %bound, "partition bound not understood; left alone");
+        partitions.push(Partition {
+            parent,
+            name,
+            from_ms,
+            to_ms,
+        });
+    }
+    Ok(partitions)
+}
+
+/// The day partitions of one raw table.
+pub(super) async fn raw_partitions(
+    pool: &PgPool,
+    parent: &str,
+) -> Result<Vec<Partition>, StoreError> {
+    partitions_of(pool, &[parent]).await
+}
+
+/// Drops every partition whose whole range is older than its table keeps,
+/// once the next rollup has what it holds.
+async fn drop_expired(
+    pool: &PgPool,
+    storage: &StorageConfig,
+    now_ms: i64,
+    marks: Watermarks,
+) -> Result<u64, StoreError> {
+    let parents: Vec<&str> = PARTITIONED.iter().map(|p| p.table).collect();
+    let mut dropped = 0;
+    for partition in partitions_of(pool, &parents).await? {
+        let Some(spec) = PARTITIONED.iter().find(|p| p.table == partition.parent) else {
             continue;
         };
         let rolled_up_until = match spec.keep {
@@ -250,18 +290,23 @@ async fn drop_expired(
             Keep::Minute => marks.hour_ms,
             Keep::Hour => i64::MAX,
         };
-        if upper > now_ms - keep_ms(spec.keep, storage) || upper > rolled_up_until {
+        if partition.to_ms > now_ms - keep_ms(spec.keep, storage)
+            || partition.to_ms > rolled_up_until
+        {
             continue;
         }
         let mut tx = pool.begin().await?;
         sqlx::query("SET LOCAL lock_timeout = '5s'")
             .execute(&mut *tx)
             .await?;
-        sqlx::query(&format!("DROP TABLE \"{}\"", child.replace('"', "\"\"")))
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(&format!(
+            "DROP TABLE \"{}\"",
+            partition.name.replace('"', "\"\"")
+        ))
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
-        tracing::info!(partition = %child, "dropped a partition past retention");
+        tracing::info!(partition = %partition.name, "dropped a partition past retention");
         dropped += 1;
     }
     Ok(dropped)
@@ -352,6 +397,7 @@ const PROCESS_ROLLUP_UPDATE: &str =
 /// Rolls pending minutes up from raw samples into the 1 min tables, and
 /// marks their hours pending. Returns how many minutes it rolled up.
 async fn roll_up_minutes(pool: &PgPool) -> Result<u64, StoreError> {
+    let packed_until = packing::packed_until(pool).await?;
     let mut total = 0;
     loop {
         let mut tx = pool.begin().await?;
@@ -360,6 +406,9 @@ async fn roll_up_minutes(pool: &PgPool) -> Result<u64, StoreError> {
             return Ok(total);
         }
         for (from, to) in contiguous_runs(&minutes, MINUTE_MS) {
+            if from < packed_until {
+                packing::unpack_for_rollup(&mut tx, from, to).await?;
+            }
             // `(max(ARRAY[ts, v]))[2]` is the value at the newest timestamp:
             // "last" without sorting each group.
             sqlx::query(&format!(

@@ -16,10 +16,12 @@ mod alerts;
 mod copy;
 mod latest_cache;
 mod maintenance;
+mod packed;
+mod packing;
 mod process_cache;
 mod write;
 
-use crate::model::{NodeSession, Registration, StoreBatch, WriteOutcome};
+use crate::model::{GpuSampleRow, NodeSession, Registration, StoreBatch, WriteOutcome};
 use crate::store::rollup::{
     self, MaintenanceReport, StorageConfig, Watermarks, resolution_for, source_bounds,
 };
@@ -312,6 +314,15 @@ impl Store for PostgresStore {
             to_ms,
             marks,
         );
+        // Raw samples of days already packed come out of their chunks.
+        let packed = if bounds.minute_end_ms <= to_ms {
+            packing::samples_between(&self.pool, device, bounds.minute_end_ms, to_ms).await?
+        } else {
+            Vec::new()
+        };
+        let column = |f: fn(&GpuSampleRow) -> i64| packed.iter().map(f).collect::<Vec<i64>>();
+        let optional =
+            |f: fn(&GpuSampleRow) -> Option<i64>| packed.iter().map(f).collect::<Vec<_>>();
         // Rollup rows count as `samples` samples of mean `used_avg`, so a
         // bucket mixing resolutions still averages per sample.
         let points = sqlx::query_as::<_, SeriesPoint>(
@@ -326,7 +337,13 @@ impl Store for PostgresStore {
                  UNION ALL
                  SELECT ts_ms, ts_ms, 1, used_last, used_min, used_max, reserved, total,
                      utilization::float8, pcie_tx, pcie_rx
-                 FROM gpu_samples WHERE device_id = $1 AND ts_ms >= $6 AND ts_ms <= $3)
+                 FROM gpu_samples WHERE device_id = $1 AND ts_ms >= $6 AND ts_ms <= $3
+                 UNION ALL
+                 SELECT ts_ms, ts_ms, 1, used_last, used_min, used_max, reserved, total,
+                     utilization::float8, pcie_tx, pcie_rx
+                 FROM UNNEST($7::int8[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[],
+                     $13::int2[], $14::int8[], $15::int8[])
+                     AS packed (ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx))
              SELECT MAX(ts) AS timestamp_ms, SUM(samples)::int8 AS samples,
                  ROUND(SUM(used_avg::numeric * samples) / SUM(samples))::int8 AS memory_used_bytes,
                  MIN(used_min) AS memory_used_min_bytes, MAX(used_max) AS memory_used_max_bytes,
@@ -344,6 +361,15 @@ impl Store for PostgresStore {
         .bind(width)
         .bind(bounds.hour_end_ms)
         .bind(bounds.minute_end_ms)
+        .bind(column(|r| r.timestamp_ms))
+        .bind(column(|r| r.used_last))
+        .bind(column(|r| r.used_min))
+        .bind(column(|r| r.used_max))
+        .bind(column(|r| r.reserved))
+        .bind(column(|r| r.total))
+        .bind(packed.iter().map(|r| r.utilization_pct).collect::<Vec<_>>())
+        .bind(optional(|r| r.pcie_tx_bytes_per_s))
+        .bind(optional(|r| r.pcie_rx_bytes_per_s))
         .fetch_all(&self.pool)
         .await?;
         Ok(Some(points))

@@ -224,6 +224,19 @@ async fn write_gpu_samples<'r>(
             written: Vec::new(),
         });
     }
+    copy_gpu_samples(tx, s.iter().copied()).await?;
+    // One sample per device: ON CONFLICT may touch a row once per statement.
+    let newest = newest_per_device(s);
+    let written = latest_cache.due(&newest);
+    write_gpu_latest(tx, &written).await?;
+    Ok(LatestWritten { newest, written })
+}
+
+/// Inserts raw GPU samples (into whichever day partitions they fall in).
+pub(super) async fn copy_gpu_samples<'r>(
+    tx: &mut Transaction<'_, Postgres>,
+    s: impl ExactSizeIterator<Item = &'r GpuSampleRow>,
+) -> Result<(), StoreError> {
     let mut rows = BinaryRows::new(12, s.len());
     for r in s {
         rows.row()
@@ -246,12 +259,7 @@ async fn write_gpu_samples<'r>(
              device_id, interval_ms, poll_count, utilization) FROM STDIN (FORMAT binary)",
         rows,
     )
-    .await?;
-    // One sample per device: ON CONFLICT may touch a row once per statement.
-    let newest = newest_per_device(s);
-    let written = latest_cache.due(&newest);
-    write_gpu_latest(tx, &written).await?;
-    Ok(LatestWritten { newest, written })
+    .await
 }
 
 /// Moves each device's row in `gpu_latest` (what the fleet overview reads)

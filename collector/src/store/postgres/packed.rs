@@ -1,0 +1,390 @@
+//! Cold raw GPU samples packed into one compressed chunk per device and
+//! hour. A raw row costs about 140 bytes on disk (tuple header, ten 8-byte
+//! columns, index entries); a day-old sample is only read again for a
+//! zoomed-in chart, so maintenance moves whole days of them into chunks of a
+//! few bytes per sample (store/postgres/maintenance.rs) and queries decode
+//! them on the way out.
+//!
+//! A chunk is columnar: each column's values in time order, as zigzag
+//! varints of what changes (delta of delta for timestamps, delta for
+//! memory, the spread of min and max around the last value), then zstd over
+//! the lot. Steady columns shrink to almost nothing; noisy ones keep about
+//! their entropy.
+
+use crate::model::GpuSampleRow;
+use crate::store::rollup::{HOUR_MS, bucket_start};
+
+/// First byte of every chunk: the layout below.
+const FORMAT_V1: u8 = 1;
+/// Samples in one chunk at most: an hour at 10 Hz is 36,000. A larger count
+/// is a damaged chunk, not a long hour.
+const MAX_SAMPLES: u64 = 1 << 20;
+/// Encoded bytes per sample at most: eleven varints of ten bytes.
+const MAX_SAMPLE_BYTES: u64 = 11 * 10;
+const ZSTD_LEVEL: i32 = 3;
+
+/// A chunk that cannot be read back. Chunks are only written by this
+/// module, so each of these means damage on disk or a newer format.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ChunkError {
+    #[error("unknown chunk format {0}")]
+    Format(u8),
+    #[error("chunk is empty")]
+    Empty,
+    #[error("chunk claims {0} samples")]
+    TooLarge(u64),
+    #[error("chunk does not decompress: {0}")]
+    Compression(String),
+    #[error("chunk ends inside its {0} column")]
+    Truncated(&'static str),
+    #[error("chunk's {0} column holds a value out of range")]
+    OutOfRange(&'static str),
+    #[error("chunk has {0} bytes after its last column")]
+    Trailing(usize),
+}
+
+/// One device's samples of one hour, ready for `gpu_samples_packed`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct GpuChunk {
+    pub device_id: i64,
+    pub hour_ms: i64,
+    pub first_ts_ms: i64,
+    pub last_ts_ms: i64,
+    pub samples: i32,
+    pub data: Vec<u8>,
+}
+
+/// Groups one device's samples (any order) into a chunk per hour.
+pub(super) fn chunks_by_hour(
+    device_id: i64,
+    mut rows: Vec<GpuSampleRow>,
+) -> Result<Vec<GpuChunk>, ChunkError> {
+    rows.sort_unstable_by_key(|r| r.timestamp_ms);
+    let mut chunks = Vec::new();
+    for hour in rows.chunk_by(|a, b| {
+        bucket_start(a.timestamp_ms, HOUR_MS) == bucket_start(b.timestamp_ms, HOUR_MS)
+    }) {
+        let (Some(first), Some(last)) = (hour.first(), hour.last()) else {
+            continue;
+        };
+        chunks.push(GpuChunk {
+            device_id,
+            hour_ms: bucket_start(first.timestamp_ms, HOUR_MS),
+            first_ts_ms: first.timestamp_ms,
+            last_ts_ms: last.timestamp_ms,
+            samples: i32::try_from(hour.len())
+                .map_err(|_| ChunkError::TooLarge(hour.len() as u64))?,
+            data: encode(hour)?,
+        });
+    }
+    Ok(chunks)
+}
+
+/// Packs samples, in time order, into a chunk.
+pub(super) fn encode(rows: &[GpuSampleRow]) -> Result<Vec<u8>, ChunkError> {
+    let mut raw = Vec::with_capacity(rows.len() * 16 + 10);
+    put_varint(&mut raw, rows.len() as u64);
+    let mut prev_ts = 0i64;
+    let mut prev_step = 0i64;
+    for r in rows {
+        let step = r.timestamp_ms.wrapping_sub(prev_ts);
+        put_signed(&mut raw, step.wrapping_sub(prev_step));
+        (prev_ts, prev_step) = (r.timestamp_ms, step);
+    }
+    put_deltas(&mut raw, rows.iter().map(|r| i64::from(r.interval_ms)));
+    put_deltas(&mut raw, rows.iter().map(|r| i64::from(r.poll_count)));
+    put_deltas(&mut raw, rows.iter().map(|r| r.used_last));
+    for r in rows {
+        put_signed(&mut raw, r.used_last.wrapping_sub(r.used_min));
+    }
+    for r in rows {
+        put_signed(&mut raw, r.used_max.wrapping_sub(r.used_last));
+    }
+    put_deltas(&mut raw, rows.iter().map(|r| r.reserved));
+    put_deltas(&mut raw, rows.iter().map(|r| r.total));
+    put_optional_deltas(
+        &mut raw,
+        rows.iter().map(|r| r.utilization_pct.map(i64::from)),
+    );
+    put_optional_deltas(&mut raw, rows.iter().map(|r| r.pcie_tx_bytes_per_s));
+    put_optional_deltas(&mut raw, rows.iter().map(|r| r.pcie_rx_bytes_per_s));
+
+    let mut chunk = vec![FORMAT_V1];
+    put_varint(&mut chunk, raw.len() as u64);
+    let packed = zstd::bulk::compress(&raw, ZSTD_LEVEL)
+        .map_err(|e| ChunkError::Compression(e.to_string()))?;
+    chunk.extend_from_slice(&packed);
+    Ok(chunk)
+}
+
+/// Reads a chunk back into the samples of `device_id` it holds, in time order.
+pub(super) fn decode(device_id: i64, chunk: &[u8]) -> Result<Vec<GpuSampleRow>, ChunkError> {
+    let (&format, rest) = chunk.split_first().ok_or(ChunkError::Empty)?;
+    if format != FORMAT_V1 {
+        return Err(ChunkError::Format(format));
+    }
+    let mut header = Reader { bytes: rest };
+    let raw_len = header.varint("header")?;
+    if raw_len > MAX_SAMPLES * MAX_SAMPLE_BYTES + 10 {
+        return Err(ChunkError::TooLarge(raw_len));
+    }
+    let raw = zstd::bulk::decompress(header.bytes, raw_len as usize)
+        .map_err(|e| ChunkError::Compression(e.to_string()))?;
+    if raw.len() as u64 != raw_len {
+        return Err(ChunkError::Compression(format!(
+            "{} bytes where the header says {raw_len}",
+            raw.len()
+        )));
+    }
+    let mut r = Reader { bytes: &raw };
+    let count = r.varint("count")?;
+    if count > MAX_SAMPLES {
+        return Err(ChunkError::TooLarge(count));
+    }
+    let n = count as usize;
+    let mut rows = vec![
+        GpuSampleRow {
+            device_id,
+            ..GpuSampleRow::default()
+        };
+        n
+    ];
+    let (mut ts, mut step) = (0i64, 0i64);
+    for row in &mut rows {
+        step = step.wrapping_add(r.signed("timestamp")?);
+        ts = ts.wrapping_add(step);
+        row.timestamp_ms = ts;
+    }
+    for (row, v) in rows.iter_mut().zip(r.deltas("interval", n)?) {
+        row.interval_ms = i32::try_from(v).map_err(|_| ChunkError::OutOfRange("interval"))?;
+    }
+    for (row, v) in rows.iter_mut().zip(r.deltas("poll count", n)?) {
+        row.poll_count = i32::try_from(v).map_err(|_| ChunkError::OutOfRange("poll count"))?;
+    }
+    for (row, v) in rows.iter_mut().zip(r.deltas("used", n)?) {
+        row.used_last = v;
+    }
+    for row in &mut rows {
+        row.used_min = row.used_last.wrapping_sub(r.signed("used min")?);
+    }
+    for row in &mut rows {
+        row.used_max = row.used_last.wrapping_add(r.signed("used max")?);
+    }
+    for (row, v) in rows.iter_mut().zip(r.deltas("reserved", n)?) {
+        row.reserved = v;
+    }
+    for (row, v) in rows.iter_mut().zip(r.deltas("total", n)?) {
+        row.total = v;
+    }
+    for (row, v) in rows.iter_mut().zip(r.optional_deltas("utilization", n)?) {
+        row.utilization_pct = v
+            .map(|v| i16::try_from(v).map_err(|_| ChunkError::OutOfRange("utilization")))
+            .transpose()?;
+    }
+    for (row, v) in rows.iter_mut().zip(r.optional_deltas("pcie tx", n)?) {
+        row.pcie_tx_bytes_per_s = v;
+    }
+    for (row, v) in rows.iter_mut().zip(r.optional_deltas("pcie rx", n)?) {
+        row.pcie_rx_bytes_per_s = v;
+    }
+    if !r.bytes.is_empty() {
+        return Err(ChunkError::Trailing(r.bytes.len()));
+    }
+    Ok(rows)
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_signed(out: &mut Vec<u8>, v: i64) {
+    put_varint(out, zigzag(v));
+}
+
+fn put_deltas(out: &mut Vec<u8>, values: impl Iterator<Item = i64>) {
+    let mut prev = 0i64;
+    for v in values {
+        put_signed(out, v.wrapping_sub(prev));
+        prev = v;
+    }
+}
+
+/// 0 for a missing value; 1 and the delta from the last value present
+/// otherwise (zstd makes the flags nearly free).
+fn put_optional_deltas(out: &mut Vec<u8>, values: impl Iterator<Item = Option<i64>>) {
+    let mut prev = 0i64;
+    for v in values {
+        match v {
+            None => put_varint(out, 0),
+            Some(v) => {
+                put_varint(out, 1);
+                put_signed(out, v.wrapping_sub(prev));
+                prev = v;
+            }
+        }
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn varint(&mut self, column: &'static str) -> Result<u64, ChunkError> {
+        let mut v = 0u64;
+        for (i, &b) in self.bytes.iter().enumerate().take(10) {
+            v |= u64::from(b & 0x7f) << (7 * i);
+            if b & 0x80 == 0 {
+                self.bytes = &self.bytes[i + 1..];
+                return Ok(v);
+            }
+        }
+        Err(ChunkError::Truncated(column))
+    }
+
+    fn signed(&mut self, column: &'static str) -> Result<i64, ChunkError> {
+        self.varint(column).map(unzigzag)
+    }
+
+    fn deltas(&mut self, column: &'static str, n: usize) -> Result<Vec<i64>, ChunkError> {
+        let mut prev = 0i64;
+        (0..n)
+            .map(|_| {
+                prev = prev.wrapping_add(self.signed(column)?);
+                Ok(prev)
+            })
+            .collect()
+    }
+
+    fn optional_deltas(
+        &mut self,
+        column: &'static str,
+        n: usize,
+    ) -> Result<Vec<Option<i64>>, ChunkError> {
+        let mut prev = 0i64;
+        (0..n)
+            .map(|_| match self.varint(column)? {
+                0 => Ok(None),
+                1 => {
+                    prev = prev.wrapping_add(self.signed(column)?);
+                    Ok(Some(prev))
+                }
+                _ => Err(ChunkError::OutOfRange(column)),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(ts: i64, used: i64) -> GpuSampleRow {
+        GpuSampleRow {
+            device_id: 7,
+            timestamp_ms: ts,
+            interval_ms: 1000,
+            poll_count: 10,
+            used_last: used,
+            used_min: used - (3 << 20),
+            used_max: used + (40 << 20),
+            reserved: 512 << 20,
+            total: 80 << 30,
+            utilization_pct: Some(93),
+            pcie_tx_bytes_per_s: Some(12_000_000),
+            pcie_rx_bytes_per_s: None,
+        }
+    }
+
+    fn an_hour() -> Vec<GpuSampleRow> {
+        let start = 1_764_547_200_000;
+        (0..3600)
+            .map(|i| {
+                let mut s = sample(
+                    start + i * 1000 + (i % 7),
+                    (20 << 30) + (i % 13) * (2 << 20),
+                );
+                if i % 50 == 0 {
+                    s.utilization_pct = None;
+                    s.pcie_tx_bytes_per_s = None;
+                    s.pcie_rx_bytes_per_s = Some(i * 1024);
+                }
+                s
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_hour_reads_back_exactly_and_small() {
+        let rows = an_hour();
+        let chunk = encode(&rows).unwrap();
+        assert_eq!(decode(7, &chunk).unwrap(), rows);
+        // 3,600 raw rows are about 500 kB on disk.
+        assert!(chunk.len() < 3600 * 4, "{} bytes", chunk.len());
+    }
+
+    #[test]
+    fn extreme_values_survive_the_deltas() {
+        let mut rows = vec![sample(i64::MIN, 1 << 40), sample(i64::MAX, 0), sample(0, 0)];
+        (rows[0].used_last, rows[0].used_min) = (i64::MAX, i64::MIN);
+        (rows[1].used_last, rows[1].used_max) = (i64::MIN, i64::MAX);
+        rows[2].utilization_pct = Some(i16::MIN);
+        rows[2].interval_ms = i32::MAX;
+        rows[2].pcie_rx_bytes_per_s = Some(i64::MIN);
+        assert_eq!(decode(7, &encode(&rows).unwrap()).unwrap(), rows);
+        assert_eq!(decode(7, &encode(&[]).unwrap()).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn an_hour_splits_into_chunks_on_hour_boundaries() {
+        let mut rows = an_hour();
+        rows.extend((0..10).map(|i| sample(1_764_547_200_000 - 5000 + i * 1000, 1 << 30)));
+        rows.reverse();
+        let chunks = chunks_by_hour(7, rows).unwrap();
+        assert_eq!(chunks.len(), 2);
+        assert_eq!(chunks[0].hour_ms, 1_764_547_200_000 - HOUR_MS);
+        assert_eq!(chunks[0].samples, 5);
+        assert_eq!(chunks[1].samples, 3605);
+        assert_eq!(chunks[1].first_ts_ms, 1_764_547_200_000);
+        let back: Vec<_> = chunks
+            .iter()
+            .flat_map(|c| decode(7, &c.data).unwrap())
+            .collect();
+        assert!(back.is_sorted_by_key(|r| r.timestamp_ms));
+        assert_eq!(back.len(), 3610);
+    }
+
+    #[test]
+    fn damage_is_named_not_panicked_on() {
+        let chunk = encode(&an_hour()).unwrap();
+        assert_eq!(decode(7, &[]), Err(ChunkError::Empty));
+        assert_eq!(decode(7, &[9, 0]), Err(ChunkError::Format(9)));
+        assert!(matches!(
+            decode(7, &chunk[..chunk.len() / 2]),
+            Err(ChunkError::Compression(_))
+        ));
+        let mut huge = vec![FORMAT_V1];
+        put_varint(&mut huge, u64::MAX >> 1);
+        assert!(matches!(decode(7, &huge), Err(ChunkError::TooLarge(_))));
+        // A well-formed frame whose columns stop early.
+        let mut short = Vec::new();
+        put_varint(&mut short, 3);
+        put_signed(&mut short, 1000);
+        let mut framed = vec![FORMAT_V1];
+        put_varint(&mut framed, short.len() as u64);
+        framed.extend_from_slice(&zstd::bulk::compress(&short, 1).unwrap());
+        assert_eq!(decode(7, &framed), Err(ChunkError::Truncated("timestamp")));
+    }
+}

@@ -1,0 +1,186 @@
+//! Packing cold raw GPU samples on Postgres: what it does to the tables and
+//! the bytes, and what a damaged chunk costs. That a packed day charts and
+//! rolls up as before is in the conformance suite.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use headroom_collector::ingest::validate::{self, Limits};
+use headroom_collector::model::{NodeSession, StoreBatch};
+use headroom_collector::store::rollup::{DAY_MS, HOUR_MS, MINUTE_MS, StorageConfig, bucket_start};
+use headroom_collector::store::{PostgresStore, Store};
+use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, GPU1, NODE, now_ms};
+use headroom_tests::postgres::{self, TestDatabase, day_suffix};
+
+async fn store(db: &TestDatabase, storage: StorageConfig) -> PostgresStore {
+    PostgresStore::connect(&db.url, storage).await.unwrap()
+}
+
+async fn register(store: &dyn Store) -> NodeSession {
+    let reg = validate::registration(&fixtures::register(NODE, BOOT), &Limits::default()).unwrap();
+    store.register(&reg, now_ms()).await.unwrap()
+}
+
+/// Two GPUs at 1 Hz for two hours from `start`, memory and PCIe moving as a
+/// busy GPU's do, in batches numbered from `first_seq`.
+async fn write_two_hours(
+    store: &dyn Store,
+    session: &NodeSession,
+    first_seq: u64,
+    start: i64,
+    now: i64,
+) {
+    let batches: Vec<StoreBatch> = (0..7200u64)
+        .map(|i| {
+            let ts = start + i as i64 * 1000;
+            let mut b = fixtures::batch(first_seq + i, ts);
+            b.process_samples.clear();
+            b.gpu_samples = [GPU0, GPU1]
+                .iter()
+                .enumerate()
+                .map(|(g, uuid)| {
+                    let wobble = (i * 7 + g as u64 * 3) % 32;
+                    let mut s = fixtures::gpu_sample(uuid, ts, 20 * GIB + wobble * (2 << 20));
+                    s.utilization_pct = Some(50 + (i % 47) as u32);
+                    s.pcie_tx_bytes_per_s = Some((i * 7919 % 16_000) * 1024);
+                    s
+                })
+                .collect();
+            validate::batch(&b, session, now, &Limits::default()).unwrap()
+        })
+        .collect();
+    for group in batches.chunks(600) {
+        store.write_batches(group).await.unwrap();
+    }
+}
+
+async fn bytes(store: &PostgresStore, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+const RAW_BYTES: &str = "SELECT COALESCE(sum(pg_total_relation_size(i.inhrelid)), 0)::int8
+     FROM pg_inherits i WHERE i.inhparent = 'gpu_samples'::regclass";
+const PACKED_BYTES: &str = "SELECT COALESCE(sum(pg_total_relation_size(i.inhrelid)), 0)::int8
+     FROM pg_inherits i WHERE i.inhparent = 'gpu_samples_packed'::regclass";
+
+/// Bytes on disk of the raw partition of the day holding `ts_ms`.
+async fn day_bytes(store: &PostgresStore, ts_ms: i64) -> i64 {
+    sqlx::query_scalar("SELECT pg_total_relation_size($1::regclass)::int8")
+        .bind(format!("gpu_samples_p{}", day_suffix(ts_ms)))
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+/// A day old enough is moved into one chunk per device and hour; the raw
+/// partition is emptied (heap and index) and the day takes a small
+/// fraction of the bytes. Recent days stay raw.
+#[tokio::test]
+async fn a_cold_day_moves_into_chunks_and_gives_its_bytes_back() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let store = store(&db, StorageConfig::default()).await;
+    let session = register(&store).await;
+    let now = now_ms();
+    let cold = bucket_start(now - 2 * DAY_MS, DAY_MS) + 3 * HOUR_MS;
+    let recent = bucket_start(now - 4 * HOUR_MS, MINUTE_MS);
+    write_two_hours(&store, &session, 1, cold, now).await;
+    let cold_raw = bytes(&store, RAW_BYTES).await;
+    write_two_hours(&store, &session, 7201, recent, now).await;
+
+    let report = store.maintain(now).await.unwrap();
+    assert_eq!(
+        report.samples_packed,
+        2 * 7200,
+        "both GPUs' cold day: {report:?}"
+    );
+    let chunks: Vec<(i32, i64, i32)> = sqlx::query_as(
+        "SELECT device_id, hour_ms, samples FROM gpu_samples_packed ORDER BY device_id, hour_ms",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(chunks.len(), 4, "one chunk per device and hour: {chunks:?}");
+    assert!(chunks.iter().all(|c| c.2 == 3600));
+    let cold_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM gpu_samples WHERE ts_ms < $1")
+        .bind(cold + 3 * HOUR_MS)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(cold_rows, 0);
+    let recent_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM gpu_samples")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(recent_rows, 2 * 7200, "the last day stays raw");
+    let packed = bytes(&store, PACKED_BYTES).await;
+    assert!(
+        packed * 5 < cold_raw,
+        "packed {packed} B against {cold_raw} B raw"
+    );
+    assert_eq!(
+        day_bytes(&store, cold).await,
+        day_bytes(&store, now + DAY_MS).await,
+        "the cold partition is as small as tomorrow's, still empty"
+    );
+
+    let again = store.maintain(now + 1000).await.unwrap();
+    assert_eq!(again.samples_packed, 0, "nothing left to pack");
+    store.close().await;
+    db.drop_database().await;
+}
+
+/// A chunk that no longer decodes costs its own hour of the chart and
+/// nothing else: the chart is served, the rest of the day is in it, and a
+/// late sample for that hour is still rolled up.
+#[tokio::test]
+async fn a_damaged_chunk_costs_its_hour_and_nothing_else() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let store = store(&db, StorageConfig::default()).await;
+    let session = register(&store).await;
+    let now = now_ms();
+    let cold = bucket_start(now - 2 * DAY_MS, DAY_MS) + 3 * HOUR_MS;
+    write_two_hours(&store, &session, 1, cold, now).await;
+    store.maintain(now).await.unwrap();
+    sqlx::query("UPDATE gpu_samples_packed SET data = '\\x01ff' WHERE hour_ms = $1")
+        .bind(cold)
+        .execute(store.pool())
+        .await
+        .unwrap();
+
+    let chart = store
+        .device_series(GPU0, cold, cold + 2 * HOUR_MS - 1, 3000)
+        .await
+        .unwrap()
+        .unwrap();
+    let samples: i64 = chart.iter().map(|p| p.samples).sum();
+    assert_eq!(samples, 3600, "the second hour, whole");
+    assert!(chart.iter().all(|p| p.timestamp_ms >= cold + HOUR_MS));
+
+    let late_ts = cold + 10 * MINUTE_MS + 500;
+    let mut late = fixtures::batch(7201, late_ts);
+    late.process_samples.clear();
+    late.gpu_samples = vec![fixtures::gpu_sample(GPU0, late_ts, 70 * GIB)];
+    let late = validate::batch(&late, &session, now, &Limits::default()).unwrap();
+    store.write_batch(&late).await.unwrap();
+    let report = store.maintain(now + 1000).await.unwrap();
+    assert_eq!(report.minutes_rolled_up, 1, "{report:?}");
+    let minute = store
+        .device_series(GPU0, cold + 10 * MINUTE_MS, cold + 11 * MINUTE_MS - 1, 1)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(minute[0].memory_used_max_bytes, (71 * GIB) as i64);
+    let damaged: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM gpu_samples_packed WHERE data = '\\x01ff'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(damaged, 2, "kept for whoever investigates, not dropped");
+    store.close().await;
+    db.drop_database().await;
+}
