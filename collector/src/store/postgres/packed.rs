@@ -94,12 +94,14 @@ pub(super) fn encode(rows: &[GpuSampleRow]) -> Result<Vec<u8>, ChunkError> {
     put_deltas(&mut raw, rows.iter().map(|r| i64::from(r.interval_ms)));
     put_deltas(&mut raw, rows.iter().map(|r| i64::from(r.poll_count)));
     put_deltas(&mut raw, rows.iter().map(|r| r.used_last));
-    for r in rows {
-        put_signed(&mut raw, r.used_last.wrapping_sub(r.used_min));
-    }
-    for r in rows {
-        put_signed(&mut raw, r.used_max.wrapping_sub(r.used_last));
-    }
+    put_scaled(
+        &mut raw,
+        rows.iter().map(|r| r.used_last.wrapping_sub(r.used_min)),
+    );
+    put_scaled(
+        &mut raw,
+        rows.iter().map(|r| r.used_max.wrapping_sub(r.used_last)),
+    );
     put_deltas(&mut raw, rows.iter().map(|r| r.reserved));
     put_deltas(&mut raw, rows.iter().map(|r| r.total));
     put_optional_deltas(
@@ -164,11 +166,11 @@ pub(super) fn decode(device_id: i64, chunk: &[u8]) -> Result<Vec<GpuSampleRow>, 
     for (row, v) in rows.iter_mut().zip(r.deltas("used", n)?) {
         row.used_last = v;
     }
-    for row in &mut rows {
-        row.used_min = row.used_last.wrapping_sub(r.signed("used min")?);
+    for (row, v) in rows.iter_mut().zip(r.scaled("used min", n)?) {
+        row.used_min = row.used_last.wrapping_sub(v);
     }
-    for row in &mut rows {
-        row.used_max = row.used_last.wrapping_add(r.signed("used max")?);
+    for (row, v) in rows.iter_mut().zip(r.scaled("used max", n)?) {
+        row.used_max = row.used_last.wrapping_add(v);
     }
     for (row, v) in rows.iter_mut().zip(r.deltas("reserved", n)?) {
         row.reserved = v;
@@ -213,28 +215,49 @@ fn put_signed(out: &mut Vec<u8>, v: i64) {
     put_varint(out, zigzag(v));
 }
 
-fn put_deltas(out: &mut Vec<u8>, values: impl Iterator<Item = i64>) {
-    let mut prev = 0i64;
+/// Values as their greatest common divisor, then each divided by it:
+/// memory moves in MiB, PCIe rates in KiB/s, and the zeros below that unit
+/// would otherwise cost bits in every value.
+fn put_scaled(out: &mut Vec<u8>, values: impl Iterator<Item = i64>) {
+    let values: Vec<i64> = values.collect();
+    let divisor = values
+        .iter()
+        .fold(0u64, |g, v| gcd(g, v.unsigned_abs()))
+        .max(1);
+    put_varint(out, divisor);
     for v in values {
-        put_signed(out, v.wrapping_sub(prev));
-        prev = v;
+        // Exact, and within i64: |v / divisor| ≤ |v|.
+        put_signed(out, (i128::from(v) / i128::from(divisor)) as i64);
     }
 }
 
-/// 0 for a missing value; 1 and the delta from the last value present
-/// otherwise (zstd makes the flags nearly free).
-fn put_optional_deltas(out: &mut Vec<u8>, values: impl Iterator<Item = Option<i64>>) {
-    let mut prev = 0i64;
-    for v in values {
-        match v {
-            None => put_varint(out, 0),
-            Some(v) => {
-                put_varint(out, 1);
-                put_signed(out, v.wrapping_sub(prev));
-                prev = v;
-            }
-        }
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
     }
+    a
+}
+
+fn put_deltas(out: &mut Vec<u8>, values: impl Iterator<Item = i64>) {
+    let mut prev = 0i64;
+    put_scaled(
+        out,
+        values.map(|v| {
+            let delta = v.wrapping_sub(prev);
+            prev = v;
+            delta
+        }),
+    );
+}
+
+/// A flag per value (0 missing, 1 present), then the deltas between the
+/// values present (zstd makes the flags nearly free).
+fn put_optional_deltas(out: &mut Vec<u8>, values: impl Iterator<Item = Option<i64>>) {
+    let values: Vec<Option<i64>> = values.collect();
+    for v in &values {
+        put_varint(out, u64::from(v.is_some()));
+    }
+    put_deltas(out, values.into_iter().flatten());
 }
 
 struct Reader<'a> {
@@ -258,14 +281,25 @@ impl Reader<'_> {
         self.varint(column).map(unzigzag)
     }
 
+    fn scaled(&mut self, column: &'static str, n: usize) -> Result<Vec<i64>, ChunkError> {
+        // Wrapping: the encoder's quotient times its divisor is the value
+        // exactly, so the product is right modulo 2^64 whatever it wraps.
+        let divisor = self.varint(column)? as i64;
+        (0..n)
+            .map(|_| Ok(self.signed(column)?.wrapping_mul(divisor)))
+            .collect()
+    }
+
     fn deltas(&mut self, column: &'static str, n: usize) -> Result<Vec<i64>, ChunkError> {
         let mut prev = 0i64;
-        (0..n)
-            .map(|_| {
-                prev = prev.wrapping_add(self.signed(column)?);
-                Ok(prev)
+        Ok(self
+            .scaled(column, n)?
+            .into_iter()
+            .map(|delta| {
+                prev = prev.wrapping_add(delta);
+                prev
             })
-            .collect()
+            .collect())
     }
 
     fn optional_deltas(
@@ -273,17 +307,20 @@ impl Reader<'_> {
         column: &'static str,
         n: usize,
     ) -> Result<Vec<Option<i64>>, ChunkError> {
-        let mut prev = 0i64;
-        (0..n)
+        let present = (0..n)
             .map(|_| match self.varint(column)? {
-                0 => Ok(None),
-                1 => {
-                    prev = prev.wrapping_add(self.signed(column)?);
-                    Ok(Some(prev))
-                }
+                0 => Ok(false),
+                1 => Ok(true),
                 _ => Err(ChunkError::OutOfRange(column)),
             })
-            .collect()
+            .collect::<Result<Vec<bool>, _>>()?;
+        let mut values = self
+            .deltas(column, present.iter().filter(|p| **p).count())?
+            .into_iter();
+        Ok(present
+            .into_iter()
+            .map(|p| if p { values.next() } else { None })
+            .collect())
     }
 }
 
@@ -386,5 +423,52 @@ mod tests {
         put_varint(&mut framed, short.len() as u64);
         framed.extend_from_slice(&zstd::bulk::compress(&short, 1).unwrap());
         assert_eq!(decode(7, &framed), Err(ChunkError::Truncated("timestamp")));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_samples_read_back_exactly(
+            raw in proptest::collection::vec(
+                (proptest::prelude::any::<(i64, i32, i32, i64, i64, i64, i64, i64)>(),
+                 proptest::prelude::any::<(Option<i16>, Option<i64>, Option<i64>)>()),
+                0..200,
+            )
+        ) {
+            let rows: Vec<GpuSampleRow> = raw
+                .into_iter()
+                .map(|((ts, interval, polls, used, min, max, reserved, total), (util, tx, rx))| {
+                    GpuSampleRow {
+                        device_id: 3,
+                        timestamp_ms: ts,
+                        interval_ms: interval,
+                        poll_count: polls,
+                        used_last: used,
+                        used_min: min,
+                        used_max: max,
+                        reserved,
+                        total,
+                        utilization_pct: util,
+                        pcie_tx_bytes_per_s: tx,
+                        pcie_rx_bytes_per_s: rx,
+                    }
+                })
+                .collect();
+            let chunk = encode(&rows).unwrap();
+            proptest::prop_assert_eq!(decode(3, &chunk).unwrap(), rows);
+        }
+
+        #[test]
+        fn garbage_is_an_error_not_a_panic(
+            tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            cut in 0usize..400,
+        ) {
+            let mut chunk = vec![FORMAT_V1];
+            chunk.extend(tail);
+            let _ = decode(3, &chunk);
+            // A real chunk cut short or with a byte flipped.
+            let mut real = encode(&an_hour()[..50]).unwrap();
+            real.truncate(cut.max(1));
+            let _ = decode(3, &real);
+        }
     }
 }
