@@ -23,7 +23,8 @@
 //!    ago) at one sample per second through the store's own write path, then
 //!    maintenance rolls them up. Bytes per GPU-second are the raw
 //!    partitions' size on disk, indexes included. Then maintenance packs the
-//!    day's GPU samples into chunks, timed and sized the same way. The first
+//!    day's GPU and process samples into chunks, timed and sized the same
+//!    way. The first
 //!    node's 8 GPUs go to Prometheus too (`promtool tsdb create-blocks-from
 //!    openmetrics`, Debian's `prometheus` package) as 8 series per GPU, the
 //!    same figures.
@@ -646,13 +647,19 @@ async fn storage_and_queries(history_nodes: usize) {
         .execute(store.pool())
         .await
         .unwrap();
-    let raw_left = table_bytes(&store, "gpu_samples").await;
-    let packed_bytes = table_bytes(&store, "gpu_samples_packed").await;
+    let raw_left =
+        table_bytes(&store, "gpu_samples").await + table_bytes(&store, "process_samples").await;
     println!(
-        "| gpu_samples_packed ({packed} samples packed in {pack_s:.1} s, {:.0}/s; {raw_left} B of empty raw partitions left) | {packed_bytes} | {:.2} |",
-        packed as f64 / pack_s,
-        packed_bytes as f64 / gpu_seconds
+        "packed {packed} samples in {pack_s:.1} s ({:.0}/s); {raw_left} B of empty raw partitions left",
+        packed as f64 / pack_s
     );
+    for (table, per) in [
+        ("gpu_samples_packed", gpu_seconds),
+        ("process_samples_packed", process_seconds),
+    ] {
+        let bytes = table_bytes(&store, table).await;
+        println!("| {table} | {bytes} | {:.2} |", bytes as f64 / per);
+    }
     let dir = tempfile::tempdir().unwrap();
     if let Some((bytes, took)) = prometheus_bytes(dir.path(), end_ms) {
         let per = bytes as f64 / (GPUS_PER_NODE as i64 * DAY_MS / 1000) as f64;

@@ -19,8 +19,8 @@ async fn register(store: &dyn Store) -> NodeSession {
     store.register(&reg, now_ms()).await.unwrap()
 }
 
-/// Two GPUs at 1 Hz for two hours from `start`, memory and PCIe moving as a
-/// busy GPU's do, in batches numbered from `first_seq`.
+/// Two GPUs and a process at 1 Hz for two hours from `start`, memory and
+/// PCIe moving as a busy GPU's do, in batches numbered from `first_seq`.
 async fn write_two_hours(
     store: &dyn Store,
     session: &NodeSession,
@@ -32,7 +32,11 @@ async fn write_two_hours(
         .map(|i| {
             let ts = start + i as i64 * 1000;
             let mut b = fixtures::batch(first_seq + i, ts);
-            b.process_samples.clear();
+            // One process throughout, its memory in allocator-sized steps.
+            let p = &mut b.process_samples[0];
+            p.start_time_ms = start - 60_000;
+            p.memory_used_last_bytes = 12 * GIB + (i / 600) * 256 * (1 << 20);
+            p.memory_used_max_bytes = p.memory_used_last_bytes;
             b.gpu_samples = [GPU0, GPU1]
                 .iter()
                 .enumerate()
@@ -64,10 +68,10 @@ const RAW_BYTES: &str = "SELECT COALESCE(sum(pg_total_relation_size(i.inhrelid))
 const PACKED_BYTES: &str = "SELECT COALESCE(sum(pg_total_relation_size(i.inhrelid)), 0)::int8
      FROM pg_inherits i WHERE i.inhparent = 'gpu_samples_packed'::regclass";
 
-/// Bytes on disk of the raw partition of the day holding `ts_ms`.
-async fn day_bytes(store: &PostgresStore, ts_ms: i64) -> i64 {
+/// Bytes on disk of the partition of `table` for the day holding `ts_ms`.
+async fn day_bytes(store: &PostgresStore, table: &str, ts_ms: i64) -> i64 {
     sqlx::query_scalar("SELECT pg_total_relation_size($1::regclass)::int8")
-        .bind(format!("gpu_samples_p{}", day_suffix(ts_ms)))
+        .bind(format!("{table}_p{}", day_suffix(ts_ms)))
         .fetch_one(store.pool())
         .await
         .unwrap()
@@ -93,37 +97,53 @@ async fn a_cold_day_moves_into_chunks_and_gives_its_bytes_back() {
     let report = store.maintain(now).await.unwrap();
     assert_eq!(
         report.samples_packed,
-        2 * 7200,
-        "both GPUs' cold day: {report:?}"
+        3 * 7200,
+        "both GPUs' and the process's cold day: {report:?}"
     );
-    let chunks: Vec<(i32, i64, i32)> = sqlx::query_as(
-        "SELECT device_id, hour_ms, samples FROM gpu_samples_packed ORDER BY device_id, hour_ms",
+    let chunks: Vec<(i64, i64, i32)> = sqlx::query_as(
+        "SELECT device_id::int8, hour_ms, samples FROM gpu_samples_packed
+         UNION ALL SELECT process_id, hour_ms, samples FROM process_samples_packed",
     )
     .fetch_all(store.pool())
     .await
     .unwrap();
-    assert_eq!(chunks.len(), 4, "one chunk per device and hour: {chunks:?}");
+    assert_eq!(chunks.len(), 6, "one chunk per series and hour: {chunks:?}");
     assert!(chunks.iter().all(|c| c.2 == 3600));
-    let cold_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM gpu_samples WHERE ts_ms < $1")
-        .bind(cold + 3 * HOUR_MS)
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
+    let cold_rows: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM gpu_samples WHERE ts_ms < $1)
+              + (SELECT count(*) FROM process_samples WHERE ts_ms < $1)",
+    )
+    .bind(cold + 3 * HOUR_MS)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
     assert_eq!(cold_rows, 0);
-    let recent_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM gpu_samples")
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(recent_rows, 2 * 7200, "the last day stays raw");
+    let recent_rows: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM gpu_samples) + (SELECT count(*) FROM process_samples)",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(recent_rows, 3 * 7200, "the last day stays raw");
     let packed = bytes(&store, PACKED_BYTES).await;
     assert!(
         packed * 5 < cold_raw,
         "packed {packed} B against {cold_raw} B raw"
     );
+    // Raw, the process's 7,200 rows were about 650 kB.
+    let process_packed = day_bytes(&store, "process_samples_packed", cold).await;
+    assert!(
+        process_packed * 10 < 7200 * 90,
+        "a steady process packs to a few bytes per sample: {process_packed} B"
+    );
     assert_eq!(
-        day_bytes(&store, cold).await,
-        day_bytes(&store, now + DAY_MS).await,
+        day_bytes(&store, "gpu_samples", cold).await,
+        day_bytes(&store, "gpu_samples", now + DAY_MS).await,
         "the cold partition is as small as tomorrow's, still empty"
+    );
+    assert_eq!(
+        day_bytes(&store, "process_samples", cold).await,
+        day_bytes(&store, "process_samples", now + DAY_MS).await,
     );
 
     let again = store.maintain(now + 1000).await.unwrap();

@@ -759,14 +759,18 @@ async fn cold_days_chart_the_same_once_packed(store: Arc<dyn Store>) {
         store.write_batches(group).await.unwrap();
     }
     let raw = || store.device_series(GPU0, start, start + 2 * HOUR_MS - 1, 2000);
+    let processes = || store.process_series(GPU0, start, start + 2 * HOUR_MS - 1, 2000);
     let before = raw().await.unwrap().unwrap();
+    let processes_before = processes().await.unwrap().unwrap();
     assert_eq!(before.len(), 720, "one point per sample");
+    assert_eq!(processes_before[0].points.len(), 720);
     let report = store.maintain(now).await.unwrap();
     assert!(
-        [0, 720].contains(&report.samples_packed),
-        "all or (SQLite) nothing: {report:?}"
+        [0, 2 * 720].contains(&report.samples_packed),
+        "all GPU and process samples or (SQLite) none: {report:?}"
     );
     assert_eq!(raw().await.unwrap().unwrap(), before);
+    assert_eq!(processes().await.unwrap().unwrap(), processes_before);
 
     let minute = start + 30 * MINUTE_MS;
     let late = sample(721, minute + 5_000, 70);
@@ -788,9 +792,27 @@ async fn cold_days_chart_the_same_once_packed(store: Arc<dyn Store>) {
             .iter()
             .any(|p| p.timestamp_ms == minute + 5_000 && p.memory_used_bytes == (70 * GIB) as i64)
     );
-    // The next pass packs the late sample and its hour again.
+    let processes_after = processes().await.unwrap().unwrap();
+    assert_eq!(processes_after[0].points.len(), 721);
+    assert_eq!(
+        processes_after[0].points.iter().map(|p| p.1).max(),
+        Some((70 * GIB + GIB / 4) as i64),
+        "the late process sample is charted"
+    );
+    let process_minute = store
+        .process_series(GPU0, minute, minute + MINUTE_MS - 1, 1)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        process_minute[0].points,
+        vec![(minute + MINUTE_MS - 1, (70 * GIB + GIB / 4) as i64)],
+        "its minute rollup holds its peak"
+    );
+    // The next pass packs the late samples and their hour again.
     store.maintain(now + 2000).await.unwrap();
     assert_eq!(raw().await.unwrap().unwrap(), after);
+    assert_eq!(processes().await.unwrap().unwrap(), processes_after);
 }
 
 /// Samples older than raw retention go (by whole partitions on Postgres);

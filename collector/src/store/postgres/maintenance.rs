@@ -8,7 +8,9 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
 use sqlx::{Connection, Postgres, Row, Transaction};
 use tokio::sync::Mutex;
 
+use super::packed::ProcessPoint;
 use super::packing;
+use crate::model::GpuSampleRow;
 use crate::store::StoreError;
 use crate::store::rollup::{
     DAY_MS, HOUR_MS, MINUTE_MS, MaintenanceReport, StorageConfig, Watermarks, bucket_start,
@@ -39,7 +41,7 @@ struct Partitioned {
     keep: Keep,
 }
 
-const PARTITIONED: [Partitioned; 9] = [
+const PARTITIONED: [Partitioned; 10] = [
     Partitioned {
         table: "gpu_samples",
         width_ms: DAY_MS,
@@ -52,6 +54,11 @@ const PARTITIONED: [Partitioned; 9] = [
     },
     Partitioned {
         table: "process_samples",
+        width_ms: DAY_MS,
+        keep: Keep::Raw,
+    },
+    Partitioned {
+        table: "process_samples_packed",
         width_ms: DAY_MS,
         keep: Keep::Raw,
     },
@@ -397,7 +404,8 @@ const PROCESS_ROLLUP_UPDATE: &str =
 /// Rolls pending minutes up from raw samples into the 1 min tables, and
 /// marks their hours pending. Returns how many minutes it rolled up.
 async fn roll_up_minutes(pool: &PgPool) -> Result<u64, StoreError> {
-    let packed_until = packing::packed_until(pool).await?;
+    let gpu_packed_until = packing::packed_until::<GpuSampleRow>(pool).await?;
+    let process_packed_until = packing::packed_until::<ProcessPoint>(pool).await?;
     let mut total = 0;
     loop {
         let mut tx = pool.begin().await?;
@@ -406,8 +414,11 @@ async fn roll_up_minutes(pool: &PgPool) -> Result<u64, StoreError> {
             return Ok(total);
         }
         for (from, to) in contiguous_runs(&minutes, MINUTE_MS) {
-            if from < packed_until {
-                packing::unpack_for_rollup(&mut tx, from, to).await?;
+            if from < gpu_packed_until {
+                packing::unpack_for_rollup::<GpuSampleRow>(&mut tx, from, to).await?;
+            }
+            if from < process_packed_until {
+                packing::unpack_for_rollup::<ProcessPoint>(&mut tx, from, to).await?;
             }
             // `(max(ARRAY[ts, v]))[2]` is the value at the newest timestamp:
             // "last" without sorting each group.

@@ -18,6 +18,8 @@ mod latest_cache;
 mod maintenance;
 mod packed;
 mod packing;
+
+use packed::ProcessPoint;
 mod process_cache;
 mod write;
 
@@ -316,7 +318,13 @@ impl Store for PostgresStore {
         );
         // Raw samples of days already packed come out of their chunks.
         let packed = if bounds.minute_end_ms <= to_ms {
-            packing::samples_between(&self.pool, device, bounds.minute_end_ms, to_ms).await?
+            packing::samples_between::<GpuSampleRow>(
+                &self.pool,
+                &[i64::from(device)],
+                bounds.minute_end_ms,
+                to_ms,
+            )
+            .await?
         } else {
             Vec::new()
         };
@@ -416,6 +424,9 @@ impl Store for PostgresStore {
             to_ms,
             marks,
         );
+        let packed =
+            packing::samples_between::<ProcessPoint>(&self.pool, &ids, bounds.minute_end_ms, to_ms)
+                .await?;
         let buckets = sqlx::query_as::<_, ProcessBucket>(
             "WITH src AS (
                  SELECT process_id, ts_ms AS at, used_max FROM process_samples_1h
@@ -425,7 +436,9 @@ impl Store for PostgresStore {
                  WHERE process_id = ANY($1) AND ts_ms >= $5 AND ts_ms < $6
                  UNION ALL
                  SELECT process_id, ts_ms, used_max FROM process_samples
-                 WHERE process_id = ANY($1) AND ts_ms >= $6 AND ts_ms <= $3)
+                 WHERE process_id = ANY($1) AND ts_ms >= $6 AND ts_ms <= $3
+                 UNION ALL
+                 SELECT * FROM UNNEST($7::int8[], $8::int8[], $9::int8[]))
              SELECT process_id, LEAST($3, $2 + ((at - $2) / $4 + 1) * $4 - 1) AS timestamp_ms, MAX(used_max) AS used
              FROM src GROUP BY process_id, (at - $2) / $4",
         )
@@ -435,6 +448,9 @@ impl Store for PostgresStore {
         .bind(width)
         .bind(bounds.hour_end_ms)
         .bind(bounds.minute_end_ms)
+        .bind(packed.iter().map(|r| r.process_id).collect::<Vec<_>>())
+        .bind(packed.iter().map(|r| r.timestamp_ms).collect::<Vec<_>>())
+        .bind(packed.iter().map(|r| r.used_max).collect::<Vec<_>>())
         .fetch_all(&self.pool)
         .await?;
         Ok(Some(process_series_from(meta, buckets)))

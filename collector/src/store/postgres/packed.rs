@@ -1,9 +1,9 @@
-//! Cold raw GPU samples packed into one compressed chunk per device and
-//! hour. A raw row costs about 140 bytes on disk (tuple header, ten 8-byte
-//! columns, index entries); a day-old sample is only read again for a
-//! zoomed-in chart, so maintenance moves whole days of them into chunks of a
-//! few bytes per sample (store/postgres/maintenance.rs) and queries decode
-//! them on the way out.
+//! Cold raw samples packed into one compressed chunk per series (a GPU, a
+//! process) and hour. A raw GPU row costs about 140 bytes on disk (tuple
+//! header, ten 8-byte columns, index entries), a process row about 90; a
+//! day-old sample is only read again for a zoomed-in chart, so maintenance
+//! moves whole days of them into chunks of a few bytes per sample
+//! (store/postgres/packing.rs) and queries decode them on the way out.
 //!
 //! A chunk is columnar: each column's values in time order, as zigzag
 //! varints of what changes (delta of delta for timestamps, delta for
@@ -43,10 +43,26 @@ pub enum ChunkError {
     Trailing(usize),
 }
 
-/// One device's samples of one hour, ready for `gpu_samples_packed`.
+/// A kind of stored sample that packs: its timestamp is the chunk's first
+/// column; the rest are its own.
+pub(super) trait Packable: Sized {
+    fn timestamp_ms(&self) -> i64;
+    /// Every column but the timestamp, in time order.
+    fn put_columns(rows: &[Self], out: &mut Vec<u8>);
+    /// The samples of series `key` at `timestamps`, their other columns
+    /// read from `r`.
+    fn read_columns(
+        key: i64,
+        timestamps: Vec<i64>,
+        r: &mut Reader<'_>,
+    ) -> Result<Vec<Self>, ChunkError>;
+}
+
+/// One series' samples of one hour, ready for a `*_packed` table. The key
+/// is the device id or the process id.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct GpuChunk {
-    pub device_id: i64,
+pub(super) struct Chunk {
+    pub key: i64,
     pub hour_ms: i64,
     pub first_ts_ms: i64,
     pub last_ts_ms: i64,
@@ -54,24 +70,24 @@ pub(super) struct GpuChunk {
     pub data: Vec<u8>,
 }
 
-/// Groups one device's samples (any order) into a chunk per hour.
-pub(super) fn chunks_by_hour(
-    device_id: i64,
-    mut rows: Vec<GpuSampleRow>,
-) -> Result<Vec<GpuChunk>, ChunkError> {
-    rows.sort_unstable_by_key(|r| r.timestamp_ms);
+/// Groups one series' samples (any order) into a chunk per hour.
+pub(super) fn chunks_by_hour<T: Packable>(
+    key: i64,
+    mut rows: Vec<T>,
+) -> Result<Vec<Chunk>, ChunkError> {
+    rows.sort_unstable_by_key(T::timestamp_ms);
     let mut chunks = Vec::new();
     for hour in rows.chunk_by(|a, b| {
-        bucket_start(a.timestamp_ms, HOUR_MS) == bucket_start(b.timestamp_ms, HOUR_MS)
+        bucket_start(a.timestamp_ms(), HOUR_MS) == bucket_start(b.timestamp_ms(), HOUR_MS)
     }) {
         let (Some(first), Some(last)) = (hour.first(), hour.last()) else {
             continue;
         };
-        chunks.push(GpuChunk {
-            device_id,
-            hour_ms: bucket_start(first.timestamp_ms, HOUR_MS),
-            first_ts_ms: first.timestamp_ms,
-            last_ts_ms: last.timestamp_ms,
+        chunks.push(Chunk {
+            key,
+            hour_ms: bucket_start(first.timestamp_ms(), HOUR_MS),
+            first_ts_ms: first.timestamp_ms(),
+            last_ts_ms: last.timestamp_ms(),
             samples: i32::try_from(hour.len())
                 .map_err(|_| ChunkError::TooLarge(hour.len() as u64))?,
             data: encode(hour)?,
@@ -81,35 +97,17 @@ pub(super) fn chunks_by_hour(
 }
 
 /// Packs samples, in time order, into a chunk.
-pub(super) fn encode(rows: &[GpuSampleRow]) -> Result<Vec<u8>, ChunkError> {
+pub(super) fn encode<T: Packable>(rows: &[T]) -> Result<Vec<u8>, ChunkError> {
     let mut raw = Vec::with_capacity(rows.len() * 16 + 10);
     put_varint(&mut raw, rows.len() as u64);
     let mut prev_ts = 0i64;
     let mut prev_step = 0i64;
     for r in rows {
-        let step = r.timestamp_ms.wrapping_sub(prev_ts);
+        let step = r.timestamp_ms().wrapping_sub(prev_ts);
         put_signed(&mut raw, step.wrapping_sub(prev_step));
-        (prev_ts, prev_step) = (r.timestamp_ms, step);
+        (prev_ts, prev_step) = (r.timestamp_ms(), step);
     }
-    put_deltas(&mut raw, rows.iter().map(|r| i64::from(r.interval_ms)));
-    put_deltas(&mut raw, rows.iter().map(|r| i64::from(r.poll_count)));
-    put_deltas(&mut raw, rows.iter().map(|r| r.used_last));
-    put_scaled(
-        &mut raw,
-        rows.iter().map(|r| r.used_last.wrapping_sub(r.used_min)),
-    );
-    put_scaled(
-        &mut raw,
-        rows.iter().map(|r| r.used_max.wrapping_sub(r.used_last)),
-    );
-    put_deltas(&mut raw, rows.iter().map(|r| r.reserved));
-    put_deltas(&mut raw, rows.iter().map(|r| r.total));
-    put_optional_deltas(
-        &mut raw,
-        rows.iter().map(|r| r.utilization_pct.map(i64::from)),
-    );
-    put_optional_deltas(&mut raw, rows.iter().map(|r| r.pcie_tx_bytes_per_s));
-    put_optional_deltas(&mut raw, rows.iter().map(|r| r.pcie_rx_bytes_per_s));
+    T::put_columns(rows, &mut raw);
 
     let mut chunk = vec![FORMAT_V1];
     put_varint(&mut chunk, raw.len() as u64);
@@ -119,8 +117,9 @@ pub(super) fn encode(rows: &[GpuSampleRow]) -> Result<Vec<u8>, ChunkError> {
     Ok(chunk)
 }
 
-/// Reads a chunk back into the samples of `device_id` it holds, in time order.
-pub(super) fn decode(device_id: i64, chunk: &[u8]) -> Result<Vec<GpuSampleRow>, ChunkError> {
+/// Reads a chunk back into the samples of series `key` it holds, in time
+/// order.
+pub(super) fn decode<T: Packable>(key: i64, chunk: &[u8]) -> Result<Vec<T>, ChunkError> {
     let (&format, rest) = chunk.split_first().ok_or(ChunkError::Empty)?;
     if format != FORMAT_V1 {
         return Err(ChunkError::Format(format));
@@ -143,56 +142,137 @@ pub(super) fn decode(device_id: i64, chunk: &[u8]) -> Result<Vec<GpuSampleRow>, 
     if count > MAX_SAMPLES {
         return Err(ChunkError::TooLarge(count));
     }
-    let n = count as usize;
-    let mut rows = vec![
-        GpuSampleRow {
-            device_id,
-            ..GpuSampleRow::default()
-        };
-        n
-    ];
     let (mut ts, mut step) = (0i64, 0i64);
-    for row in &mut rows {
-        step = step.wrapping_add(r.signed("timestamp")?);
-        ts = ts.wrapping_add(step);
-        row.timestamp_ms = ts;
-    }
-    for (row, v) in rows.iter_mut().zip(r.deltas("interval", n)?) {
-        row.interval_ms = i32::try_from(v).map_err(|_| ChunkError::OutOfRange("interval"))?;
-    }
-    for (row, v) in rows.iter_mut().zip(r.deltas("poll count", n)?) {
-        row.poll_count = i32::try_from(v).map_err(|_| ChunkError::OutOfRange("poll count"))?;
-    }
-    for (row, v) in rows.iter_mut().zip(r.deltas("used", n)?) {
-        row.used_last = v;
-    }
-    for (row, v) in rows.iter_mut().zip(r.scaled("used min", n)?) {
-        row.used_min = row.used_last.wrapping_sub(v);
-    }
-    for (row, v) in rows.iter_mut().zip(r.scaled("used max", n)?) {
-        row.used_max = row.used_last.wrapping_add(v);
-    }
-    for (row, v) in rows.iter_mut().zip(r.deltas("reserved", n)?) {
-        row.reserved = v;
-    }
-    for (row, v) in rows.iter_mut().zip(r.deltas("total", n)?) {
-        row.total = v;
-    }
-    for (row, v) in rows.iter_mut().zip(r.optional_deltas("utilization", n)?) {
-        row.utilization_pct = v
-            .map(|v| i16::try_from(v).map_err(|_| ChunkError::OutOfRange("utilization")))
-            .transpose()?;
-    }
-    for (row, v) in rows.iter_mut().zip(r.optional_deltas("pcie tx", n)?) {
-        row.pcie_tx_bytes_per_s = v;
-    }
-    for (row, v) in rows.iter_mut().zip(r.optional_deltas("pcie rx", n)?) {
-        row.pcie_rx_bytes_per_s = v;
-    }
+    let timestamps = (0..count)
+        .map(|_| {
+            step = step.wrapping_add(r.signed("timestamp")?);
+            ts = ts.wrapping_add(step);
+            Ok(ts)
+        })
+        .collect::<Result<Vec<i64>, ChunkError>>()?;
+    let rows = T::read_columns(key, timestamps, &mut r)?;
     if !r.bytes.is_empty() {
         return Err(ChunkError::Trailing(r.bytes.len()));
     }
     Ok(rows)
+}
+
+impl Packable for GpuSampleRow {
+    fn timestamp_ms(&self) -> i64 {
+        self.timestamp_ms
+    }
+
+    fn put_columns(rows: &[Self], out: &mut Vec<u8>) {
+        put_deltas(out, rows.iter().map(|r| i64::from(r.interval_ms)));
+        put_deltas(out, rows.iter().map(|r| i64::from(r.poll_count)));
+        put_deltas(out, rows.iter().map(|r| r.used_last));
+        put_scaled(
+            out,
+            rows.iter().map(|r| r.used_last.wrapping_sub(r.used_min)),
+        );
+        put_scaled(
+            out,
+            rows.iter().map(|r| r.used_max.wrapping_sub(r.used_last)),
+        );
+        put_deltas(out, rows.iter().map(|r| r.reserved));
+        put_deltas(out, rows.iter().map(|r| r.total));
+        put_optional_deltas(out, rows.iter().map(|r| r.utilization_pct.map(i64::from)));
+        put_optional_deltas(out, rows.iter().map(|r| r.pcie_tx_bytes_per_s));
+        put_optional_deltas(out, rows.iter().map(|r| r.pcie_rx_bytes_per_s));
+    }
+
+    fn read_columns(
+        key: i64,
+        timestamps: Vec<i64>,
+        r: &mut Reader<'_>,
+    ) -> Result<Vec<Self>, ChunkError> {
+        let n = timestamps.len();
+        let mut rows: Vec<Self> = timestamps
+            .into_iter()
+            .map(|timestamp_ms| GpuSampleRow {
+                device_id: key,
+                timestamp_ms,
+                ..GpuSampleRow::default()
+            })
+            .collect();
+        for (row, v) in rows.iter_mut().zip(r.deltas("interval", n)?) {
+            row.interval_ms = i32::try_from(v).map_err(|_| ChunkError::OutOfRange("interval"))?;
+        }
+        for (row, v) in rows.iter_mut().zip(r.deltas("poll count", n)?) {
+            row.poll_count = i32::try_from(v).map_err(|_| ChunkError::OutOfRange("poll count"))?;
+        }
+        for (row, v) in rows.iter_mut().zip(r.deltas("used", n)?) {
+            row.used_last = v;
+        }
+        for (row, v) in rows.iter_mut().zip(r.scaled("used min", n)?) {
+            row.used_min = row.used_last.wrapping_sub(v);
+        }
+        for (row, v) in rows.iter_mut().zip(r.scaled("used max", n)?) {
+            row.used_max = row.used_last.wrapping_add(v);
+        }
+        for (row, v) in rows.iter_mut().zip(r.deltas("reserved", n)?) {
+            row.reserved = v;
+        }
+        for (row, v) in rows.iter_mut().zip(r.deltas("total", n)?) {
+            row.total = v;
+        }
+        for (row, v) in rows.iter_mut().zip(r.optional_deltas("utilization", n)?) {
+            row.utilization_pct = v
+                .map(|v| i16::try_from(v).map_err(|_| ChunkError::OutOfRange("utilization")))
+                .transpose()?;
+        }
+        for (row, v) in rows.iter_mut().zip(r.optional_deltas("pcie tx", n)?) {
+            row.pcie_tx_bytes_per_s = v;
+        }
+        for (row, v) in rows.iter_mut().zip(r.optional_deltas("pcie rx", n)?) {
+            row.pcie_rx_bytes_per_s = v;
+        }
+        Ok(rows)
+    }
+}
+
+/// A row of `process_samples` as stored: the process by its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct ProcessPoint {
+    pub process_id: i64,
+    pub timestamp_ms: i64,
+    pub used_last: i64,
+    pub used_max: i64,
+}
+
+impl Packable for ProcessPoint {
+    fn timestamp_ms(&self) -> i64 {
+        self.timestamp_ms
+    }
+
+    fn put_columns(rows: &[Self], out: &mut Vec<u8>) {
+        put_deltas(out, rows.iter().map(|r| r.used_last));
+        put_scaled(
+            out,
+            rows.iter().map(|r| r.used_max.wrapping_sub(r.used_last)),
+        );
+    }
+
+    fn read_columns(
+        key: i64,
+        timestamps: Vec<i64>,
+        r: &mut Reader<'_>,
+    ) -> Result<Vec<Self>, ChunkError> {
+        let n = timestamps.len();
+        let used = r.deltas("used", n)?;
+        let spread = r.scaled("used max", n)?;
+        Ok(timestamps
+            .into_iter()
+            .zip(used)
+            .zip(spread)
+            .map(|((timestamp_ms, used_last), spread)| ProcessPoint {
+                process_id: key,
+                timestamp_ms,
+                used_last,
+                used_max: used_last.wrapping_add(spread),
+            })
+            .collect())
+    }
 }
 
 fn zigzag(v: i64) -> u64 {
@@ -260,7 +340,7 @@ fn put_optional_deltas(out: &mut Vec<u8>, values: impl Iterator<Item = Option<i6
     put_deltas(out, values.into_iter().flatten());
 }
 
-struct Reader<'a> {
+pub(super) struct Reader<'a> {
     bytes: &'a [u8],
 }
 
@@ -328,6 +408,25 @@ impl Reader<'_> {
 mod tests {
     use super::*;
 
+    fn gpu_decode(key: i64, chunk: &[u8]) -> Result<Vec<GpuSampleRow>, ChunkError> {
+        decode(key, chunk)
+    }
+
+    #[test]
+    fn a_process_hour_reads_back_and_a_steady_one_is_tiny() {
+        let rows: Vec<ProcessPoint> = (0..3600)
+            .map(|i| ProcessPoint {
+                process_id: 41,
+                timestamp_ms: 1_764_547_200_000 + i * 1000,
+                used_last: (12 << 30) + (i / 600) * (256 << 20),
+                used_max: (12 << 30) + (i / 600) * (256 << 20) + (i % 3) * (2 << 20),
+            })
+            .collect();
+        let chunk = encode(&rows).unwrap();
+        assert_eq!(decode::<ProcessPoint>(41, &chunk).unwrap(), rows);
+        assert!(chunk.len() < 3600 / 2, "{} bytes", chunk.len());
+    }
+
     fn sample(ts: i64, used: i64) -> GpuSampleRow {
         GpuSampleRow {
             device_id: 7,
@@ -367,7 +466,7 @@ mod tests {
     fn an_hour_reads_back_exactly_and_small() {
         let rows = an_hour();
         let chunk = encode(&rows).unwrap();
-        assert_eq!(decode(7, &chunk).unwrap(), rows);
+        assert_eq!(gpu_decode(7, &chunk).unwrap(), rows);
         // 3,600 raw rows are about 500 kB on disk.
         assert!(chunk.len() < 3600 * 4, "{} bytes", chunk.len());
     }
@@ -380,8 +479,11 @@ mod tests {
         rows[2].utilization_pct = Some(i16::MIN);
         rows[2].interval_ms = i32::MAX;
         rows[2].pcie_rx_bytes_per_s = Some(i64::MIN);
-        assert_eq!(decode(7, &encode(&rows).unwrap()).unwrap(), rows);
-        assert_eq!(decode(7, &encode(&[]).unwrap()).unwrap(), vec![]);
+        assert_eq!(gpu_decode(7, &encode(&rows).unwrap()).unwrap(), rows);
+        assert_eq!(
+            gpu_decode(7, &encode::<GpuSampleRow>(&[]).unwrap()).unwrap(),
+            vec![]
+        );
     }
 
     #[test]
@@ -397,7 +499,7 @@ mod tests {
         assert_eq!(chunks[1].first_ts_ms, 1_764_547_200_000);
         let back: Vec<_> = chunks
             .iter()
-            .flat_map(|c| decode(7, &c.data).unwrap())
+            .flat_map(|c| gpu_decode(7, &c.data).unwrap())
             .collect();
         assert!(back.is_sorted_by_key(|r| r.timestamp_ms));
         assert_eq!(back.len(), 3610);
@@ -406,15 +508,15 @@ mod tests {
     #[test]
     fn damage_is_named_not_panicked_on() {
         let chunk = encode(&an_hour()).unwrap();
-        assert_eq!(decode(7, &[]), Err(ChunkError::Empty));
-        assert_eq!(decode(7, &[9, 0]), Err(ChunkError::Format(9)));
+        assert_eq!(gpu_decode(7, &[]), Err(ChunkError::Empty));
+        assert_eq!(gpu_decode(7, &[9, 0]), Err(ChunkError::Format(9)));
         assert!(matches!(
-            decode(7, &chunk[..chunk.len() / 2]),
+            gpu_decode(7, &chunk[..chunk.len() / 2]),
             Err(ChunkError::Compression(_))
         ));
         let mut huge = vec![FORMAT_V1];
         put_varint(&mut huge, u64::MAX >> 1);
-        assert!(matches!(decode(7, &huge), Err(ChunkError::TooLarge(_))));
+        assert!(matches!(gpu_decode(7, &huge), Err(ChunkError::TooLarge(_))));
         // A well-formed frame whose columns stop early.
         let mut short = Vec::new();
         put_varint(&mut short, 3);
@@ -422,7 +524,10 @@ mod tests {
         let mut framed = vec![FORMAT_V1];
         put_varint(&mut framed, short.len() as u64);
         framed.extend_from_slice(&zstd::bulk::compress(&short, 1).unwrap());
-        assert_eq!(decode(7, &framed), Err(ChunkError::Truncated("timestamp")));
+        assert_eq!(
+            gpu_decode(7, &framed),
+            Err(ChunkError::Truncated("timestamp"))
+        );
     }
 
     proptest::proptest! {
@@ -454,7 +559,7 @@ mod tests {
                 })
                 .collect();
             let chunk = encode(&rows).unwrap();
-            proptest::prop_assert_eq!(decode(3, &chunk).unwrap(), rows);
+            proptest::prop_assert_eq!(gpu_decode(3, &chunk).unwrap(), rows);
         }
 
         #[test]
@@ -464,11 +569,11 @@ mod tests {
         ) {
             let mut chunk = vec![FORMAT_V1];
             chunk.extend(tail);
-            let _ = decode(3, &chunk);
+            let _ = gpu_decode(3, &chunk);
             // A real chunk cut short or with a byte flipped.
             let mut real = encode(&an_hour()[..50]).unwrap();
             real.truncate(cut.max(1));
-            let _ = decode(3, &real);
+            let _ = gpu_decode(3, &real);
         }
     }
 }

@@ -1,15 +1,15 @@
-//! Moving cold raw GPU samples into packed chunks and back.
+//! Moving cold raw samples (GPU and process) into packed chunks and back.
 //!
-//! - Maintenance packs each day partition of `gpu_samples` once the day
-//!   ended `pack_raw_after_hours` ago and its minutes are rolled up: device
-//!   by device, one transaction each (delete the raw rows, insert their
+//! - Maintenance packs each day partition of a raw table once the day ended
+//!   `pack_raw_after_hours` ago and its minutes are rolled up: a few series
+//!   at a time, one transaction each (delete the raw rows, insert their
 //!   chunks), then empties the partition with `TRUNCATE`, which also gives
-//!   its index back.
+//!   its indexes back.
 //! - A sample that arrives after its day was packed lands in the raw
 //!   partition as usual and marks its minute. Before that minute is rolled
-//!   up again, the chunks of the devices with such samples are unpacked
-//!   back into raw rows, so that the rollup reads the whole minute; the
-//!   next packing pass packs them again.
+//!   up again, the chunks of the series with such samples are unpacked back
+//!   into raw rows, so that the rollup reads whole minutes; the next
+//!   packing pass packs them again.
 //! - Charts read chunks next to raw rows ([`samples_between`]).
 //!
 //! A raw row whose minute is still waiting for its rollup is never packed:
@@ -17,12 +17,13 @@
 
 use std::time::{Duration, Instant};
 
-use sqlx::postgres::PgPool;
+use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{Postgres, Row, Transaction};
 
+use super::copy::{BinaryRows, copy_in};
 use super::maintenance::{Partition, ensure_partitions, raw_partitions};
-use super::packed::{self, GpuChunk};
-use super::write::copy_gpu_samples;
+use super::packed::{self, Chunk, Packable, ProcessPoint};
+use super::write::{GPU_SAMPLES_COPY, PROCESS_SAMPLES_COPY, gpu_sample_rows, process_sample_rows};
 use crate::model::GpuSampleRow;
 use crate::store::StoreError;
 use crate::store::rollup::{HOUR_MS, MINUTE_MS, StorageConfig, bucket_start};
@@ -31,21 +32,99 @@ use crate::store::rollup::{HOUR_MS, MINUTE_MS, StorageConfig, bucket_start};
 /// again; a large day is packed over several passes.
 const PASS_BUDGET: Duration = Duration::from_secs(10);
 
-const RAW_COLUMNS: &str =
-    "device_id, ts_ms, interval_ms, poll_count, used_last, used_min, used_max,
-    reserved, total, utilization, pcie_tx, pcie_rx";
+/// A raw sample table whose cold days are packed, and its chunk table.
+pub(super) trait PackedTable: Packable {
+    /// The raw table, as named in `pack_progress`.
+    const RAW: &'static str;
+    const PACKED: &'static str;
+    /// The series column (both tables).
+    const KEY: &'static str;
+    /// What `DELETE … RETURNING` gives [`PackedTable::from_row`].
+    const COLUMNS: &'static str;
+    const COPY: &'static str;
+    /// Series packed per transaction: about a day of 1 Hz samples each.
+    const SERIES_PER_TRANSACTION: usize;
+    fn series(&self) -> i64;
+    fn from_row(row: &PgRow) -> Result<Self, sqlx::Error>;
+    fn copy_rows(rows: &[Self]) -> Result<BinaryRows, StoreError>;
+}
 
-/// Where raw GPU samples are packed up to (exclusive).
-pub(super) async fn packed_until(pool: &PgPool) -> Result<i64, StoreError> {
+impl PackedTable for GpuSampleRow {
+    const RAW: &'static str = "gpu_samples";
+    const PACKED: &'static str = "gpu_samples_packed";
+    const KEY: &'static str = "device_id";
+    const COLUMNS: &'static str = "device_id, ts_ms, interval_ms, poll_count, used_last,
+        used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx";
+    const COPY: &'static str = GPU_SAMPLES_COPY;
+    const SERIES_PER_TRANSACTION: usize = 1;
+
+    fn series(&self) -> i64 {
+        self.device_id
+    }
+
+    fn from_row(row: &PgRow) -> Result<Self, sqlx::Error> {
+        Ok(GpuSampleRow {
+            device_id: i64::from(row.try_get::<i32, _>("device_id")?),
+            timestamp_ms: row.try_get("ts_ms")?,
+            interval_ms: row.try_get("interval_ms")?,
+            poll_count: row.try_get("poll_count")?,
+            used_last: row.try_get("used_last")?,
+            used_min: row.try_get("used_min")?,
+            used_max: row.try_get("used_max")?,
+            reserved: row.try_get("reserved")?,
+            total: row.try_get("total")?,
+            utilization_pct: row.try_get("utilization")?,
+            pcie_tx_bytes_per_s: row.try_get("pcie_tx")?,
+            pcie_rx_bytes_per_s: row.try_get("pcie_rx")?,
+        })
+    }
+
+    fn copy_rows(rows: &[Self]) -> Result<BinaryRows, StoreError> {
+        gpu_sample_rows(rows.iter())
+    }
+}
+
+impl PackedTable for ProcessPoint {
+    const RAW: &'static str = "process_samples";
+    const PACKED: &'static str = "process_samples_packed";
+    const KEY: &'static str = "process_id";
+    const COLUMNS: &'static str = "process_id, ts_ms, used_last, used_max";
+    const COPY: &'static str = PROCESS_SAMPLES_COPY;
+    const SERIES_PER_TRANSACTION: usize = 8;
+
+    fn series(&self) -> i64 {
+        self.process_id
+    }
+
+    fn from_row(row: &PgRow) -> Result<Self, sqlx::Error> {
+        Ok(ProcessPoint {
+            process_id: row.try_get("process_id")?,
+            timestamp_ms: row.try_get("ts_ms")?,
+            used_last: row.try_get("used_last")?,
+            used_max: row.try_get("used_max")?,
+        })
+    }
+
+    fn copy_rows(rows: &[Self]) -> Result<BinaryRows, StoreError> {
+        Ok(process_sample_rows(rows.iter().map(|r| {
+            (r.process_id, r.timestamp_ms, r.used_last, r.used_max)
+        })))
+    }
+}
+
+/// Where the raw samples of `T` are packed up to (exclusive).
+pub(super) async fn packed_until<T: PackedTable>(pool: &PgPool) -> Result<i64, StoreError> {
     Ok(sqlx::query_scalar(
-        "SELECT COALESCE((SELECT packed_until_ms FROM pack_progress WHERE parent = 'gpu_samples'), 0)",
+        "SELECT COALESCE((SELECT packed_until_ms FROM pack_progress WHERE parent = $1), 0)",
     )
+    .bind(T::RAW)
     .fetch_one(pool)
     .await?)
 }
 
-/// Packs every day that is old enough and rolled up, oldest first, for at
-/// most [`PASS_BUDGET`]. Returns how many samples it packed.
+/// Packs every day that is old enough and rolled up, GPU samples then
+/// process samples, oldest first, for at most [`PASS_BUDGET`]. Returns how
+/// many samples it packed.
 pub(super) async fn pack_cold_days(
     pool: &PgPool,
     storage: &StorageConfig,
@@ -56,24 +135,43 @@ pub(super) async fn pack_cold_days(
         return Ok(0);
     };
     let cutoff = (now_ms - pack_after_ms).min(minute_watermark_ms);
-    let started = Instant::now();
-    let mut packed = 0;
-    let mut days: Vec<Partition> = raw_partitions(pool, "gpu_samples")
+    let budget = Budget(Instant::now());
+    let gpu = pack_table::<GpuSampleRow>(pool, cutoff, &budget).await?;
+    let process = pack_table::<ProcessPoint>(pool, cutoff, &budget).await?;
+    Ok(gpu + process)
+}
+
+struct Budget(Instant);
+
+impl Budget {
+    fn spent(&self) -> bool {
+        self.0.elapsed() > PASS_BUDGET
+    }
+}
+
+async fn pack_table<T: PackedTable>(
+    pool: &PgPool,
+    cutoff: i64,
+    budget: &Budget,
+) -> Result<u64, StoreError> {
+    let mut days: Vec<Partition> = raw_partitions(pool, T::RAW)
         .await?
         .into_iter()
         .filter(|p| p.to_ms <= cutoff)
         .collect();
     days.sort_by_key(|p| p.from_ms);
+    let mut packed = 0;
     for day in days {
-        if started.elapsed() > PASS_BUDGET {
+        if budget.spent() {
             break;
         }
         // Marks the day before moving anything, so that a rollup of one of
         // its minutes knows to unpack first.
         sqlx::query(
-            "UPDATE pack_progress SET packed_until_ms = GREATEST(packed_until_ms, $1)
-             WHERE parent = 'gpu_samples'",
+            "UPDATE pack_progress SET packed_until_ms = GREATEST(packed_until_ms, $2)
+             WHERE parent = $1",
         )
+        .bind(T::RAW)
         .bind(day.to_ms)
         .execute(pool)
         .await?;
@@ -81,7 +179,7 @@ pub(super) async fn pack_cold_days(
             continue;
         }
         ensure_partitions(pool, day.from_ms, day.to_ms - 1).await?;
-        let (samples, done) = pack_day(pool, &day, started).await?;
+        let (samples, done) = pack_day::<T>(pool, &day, budget).await?;
         packed += samples;
         if done {
             empty_partition(pool, &day.name).await?;
@@ -99,51 +197,54 @@ async fn partition_bytes(pool: &PgPool, name: &str) -> Result<i64, StoreError> {
     )
 }
 
-/// Packs one day partition device by device. Returns the samples packed
-/// and whether every device was done within the budget.
-async fn pack_day(
+/// Packs one day partition a few series at a time. Returns the samples
+/// packed and whether every series was done within the budget.
+async fn pack_day<T: PackedTable>(
     pool: &PgPool,
     day: &Partition,
-    started: Instant,
+    budget: &Budget,
 ) -> Result<(u64, bool), StoreError> {
     let table = quote_ident(&day.name);
-    // Distinct devices by skipping through the (device_id, ts_ms) index,
-    // not by reading every row.
-    let devices: Vec<i32> = sqlx::query_scalar(&format!(
-        "WITH RECURSIVE d AS (
-             SELECT min(device_id) AS id FROM {table}
+    let key = T::KEY;
+    // Distinct series by skipping through the (series, ts_ms) index, not by
+    // reading every row.
+    let series: Vec<i64> = sqlx::query_scalar(&format!(
+        "WITH RECURSIVE s AS (
+             SELECT min({key}) AS id FROM {table}
              UNION ALL
-             SELECT (SELECT min(device_id) FROM {table} WHERE device_id > d.id) FROM d WHERE d.id IS NOT NULL)
-         SELECT id FROM d WHERE id IS NOT NULL"
+             SELECT (SELECT min({key}) FROM {table} WHERE {key} > s.id) FROM s WHERE s.id IS NOT NULL)
+         SELECT id::int8 FROM s WHERE id IS NOT NULL"
     ))
     .fetch_all(pool)
     .await?;
     let mut packed = 0;
-    for device in devices {
-        if started.elapsed() > PASS_BUDGET {
+    for some in series.chunks(T::SERIES_PER_TRANSACTION) {
+        if budget.spent() {
             return Ok((packed, false));
         }
-        packed += pack_device(pool, day, &table, device).await?;
+        packed += pack_series::<T>(pool, day, &table, some).await?;
     }
     Ok((packed, true))
 }
 
-async fn pack_device(
+async fn pack_series<T: PackedTable>(
     pool: &PgPool,
     day: &Partition,
     table: &str,
-    device: i32,
+    series: &[i64],
 ) -> Result<u64, StoreError> {
     let mut tx = pool.begin().await?;
     let rows = sqlx::query(&format!(
-        "DELETE FROM {table} WHERE device_id = $1 RETURNING {RAW_COLUMNS}"
+        "DELETE FROM {table} WHERE {} = ANY($1) RETURNING {}",
+        T::KEY,
+        T::COLUMNS
     ))
-    .bind(device)
+    .bind(series)
     .fetch_all(&mut *tx)
     .await?
     .iter()
-    .map(raw_row)
-    .collect::<Result<Vec<_>, _>>()?;
+    .map(T::from_row)
+    .collect::<Result<Vec<T>, _>>()?;
     // Rows of a minute that waits for its rollup go back: the rollup reads
     // raw rows. Marks are read after the delete, so a late row it took is
     // seen with its mark (both committed together).
@@ -156,22 +257,37 @@ async fn pack_device(
     .bind(day.to_ms)
     .fetch_all(&mut *tx)
     .await?;
-    let (waiting, cold): (Vec<GpuSampleRow>, Vec<GpuSampleRow>) = rows.into_iter().partition(|r| {
+    let (waiting, cold): (Vec<T>, Vec<T>) = rows.into_iter().partition(|r| {
         pending
-            .binary_search(&bucket_start(r.timestamp_ms, MINUTE_MS))
+            .binary_search(&bucket_start(r.timestamp_ms(), MINUTE_MS))
             .is_ok()
     });
-    copy_gpu_samples(&mut tx, waiting.iter()).await?;
+    copy_in(&mut tx, T::COPY, T::copy_rows(&waiting)?).await?;
     let samples = cold.len() as u64;
-    let chunks = packed::chunks_by_hour(i64::from(device), cold).map_err(|e| {
-        StoreError::Damaged(format!("packing device {device} of {}: {e}", day.name))
-    })?;
-    insert_chunks(&mut tx, &chunks).await?;
+    let mut chunks = Vec::new();
+    for (key, rows) in by_series(cold) {
+        chunks.extend(packed::chunks_by_hour(key, rows).map_err(|e| {
+            StoreError::Damaged(format!("packing {} {key} of {}: {e}", T::KEY, day.name))
+        })?);
+    }
+    insert_chunks::<T>(&mut tx, &chunks).await?;
     tx.commit().await?;
     Ok(samples)
 }
 
-/// Empties a packed day partition, so that its heap and index go back to
+fn by_series<T: PackedTable>(mut rows: Vec<T>) -> Vec<(i64, Vec<T>)> {
+    rows.sort_by_key(|r| (r.series(), r.timestamp_ms()));
+    let mut groups: Vec<(i64, Vec<T>)> = Vec::new();
+    for row in rows {
+        match groups.last_mut() {
+            Some((key, group)) if *key == row.series() => group.push(row),
+            _ => groups.push((row.series(), vec![row])),
+        }
+    }
+    groups
+}
+
+/// Empties a packed day partition, so that its heap and indexes go back to
 /// the file system. Only when no row is left, under a lock that keeps a
 /// late writer out meanwhile; otherwise the next pass tries again.
 async fn empty_partition(pool: &PgPool, name: &str) -> Result<(), StoreError> {
@@ -197,28 +313,25 @@ async fn empty_partition(pool: &PgPool, name: &str) -> Result<(), StoreError> {
     }
     tx.commit().await?;
     if !left {
-        tracing::info!(partition = %name, "packed a day of raw GPU samples");
+        tracing::info!(partition = %name, "packed a day of raw samples");
     }
     Ok(())
 }
 
-async fn insert_chunks(
+async fn insert_chunks<T: PackedTable>(
     tx: &mut Transaction<'_, Postgres>,
-    chunks: &[GpuChunk],
+    chunks: &[Chunk],
 ) -> Result<(), StoreError> {
     if chunks.is_empty() {
         return Ok(());
     }
-    let device = chunks
-        .iter()
-        .map(|c| i32::try_from(c.device_id))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| StoreError::Invalid("device id out of range".into()))?;
-    sqlx::query(
-        "INSERT INTO gpu_samples_packed (device_id, hour_ms, first_ts_ms, last_ts_ms, samples, data)
-         SELECT * FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int4[], $6::bytea[])",
-    )
-    .bind(device)
+    sqlx::query(&format!(
+        "INSERT INTO {} ({}, hour_ms, first_ts_ms, last_ts_ms, samples, data)
+         SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::int8[], $5::int4[], $6::bytea[])",
+        T::PACKED,
+        T::KEY
+    ))
+    .bind(chunks.iter().map(|c| c.key).collect::<Vec<_>>())
     .bind(chunks.iter().map(|c| c.hour_ms).collect::<Vec<_>>())
     .bind(chunks.iter().map(|c| c.first_ts_ms).collect::<Vec<_>>())
     .bind(chunks.iter().map(|c| c.last_ts_ms).collect::<Vec<_>>())
@@ -230,57 +343,66 @@ async fn insert_chunks(
 }
 
 /// Before minutes `[from_ms, to_ms)` of a packed day are rolled up again:
-/// unpacks the chunks of every device with raw rows in them (samples that
+/// unpacks the chunks of every series with raw rows in them (samples that
 /// arrived late), so that the rollup reads their whole minutes. Returns how
 /// many samples it unpacked.
-pub(super) async fn unpack_for_rollup(
+pub(super) async fn unpack_for_rollup<T: PackedTable>(
     tx: &mut Transaction<'_, Postgres>,
     from_ms: i64,
     to_ms: i64,
 ) -> Result<u64, StoreError> {
-    let chunks = sqlx::query(
-        "DELETE FROM gpu_samples_packed
+    let key = T::KEY;
+    let chunks = sqlx::query(&format!(
+        "DELETE FROM {packed}
          WHERE hour_ms >= $3 AND hour_ms < $2 AND last_ts_ms >= $1 AND first_ts_ms < $2
-           AND device_id IN (SELECT DISTINCT device_id FROM gpu_samples WHERE ts_ms >= $1 AND ts_ms < $2)
-         RETURNING device_id, hour_ms, first_ts_ms, last_ts_ms, samples, data",
-    )
+           AND {key} IN (SELECT DISTINCT {key} FROM {raw} WHERE ts_ms >= $1 AND ts_ms < $2)
+         RETURNING {key}::int8 AS key, hour_ms, first_ts_ms, last_ts_ms, samples, data",
+        packed = T::PACKED,
+        raw = T::RAW,
+    ))
     .bind(from_ms)
     .bind(to_ms)
     .bind(bucket_start(from_ms, HOUR_MS))
     .fetch_all(&mut **tx)
     .await?;
-    let mut rows = Vec::new();
+    let mut rows: Vec<T> = Vec::new();
     let mut damaged = Vec::new();
     for chunk in &chunks {
         let chunk = chunk_row(chunk)?;
-        match packed::decode(chunk.device_id, &chunk.data) {
+        match packed::decode(chunk.key, &chunk.data) {
             Ok(decoded) => rows.extend(decoded),
             Err(error) => {
-                tracing::error!(device = chunk.device_id, hour_ms = chunk.hour_ms, %error,
-                    "a packed chunk of GPU samples is damaged; left as it is, out of the rollup");
+                tracing::error!(table = T::PACKED, series = chunk.key, hour_ms = chunk.hour_ms, %error,
+                    "a packed chunk is damaged; left as it is, out of the rollup");
                 damaged.push(chunk);
             }
         }
     }
-    insert_chunks(tx, &damaged).await?;
-    copy_gpu_samples(tx, rows.iter()).await?;
+    insert_chunks::<T>(tx, &damaged).await?;
+    copy_in(tx, T::COPY, T::copy_rows(&rows)?).await?;
     Ok(rows.len() as u64)
 }
 
-/// One device's packed samples with timestamps in `[from_ms, to_ms]`, in
-/// time order. A damaged chunk is logged and left out, not an error: the
-/// rest of the chart still stands.
-pub(super) async fn samples_between(
+/// The packed samples of `series` with timestamps in `[from_ms, to_ms]`.
+/// A damaged chunk is logged and left out, not an error: the rest of the
+/// chart still stands.
+pub(super) async fn samples_between<T: PackedTable>(
     pool: &PgPool,
-    device: i32,
+    series: &[i64],
     from_ms: i64,
     to_ms: i64,
-) -> Result<Vec<GpuSampleRow>, StoreError> {
-    let chunks = sqlx::query(
-        "SELECT device_id, hour_ms, first_ts_ms, last_ts_ms, samples, data FROM gpu_samples_packed
-         WHERE device_id = $1 AND hour_ms >= $2 AND hour_ms <= $3 AND last_ts_ms >= $4 AND first_ts_ms <= $3",
-    )
-    .bind(device)
+) -> Result<Vec<T>, StoreError> {
+    if series.is_empty() || from_ms > to_ms {
+        return Ok(Vec::new());
+    }
+    let chunks = sqlx::query(&format!(
+        "SELECT {key}::int8 AS key, hour_ms, first_ts_ms, last_ts_ms, samples, data FROM {packed}
+         WHERE {key} = ANY($1) AND hour_ms >= $2 AND hour_ms <= $3 AND last_ts_ms >= $4
+           AND first_ts_ms <= $3",
+        key = T::KEY,
+        packed = T::PACKED,
+    ))
+    .bind(series)
     .bind(bucket_start(from_ms, HOUR_MS))
     .bind(to_ms)
     .bind(from_ms)
@@ -289,45 +411,27 @@ pub(super) async fn samples_between(
     let mut rows = Vec::new();
     for chunk in &chunks {
         let chunk = chunk_row(chunk)?;
-        match packed::decode(chunk.device_id, &chunk.data) {
+        match packed::decode::<T>(chunk.key, &chunk.data) {
             Ok(decoded) => rows.extend(
                 decoded
                     .into_iter()
-                    .filter(|r| (from_ms..=to_ms).contains(&r.timestamp_ms)),
+                    .filter(|r| (from_ms..=to_ms).contains(&r.timestamp_ms())),
             ),
-            Err(error) => tracing::error!(device, hour_ms = chunk.hour_ms, %error,
-                "a packed chunk of GPU samples is damaged; left out of the chart"),
+            Err(error) => tracing::error!(table = T::PACKED, series = chunk.key,
+                hour_ms = chunk.hour_ms, %error, "a packed chunk is damaged; left out of the chart"),
         }
     }
-    rows.sort_unstable_by_key(|r| r.timestamp_ms);
     Ok(rows)
 }
 
-fn chunk_row(row: &sqlx::postgres::PgRow) -> Result<GpuChunk, sqlx::Error> {
-    Ok(GpuChunk {
-        device_id: i64::from(row.try_get::<i32, _>("device_id")?),
+fn chunk_row(row: &PgRow) -> Result<Chunk, sqlx::Error> {
+    Ok(Chunk {
+        key: row.try_get("key")?,
         hour_ms: row.try_get("hour_ms")?,
         first_ts_ms: row.try_get("first_ts_ms")?,
         last_ts_ms: row.try_get("last_ts_ms")?,
         samples: row.try_get("samples")?,
         data: row.try_get("data")?,
-    })
-}
-
-fn raw_row(row: &sqlx::postgres::PgRow) -> Result<GpuSampleRow, sqlx::Error> {
-    Ok(GpuSampleRow {
-        device_id: i64::from(row.try_get::<i32, _>("device_id")?),
-        timestamp_ms: row.try_get("ts_ms")?,
-        interval_ms: row.try_get("interval_ms")?,
-        poll_count: row.try_get("poll_count")?,
-        used_last: row.try_get("used_last")?,
-        used_min: row.try_get("used_min")?,
-        used_max: row.try_get("used_max")?,
-        reserved: row.try_get("reserved")?,
-        total: row.try_get("total")?,
-        utilization_pct: row.try_get("utilization")?,
-        pcie_tx_bytes_per_s: row.try_get("pcie_tx")?,
-        pcie_rx_bytes_per_s: row.try_get("pcie_rx")?,
     })
 }
 

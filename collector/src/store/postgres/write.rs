@@ -224,7 +224,7 @@ async fn write_gpu_samples<'r>(
             written: Vec::new(),
         });
     }
-    copy_gpu_samples(tx, s.iter().copied()).await?;
+    copy_in(tx, GPU_SAMPLES_COPY, gpu_sample_rows(s.iter().copied())?).await?;
     // One sample per device: ON CONFLICT may touch a row once per statement.
     let newest = newest_per_device(s);
     let written = latest_cache.due(&newest);
@@ -232,11 +232,14 @@ async fn write_gpu_samples<'r>(
     Ok(LatestWritten { newest, written })
 }
 
-/// Inserts raw GPU samples (into whichever day partitions they fall in).
-pub(super) async fn copy_gpu_samples<'r>(
-    tx: &mut Transaction<'_, Postgres>,
+pub(super) const GPU_SAMPLES_COPY: &str = "COPY gpu_samples (ts_ms, used_last, used_min, used_max,
+    reserved, total, pcie_tx, pcie_rx, device_id, interval_ms, poll_count, utilization)
+    FROM STDIN (FORMAT binary)";
+
+/// Raw GPU samples as rows for [`GPU_SAMPLES_COPY`].
+pub(super) fn gpu_sample_rows<'r>(
     s: impl ExactSizeIterator<Item = &'r GpuSampleRow>,
-) -> Result<(), StoreError> {
+) -> Result<BinaryRows, StoreError> {
     let mut rows = BinaryRows::new(12, s.len());
     for r in s {
         rows.row()
@@ -253,13 +256,25 @@ pub(super) async fn copy_gpu_samples<'r>(
             .int4(r.poll_count)
             .opt_int2(r.utilization_pct);
     }
-    copy_in(
-        tx,
-        "COPY gpu_samples (ts_ms, used_last, used_min, used_max, reserved, total, pcie_tx, pcie_rx,
-             device_id, interval_ms, poll_count, utilization) FROM STDIN (FORMAT binary)",
-        rows,
-    )
-    .await
+    Ok(rows)
+}
+
+pub(super) const PROCESS_SAMPLES_COPY: &str =
+    "COPY process_samples (process_id, ts_ms, used_last, used_max) FROM STDIN (FORMAT binary)";
+
+/// Process samples, by process id, as rows for [`PROCESS_SAMPLES_COPY`].
+pub(super) fn process_sample_rows(
+    s: impl ExactSizeIterator<Item = (i64, i64, i64, i64)>,
+) -> BinaryRows {
+    let mut rows = BinaryRows::new(4, s.len());
+    for (process_id, ts_ms, used_last, used_max) in s {
+        rows.row()
+            .int8(process_id)
+            .int8(ts_ms)
+            .int8(used_last)
+            .int8(used_max);
+    }
+    rows
 }
 
 /// Moves each device's row in `gpu_latest` (what the fleet overview reads)
@@ -386,20 +401,12 @@ async fn write_process_samples<'r>(
         .zip(ids)
         .filter_map(|(row, id)| Some((*row, id?)))
         .unzip();
-    let mut copy = BinaryRows::new(4, rows.len());
-    for (row, id) in rows.iter().zip(ids) {
-        copy.row()
-            .int8(id)
-            .int8(row.timestamp_ms)
-            .int8(row.used_last)
-            .int8(row.used_max);
-    }
-    copy_in(
-        tx,
-        "COPY process_samples (process_id, ts_ms, used_last, used_max) FROM STDIN (FORMAT binary)",
-        copy,
-    )
-    .await?;
+    let copy = process_sample_rows(
+        rows.iter()
+            .zip(ids)
+            .map(|(row, id)| (id, row.timestamp_ms, row.used_last, row.used_max)),
+    );
+    copy_in(tx, PROCESS_SAMPLES_COPY, copy).await?;
     Ok(learned)
 }
 
