@@ -368,7 +368,7 @@ impl CollectorMetrics {
             out,
             "headroom_collector_samples_packed_total",
             "counter",
-            "Raw GPU samples of cold days moved into compressed chunks by this collector (Postgres).",
+            "Raw GPU and process samples of cold days moved into compressed chunks by this collector (Postgres).",
             &[("", get(&self.samples_packed))],
         );
     }

@@ -28,9 +28,14 @@ ALTER TABLE process_samples_packed ALTER COLUMN data SET STORAGE EXTERNAL;
 CREATE INDEX process_samples_packed_process_hour ON process_samples_packed (process_id, hour_ms);
 
 -- How far each raw table is packed: every day partition that ends at or
--- before packed_until_ms has been (or is being) moved into chunks.
+-- before packed_until_ms has been (or is being) moved into chunks. While a
+-- day is being packed over several passes, the series packed so far are
+-- those up to cursor_key of the partition starting at cursor_day_ms, so a
+-- pass resumes there instead of walking the index past them again.
 CREATE TABLE pack_progress (
     parent          TEXT   PRIMARY KEY,
-    packed_until_ms BIGINT NOT NULL
+    packed_until_ms BIGINT NOT NULL,
+    cursor_day_ms   BIGINT,
+    cursor_key      BIGINT
 );
 INSERT INTO pack_progress (parent, packed_until_ms) VALUES ('gpu_samples', 0), ('process_samples', 0);

@@ -148,13 +148,45 @@ async fn a_cold_day_moves_into_chunks_and_gives_its_bytes_back() {
 
     let again = store.maintain(now + 1000).await.unwrap();
     assert_eq!(again.samples_packed, 0, "nothing left to pack");
+
+    // A late sample unpacks its series' hour for the rollup; the same pass
+    // packs the hour again, late sample included, and empties the day.
+    let late_ts = cold + 30 * MINUTE_MS + 500;
+    let mut late = fixtures::batch(20_000, late_ts);
+    late.process_samples.clear();
+    late.gpu_samples = vec![fixtures::gpu_sample(GPU0, late_ts, 70 * GIB)];
+    let late = validate::batch(&late, &session, now, &Limits::default()).unwrap();
+    store.write_batch(&late).await.unwrap();
+    let report = store.maintain(now + 2000).await.unwrap();
+    assert_eq!(
+        (report.minutes_rolled_up, report.samples_packed),
+        (1, 3601),
+        "{report:?}"
+    );
+    let in_hour: i64 = sqlx::query_scalar(
+        "SELECT sum(samples)::int8 FROM gpu_samples_packed
+         WHERE device_id = (SELECT id FROM devices WHERE uuid = $2) AND hour_ms = $1",
+    )
+    .bind(cold)
+    .bind(GPU0)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(in_hour, 3601);
+    assert_eq!(
+        day_bytes(&store, "gpu_samples", cold).await,
+        day_bytes(&store, "gpu_samples", now + DAY_MS).await,
+        "emptied again"
+    );
     store.close().await;
     db.drop_database().await;
 }
 
 /// A chunk that no longer decodes costs its own hour of the chart and
-/// nothing else: the chart is served, the rest of the day is in it, and a
-/// late sample for that hour is still rolled up.
+/// nothing else: the chart is served and the rest of the day is in it. A
+/// late sample for that hour is charted, and the minute's rollup, which
+/// cannot be recomputed without the lost samples, stays as it was rather
+/// than become the late sample alone.
 #[tokio::test]
 async fn a_damaged_chunk_costs_its_hour_and_nothing_else() {
     let Some(db) = postgres::fresh_database().await else {
@@ -181,6 +213,10 @@ async fn a_damaged_chunk_costs_its_hour_and_nothing_else() {
     assert_eq!(samples, 3600, "the second hour, whole");
     assert!(chart.iter().all(|p| p.timestamp_ms >= cold + HOUR_MS));
 
+    let minute_chart =
+        || store.device_series(GPU0, cold + 10 * MINUTE_MS, cold + 11 * MINUTE_MS - 1, 1);
+    let rolled_before = minute_chart().await.unwrap().unwrap();
+    assert_eq!(rolled_before[0].samples, 60);
     let late_ts = cold + 10 * MINUTE_MS + 500;
     let mut late = fixtures::batch(7201, late_ts);
     late.process_samples.clear();
@@ -189,12 +225,14 @@ async fn a_damaged_chunk_costs_its_hour_and_nothing_else() {
     store.write_batch(&late).await.unwrap();
     let report = store.maintain(now + 1000).await.unwrap();
     assert_eq!(report.minutes_rolled_up, 1, "{report:?}");
-    let minute = store
-        .device_series(GPU0, cold + 10 * MINUTE_MS, cold + 11 * MINUTE_MS - 1, 1)
+    assert_eq!(minute_chart().await.unwrap().unwrap(), rolled_before);
+    let hour = store
+        .device_series(GPU0, cold, cold + HOUR_MS - 1, 3600)
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(minute[0].memory_used_max_bytes, (71 * GIB) as i64);
+    assert_eq!(hour.len(), 1, "only the late sample: {hour:?}");
+    assert_eq!(hour[0].memory_used_bytes, (70 * GIB) as i64);
     let damaged: i64 =
         sqlx::query_scalar("SELECT count(*) FROM gpu_samples_packed WHERE data = '\\x01ff'")
             .fetch_one(store.pool())

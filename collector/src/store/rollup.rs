@@ -31,9 +31,10 @@ pub struct StorageConfig {
     /// Seconds between maintenance passes (partitions ahead, rollups,
     /// retention). Only one collector per database does the work.
     pub maintenance_interval_s: u32,
-    /// Postgres: raw GPU samples of a day that ended this many hours ago are
-    /// packed into compressed chunks (0: never). They still chart at full
-    /// resolution; a late sample for a packed day is still rolled up.
+    /// Postgres: raw GPU and process samples of a day that ended this many
+    /// hours ago are packed into compressed chunks (0: never). They still
+    /// chart at full resolution; a late sample for a packed day is still
+    /// rolled up.
     pub pack_raw_after_hours: u32,
 }
 
@@ -58,7 +59,7 @@ impl StorageConfig {
         i64::from(self.minute_retention_days.max(1)) * DAY_MS
     }
 
-    /// How old a day must be before its raw GPU samples are packed.
+    /// How long after a day ends its raw samples are packed, if ever.
     pub fn pack_raw_after_ms(&self) -> Option<i64> {
         (self.pack_raw_after_hours > 0).then(|| i64::from(self.pack_raw_after_hours) * HOUR_MS)
     }
@@ -220,7 +221,7 @@ pub struct MaintenanceReport {
     pub rows_expired: u64,
     pub minutes_rolled_up: u64,
     pub hours_rolled_up: u64,
-    /// Raw GPU samples moved into packed chunks (Postgres).
+    /// Raw GPU and process samples moved into packed chunks (Postgres).
     pub samples_packed: u64,
     /// Where the rollups stand after the pass.
     pub watermarks: Option<Watermarks>,

@@ -316,18 +316,17 @@ impl Store for PostgresStore {
             to_ms,
             marks,
         );
-        // Raw samples of days already packed come out of their chunks.
-        let packed = if bounds.minute_end_ms <= to_ms {
-            packing::samples_between::<GpuSampleRow>(
-                &self.pool,
-                &[i64::from(device)],
-                bounds.minute_end_ms,
-                to_ms,
-            )
-            .await?
-        } else {
-            Vec::new()
-        };
+        // Raw samples of days already packed come out of their chunks, read
+        // in the snapshot of the query below: a pack or unpack committing
+        // in between neither hides samples nor counts them twice.
+        let mut tx = chart_transaction(&self.pool).await?;
+        let packed = packing::samples_between::<GpuSampleRow>(
+            &mut tx,
+            &[i64::from(device)],
+            bounds.minute_end_ms,
+            to_ms,
+        )
+        .await?;
         let column = |f: fn(&GpuSampleRow) -> i64| packed.iter().map(f).collect::<Vec<i64>>();
         let optional =
             |f: fn(&GpuSampleRow) -> Option<i64>| packed.iter().map(f).collect::<Vec<_>>();
@@ -378,8 +377,9 @@ impl Store for PostgresStore {
         .bind(packed.iter().map(|r| r.utilization_pct).collect::<Vec<_>>())
         .bind(optional(|r| r.pcie_tx_bytes_per_s))
         .bind(optional(|r| r.pcie_rx_bytes_per_s))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(Some(points))
     }
 
@@ -424,9 +424,13 @@ impl Store for PostgresStore {
             to_ms,
             marks,
         );
-        let packed =
-            packing::samples_between::<ProcessPoint>(&self.pool, &ids, bounds.minute_end_ms, to_ms)
-                .await?;
+        let mut tx = chart_transaction(&self.pool).await?;
+        let packed = fold_into_buckets(
+            packing::samples_between::<ProcessPoint>(&mut tx, &ids, bounds.minute_end_ms, to_ms)
+                .await?,
+            from_ms,
+            width,
+        );
         let buckets = sqlx::query_as::<_, ProcessBucket>(
             "WITH src AS (
                  SELECT process_id, ts_ms AS at, used_max FROM process_samples_1h
@@ -451,8 +455,9 @@ impl Store for PostgresStore {
         .bind(packed.iter().map(|r| r.process_id).collect::<Vec<_>>())
         .bind(packed.iter().map(|r| r.timestamp_ms).collect::<Vec<_>>())
         .bind(packed.iter().map(|r| r.used_max).collect::<Vec<_>>())
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(Some(process_series_from(meta, buckets)))
     }
 
@@ -526,4 +531,34 @@ fn is_missing_partition(error: &sqlx::Error) -> bool {
     error.as_database_error().is_some_and(|e| {
         e.code().as_deref() == Some("23514") && e.message().contains("no partition")
     })
+}
+
+/// A read-only transaction with one snapshot for all of a chart's reads.
+async fn chart_transaction(pool: &PgPool) -> Result<Transaction<'static, Postgres>, StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}
+
+/// Packed process samples as one point per process and chart bucket, at
+/// the bucket's peak: the chart keeps only the peak, so there is no need
+/// to send Postgres every sample of a week of processes.
+fn fold_into_buckets(samples: Vec<ProcessPoint>, from_ms: i64, width_ms: i64) -> Vec<ProcessPoint> {
+    let mut peaks: std::collections::BTreeMap<(i64, i64), i64> = std::collections::BTreeMap::new();
+    for s in samples {
+        let bucket = (s.timestamp_ms - from_ms).div_euclid(width_ms.max(1));
+        let peak = peaks.entry((s.process_id, bucket)).or_insert(s.used_max);
+        *peak = (*peak).max(s.used_max);
+    }
+    peaks
+        .into_iter()
+        .map(|((process_id, bucket), used_max)| ProcessPoint {
+            process_id,
+            timestamp_ms: from_ms + bucket * width_ms.max(1),
+            used_last: used_max,
+            used_max,
+        })
+        .collect()
 }

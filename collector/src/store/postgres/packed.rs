@@ -41,6 +41,8 @@ pub enum ChunkError {
     OutOfRange(&'static str),
     #[error("chunk has {0} bytes after its last column")]
     Trailing(usize),
+    #[error("chunk's samples do not match its row (count or hour)")]
+    Mismatch,
 }
 
 /// A kind of stored sample that packs: its timestamp is the chunk's first
@@ -77,9 +79,14 @@ pub(super) fn chunks_by_hour<T: Packable>(
 ) -> Result<Vec<Chunk>, ChunkError> {
     rows.sort_unstable_by_key(T::timestamp_ms);
     let mut chunks = Vec::new();
-    for hour in rows.chunk_by(|a, b| {
-        bucket_start(a.timestamp_ms(), HOUR_MS) == bucket_start(b.timestamp_ms(), HOUR_MS)
-    }) {
+    // An hour of more than MAX_SAMPLES samples (faster than 290 Hz) goes
+    // into several chunks: one the decoder would refuse is never written.
+    for hour in rows
+        .chunk_by(|a, b| {
+            bucket_start(a.timestamp_ms(), HOUR_MS) == bucket_start(b.timestamp_ms(), HOUR_MS)
+        })
+        .flat_map(|hour| hour.chunks(MAX_SAMPLES as usize))
+    {
         let (Some(first), Some(last)) = (hour.first(), hour.last()) else {
             continue;
         };
@@ -115,6 +122,23 @@ pub(super) fn encode<T: Packable>(rows: &[T]) -> Result<Vec<u8>, ChunkError> {
         .map_err(|e| ChunkError::Compression(e.to_string()))?;
     chunk.extend_from_slice(&packed);
     Ok(chunk)
+}
+
+/// [`decode`], then checks the samples against what the chunk's row says
+/// of them: bit rot that still decompresses is caught here.
+pub(super) fn decode_checked<T: Packable>(chunk: &Chunk) -> Result<Vec<T>, ChunkError> {
+    let rows: Vec<T> = decode(chunk.key, &chunk.data)?;
+    let hour = chunk.hour_ms..chunk.hour_ms.saturating_add(HOUR_MS);
+    let in_range = |r: &T| {
+        hour.contains(&r.timestamp_ms())
+            && (chunk.first_ts_ms..=chunk.last_ts_ms).contains(&r.timestamp_ms())
+    };
+    if rows.len() != usize::try_from(chunk.samples).unwrap_or(usize::MAX)
+        || !rows.iter().all(in_range)
+    {
+        return Err(ChunkError::Mismatch);
+    }
+    Ok(rows)
 }
 
 /// Reads a chunk back into the samples of series `key` it holds, in time
@@ -503,6 +527,29 @@ mod tests {
             .collect();
         assert!(back.is_sorted_by_key(|r| r.timestamp_ms));
         assert_eq!(back.len(), 3610);
+    }
+
+    #[test]
+    fn a_chunk_is_checked_against_its_row() {
+        let chunks = chunks_by_hour(7, an_hour()).unwrap();
+        let good = &chunks[0];
+        assert_eq!(decode_checked::<GpuSampleRow>(good).unwrap().len(), 3600);
+        let miscounted = Chunk {
+            samples: 3599,
+            ..good.clone()
+        };
+        assert_eq!(
+            decode_checked::<GpuSampleRow>(&miscounted),
+            Err(ChunkError::Mismatch)
+        );
+        let other_hour = Chunk {
+            hour_ms: good.hour_ms + HOUR_MS,
+            ..good.clone()
+        };
+        assert_eq!(
+            decode_checked::<GpuSampleRow>(&other_hour),
+            Err(ChunkError::Mismatch)
+        );
     }
 
     #[test]

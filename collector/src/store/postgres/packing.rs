@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use sqlx::postgres::{PgPool, PgRow};
+use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::{Postgres, Row, Transaction};
 
 use super::copy::{BinaryRows, copy_in};
@@ -122,9 +122,10 @@ pub(super) async fn packed_until<T: PackedTable>(pool: &PgPool) -> Result<i64, S
     .await?)
 }
 
-/// Packs every day that is old enough and rolled up, GPU samples then
-/// process samples, oldest first, for at most [`PASS_BUDGET`]. Returns how
-/// many samples it packed.
+/// Packs every day that is old enough and rolled up, oldest first: GPU
+/// samples for half of [`PASS_BUDGET`], then process samples. Returns how
+/// many samples it packed. A table that fails is logged and left for the
+/// next pass; the other still gets its turn.
 pub(super) async fn pack_cold_days(
     pool: &PgPool,
     storage: &StorageConfig,
@@ -135,17 +136,27 @@ pub(super) async fn pack_cold_days(
         return Ok(0);
     };
     let cutoff = (now_ms - pack_after_ms).min(minute_watermark_ms);
-    let budget = Budget(Instant::now());
-    let gpu = pack_table::<GpuSampleRow>(pool, cutoff, &budget).await?;
-    let process = pack_table::<ProcessPoint>(pool, cutoff, &budget).await?;
-    Ok(gpu + process)
+    let started = Instant::now();
+    let gpu = Budget(started + PASS_BUDGET / 2);
+    let process = Budget(started + PASS_BUDGET);
+    let mut packed = 0;
+    match pack_table::<GpuSampleRow>(pool, cutoff, &gpu).await {
+        Ok(n) => packed += n,
+        Err(error) => tracing::warn!(%error, "packing GPU samples failed; next pass retries"),
+    }
+    match pack_table::<ProcessPoint>(pool, cutoff, &process).await {
+        Ok(n) => packed += n,
+        Err(error) => tracing::warn!(%error, "packing process samples failed; next pass retries"),
+    }
+    Ok(packed)
 }
 
+/// When a table's share of the pass ends.
 struct Budget(Instant);
 
 impl Budget {
     fn spent(&self) -> bool {
-        self.0.elapsed() > PASS_BUDGET
+        Instant::now() > self.0
     }
 }
 
@@ -190,15 +201,16 @@ async fn pack_table<T: PackedTable>(
 
 async fn partition_bytes(pool: &PgPool, name: &str) -> Result<i64, StoreError> {
     Ok(
-        sqlx::query_scalar("SELECT pg_relation_size(to_regclass($1))::int8")
+        sqlx::query_scalar("SELECT COALESCE(pg_relation_size(to_regclass($1)), 0)::int8")
             .bind(quote_ident(name))
             .fetch_one(pool)
             .await?,
     )
 }
 
-/// Packs one day partition a few series at a time. Returns the samples
-/// packed and whether every series was done within the budget.
+/// Packs one day partition a few series at a time, from where an earlier
+/// pass left off. Returns the samples packed and whether every series was
+/// done within the budget.
 async fn pack_day<T: PackedTable>(
     pool: &PgPool,
     day: &Partition,
@@ -206,15 +218,25 @@ async fn pack_day<T: PackedTable>(
 ) -> Result<(u64, bool), StoreError> {
     let table = quote_ident(&day.name);
     let key = T::KEY;
+    let after: Option<i64> = sqlx::query_scalar(
+        "SELECT cursor_key FROM pack_progress WHERE parent = $1 AND cursor_day_ms = $2",
+    )
+    .bind(T::RAW)
+    .bind(day.from_ms)
+    .fetch_optional(pool)
+    .await?
+    .flatten();
     // Distinct series by skipping through the (series, ts_ms) index, not by
-    // reading every row.
+    // reading every row, and not through the dead entries of the series
+    // packed before.
     let series: Vec<i64> = sqlx::query_scalar(&format!(
         "WITH RECURSIVE s AS (
-             SELECT min({key}) AS id FROM {table}
+             SELECT min({key}) AS id FROM {table} WHERE {key} > $1
              UNION ALL
              SELECT (SELECT min({key}) FROM {table} WHERE {key} > s.id) FROM s WHERE s.id IS NOT NULL)
          SELECT id::int8 FROM s WHERE id IS NOT NULL"
     ))
+    .bind(after.unwrap_or(i64::MIN))
     .fetch_all(pool)
     .await?;
     let mut packed = 0;
@@ -224,6 +246,14 @@ async fn pack_day<T: PackedTable>(
         }
         packed += pack_series::<T>(pool, day, &table, some).await?;
     }
+    // Done with this walk; rows put back or arrived since start the next
+    // one from the beginning.
+    sqlx::query(
+        "UPDATE pack_progress SET cursor_day_ms = NULL, cursor_key = NULL WHERE parent = $1",
+    )
+    .bind(T::RAW)
+    .execute(pool)
+    .await?;
     Ok((packed, true))
 }
 
@@ -264,15 +294,26 @@ async fn pack_series<T: PackedTable>(
     });
     copy_in(&mut tx, T::COPY, T::copy_rows(&waiting)?).await?;
     let samples = cold.len() as u64;
-    let mut chunks = Vec::new();
-    for (key, rows) in by_series(cold) {
-        chunks.extend(packed::chunks_by_hour(key, rows).map_err(|e| {
-            StoreError::Damaged(format!("packing {} {key} of {}: {e}", T::KEY, day.name))
-        })?);
-    }
-    insert_chunks::<T>(&mut tx, &chunks).await?;
+    insert_chunks::<T>(&mut tx, &pack_rows(cold, &day.name)?).await?;
+    sqlx::query("UPDATE pack_progress SET cursor_day_ms = $2, cursor_key = $3 WHERE parent = $1")
+        .bind(T::RAW)
+        .bind(day.from_ms)
+        .bind(series.iter().max())
+        .execute(&mut *tx)
+        .await?;
     tx.commit().await?;
     Ok(samples)
+}
+
+/// Rows of any series into their chunks.
+fn pack_rows<T: PackedTable>(rows: Vec<T>, whence: &str) -> Result<Vec<Chunk>, StoreError> {
+    let mut chunks = Vec::new();
+    for (key, rows) in by_series(rows) {
+        chunks.extend(packed::chunks_by_hour(key, rows).map_err(|e| {
+            StoreError::Damaged(format!("packing {} {key} of {whence}: {e}", T::KEY))
+        })?);
+    }
+    Ok(chunks)
 }
 
 fn by_series<T: PackedTable>(mut rows: Vec<T>) -> Vec<(i64, Vec<T>)> {
@@ -287,12 +328,22 @@ fn by_series<T: PackedTable>(mut rows: Vec<T>) -> Vec<(i64, Vec<T>)> {
     groups
 }
 
+/// Heap size up to which a pass vacuums a packed partition itself; a
+/// larger one waits for autovacuum, which throttles itself, rather than
+/// hold up the rollups for minutes.
+const VACUUM_IN_PASS_BYTES: i64 = 1 << 30;
+
 /// Empties a packed day partition, so that its heap and indexes go back to
 /// the file system. Only when no row is left, under a lock that keeps a
-/// late writer out meanwhile; otherwise the next pass tries again.
+/// late writer out meanwhile; otherwise, or when the lock is not to be had
+/// within 5 s, a later pass tries again.
 async fn empty_partition(pool: &PgPool, name: &str) -> Result<(), StoreError> {
     let table = quote_ident(name);
     // Dead rows gone first, so that the check below reads a few pages.
+    if partition_bytes(pool, name).await? > VACUUM_IN_PASS_BYTES {
+        tracing::debug!(partition = %name, "packed; waiting for autovacuum before emptying it");
+        return Ok(());
+    }
     sqlx::query(&format!("VACUUM {table}"))
         .execute(pool)
         .await?;
@@ -300,9 +351,17 @@ async fn empty_partition(pool: &PgPool, name: &str) -> Result<(), StoreError> {
     sqlx::query("SET LOCAL lock_timeout = '5s'")
         .execute(&mut *tx)
         .await?;
-    sqlx::query(&format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+    let locked = sqlx::query(&format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
         .execute(&mut *tx)
-        .await?;
+        .await;
+    match locked {
+        Ok(_) => {}
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+            tracing::info!(partition = %name, "packed partition busy; emptying it next pass");
+            return Ok(());
+        }
+        Err(e) => return Err(e.into()),
+    }
     let left: bool = sqlx::query_scalar(&format!("SELECT EXISTS (SELECT 1 FROM {table})"))
         .fetch_one(&mut *tx)
         .await?;
@@ -317,6 +376,9 @@ async fn empty_partition(pool: &PgPool, name: &str) -> Result<(), StoreError> {
     }
     Ok(())
 }
+
+/// SQLSTATE of a lock wait that ran into `lock_timeout`.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 async fn insert_chunks<T: PackedTable>(
     tx: &mut Transaction<'_, Postgres>,
@@ -342,10 +404,17 @@ async fn insert_chunks<T: PackedTable>(
     Ok(())
 }
 
+/// Rows copied back per `COPY` while unpacking: bounds the memory a long
+/// replay's unpacking takes.
+const UNPACK_COPY_ROWS: usize = 100_000;
+
 /// Before minutes `[from_ms, to_ms)` of a packed day are rolled up again:
-/// unpacks the chunks of every series with raw rows in them (samples that
-/// arrived late), so that the rollup reads their whole minutes. Returns how
-/// many samples it unpacked.
+/// unpacks the chunks of every series and hour with raw rows in them
+/// (samples that arrived late), so that the rollup reads whole minutes.
+/// Where such a chunk is damaged, the late rows of its series and hour are
+/// packed aside instead: the rollup then leaves that series' minutes as
+/// they were rather than recompute them from the late rows alone. Returns
+/// how many samples it unpacked.
 pub(super) async fn unpack_for_rollup<T: PackedTable>(
     tx: &mut Transaction<'_, Postgres>,
     from_ms: i64,
@@ -353,41 +422,67 @@ pub(super) async fn unpack_for_rollup<T: PackedTable>(
 ) -> Result<u64, StoreError> {
     let key = T::KEY;
     let chunks = sqlx::query(&format!(
-        "DELETE FROM {packed}
-         WHERE hour_ms >= $3 AND hour_ms < $2 AND last_ts_ms >= $1 AND first_ts_ms < $2
-           AND {key} IN (SELECT DISTINCT {key} FROM {raw} WHERE ts_ms >= $1 AND ts_ms < $2)
-         RETURNING {key}::int8 AS key, hour_ms, first_ts_ms, last_ts_ms, samples, data",
+        "WITH late AS (
+             SELECT DISTINCT {key} AS series, ts_ms - ts_ms % $3 AS hour
+             FROM {raw} WHERE ts_ms >= $1 AND ts_ms < $2)
+         DELETE FROM {packed} p USING late
+         WHERE p.{key} = late.series AND p.hour_ms = late.hour
+         RETURNING p.{key}::int8 AS key, p.hour_ms, p.first_ts_ms, p.last_ts_ms, p.samples, p.data",
         packed = T::PACKED,
         raw = T::RAW,
     ))
     .bind(from_ms)
     .bind(to_ms)
-    .bind(bucket_start(from_ms, HOUR_MS))
+    .bind(HOUR_MS)
     .fetch_all(&mut **tx)
     .await?;
+    let mut unpacked = 0;
     let mut rows: Vec<T> = Vec::new();
     let mut damaged = Vec::new();
     for chunk in &chunks {
         let chunk = chunk_row(chunk)?;
-        match packed::decode(chunk.key, &chunk.data) {
+        match packed::decode_checked::<T>(&chunk) {
             Ok(decoded) => rows.extend(decoded),
             Err(error) => {
                 tracing::error!(table = T::PACKED, series = chunk.key, hour_ms = chunk.hour_ms, %error,
-                    "a packed chunk is damaged; left as it is, out of the rollup");
+                    "a packed chunk is damaged: kept as it is; its late samples stay out of the rollup");
                 damaged.push(chunk);
             }
         }
+        if rows.len() >= UNPACK_COPY_ROWS {
+            unpacked += rows.len() as u64;
+            copy_in(tx, T::COPY, T::copy_rows(&rows)?).await?;
+            rows.clear();
+        }
+    }
+    unpacked += rows.len() as u64;
+    copy_in(tx, T::COPY, T::copy_rows(&rows)?).await?;
+    for chunk in &damaged {
+        let late = sqlx::query(&format!(
+            "DELETE FROM {raw} WHERE {key} = $1 AND ts_ms >= $2 AND ts_ms < $3 RETURNING {columns}",
+            raw = T::RAW,
+            columns = T::COLUMNS,
+        ))
+        .bind(chunk.key)
+        .bind(chunk.hour_ms)
+        .bind(chunk.hour_ms + HOUR_MS)
+        .fetch_all(&mut **tx)
+        .await?
+        .iter()
+        .map(T::from_row)
+        .collect::<Result<Vec<T>, _>>()?;
+        insert_chunks::<T>(tx, &pack_rows(late, T::RAW)?).await?;
     }
     insert_chunks::<T>(tx, &damaged).await?;
-    copy_in(tx, T::COPY, T::copy_rows(&rows)?).await?;
-    Ok(rows.len() as u64)
+    Ok(unpacked)
 }
 
-/// The packed samples of `series` with timestamps in `[from_ms, to_ms]`.
-/// A damaged chunk is logged and left out, not an error: the rest of the
-/// chart still stands.
+/// The packed samples of `series` with timestamps in `[from_ms, to_ms]`,
+/// read on `conn` (the chart's transaction, so that chunks and raw rows
+/// come from one snapshot). A damaged chunk is logged and left out, not an
+/// error: the rest of the chart still stands.
 pub(super) async fn samples_between<T: PackedTable>(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     series: &[i64],
     from_ms: i64,
     to_ms: i64,
@@ -406,12 +501,12 @@ pub(super) async fn samples_between<T: PackedTable>(
     .bind(bucket_start(from_ms, HOUR_MS))
     .bind(to_ms)
     .bind(from_ms)
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await?;
     let mut rows = Vec::new();
     for chunk in &chunks {
         let chunk = chunk_row(chunk)?;
-        match packed::decode::<T>(chunk.key, &chunk.data) {
+        match packed::decode_checked::<T>(&chunk) {
             Ok(decoded) => rows.extend(
                 decoded
                     .into_iter()
