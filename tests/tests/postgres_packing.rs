@@ -178,6 +178,30 @@ async fn a_cold_day_moves_into_chunks_and_gives_its_bytes_back() {
         day_bytes(&store, "gpu_samples", now + DAY_MS).await,
         "emptied again"
     );
+
+    // Retention drops the day's chunks with its raw partition.
+    let exists = |table: &'static str| {
+        let name = format!("{table}_p{}", day_suffix(cold));
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, bool>("SELECT to_regclass($1) IS NOT NULL")
+                .bind(name)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(exists("gpu_samples_packed").await);
+    let report = store.maintain(now + 6 * DAY_MS).await.unwrap();
+    assert!(report.partitions_dropped >= 4, "{report:?}");
+    for table in [
+        "gpu_samples",
+        "gpu_samples_packed",
+        "process_samples",
+        "process_samples_packed",
+    ] {
+        assert!(!exists(table).await, "{table} of the cold day is gone");
+    }
     store.close().await;
     db.drop_database().await;
 }
