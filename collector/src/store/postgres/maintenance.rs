@@ -22,6 +22,8 @@ const LEADER_LOCK: i64 = 0x6865_6164_726f_6f6d;
 /// Transaction-level lock around partition creation, which both the leader
 /// and a writer that met a missing partition may do.
 const PARTITION_LOCK: i64 = LEADER_LOCK + 1;
+/// Transaction-level lock that orders packing against minute rollups.
+pub(super) const PACKING_LOCK: i64 = LEADER_LOCK + 2;
 
 /// Buckets rolled up per transaction: a day's catch-up is a few short
 /// transactions rather than one long one.
@@ -404,11 +406,16 @@ const PROCESS_ROLLUP_UPDATE: &str =
 /// Rolls pending minutes up from raw samples into the 1 min tables, and
 /// marks their hours pending. Returns how many minutes it rolled up.
 async fn roll_up_minutes(pool: &PgPool) -> Result<u64, StoreError> {
-    let gpu_packed_until = packing::packed_until::<GpuSampleRow>(pool).await?;
-    let process_packed_until = packing::packed_until::<ProcessPoint>(pool).await?;
     let mut total = 0;
     loop {
         let mut tx = pool.begin().await?;
+        // Where packing stands, read under the lock every packing
+        // transaction takes: should a second leader pack while this one
+        // still rolls up (the lock's connection lost mid-pass), a minute is
+        // either unpacked first or still whole in the raw table.
+        packing::lock_against_packing(&mut tx).await?;
+        let gpu_packed_until = packing::packed_until::<GpuSampleRow>(&mut tx).await?;
+        let process_packed_until = packing::packed_until::<ProcessPoint>(&mut tx).await?;
         let minutes = take_pending(&mut tx, MINUTE_MS).await?;
         if minutes.is_empty() {
             return Ok(total);

@@ -21,7 +21,7 @@ use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::{Postgres, Row, Transaction};
 
 use super::copy::{BinaryRows, copy_in};
-use super::maintenance::{Partition, ensure_partitions, raw_partitions};
+use super::maintenance::{PACKING_LOCK, Partition, ensure_partitions, raw_partitions};
 use super::packed::{self, Chunk, Packable, ProcessPoint};
 use super::write::{GPU_SAMPLES_COPY, PROCESS_SAMPLES_COPY, gpu_sample_rows, process_sample_rows};
 use crate::model::GpuSampleRow;
@@ -113,13 +113,26 @@ impl PackedTable for ProcessPoint {
 }
 
 /// Where the raw samples of `T` are packed up to (exclusive).
-pub(super) async fn packed_until<T: PackedTable>(pool: &PgPool) -> Result<i64, StoreError> {
+pub(super) async fn packed_until<T: PackedTable>(
+    conn: &mut PgConnection,
+) -> Result<i64, StoreError> {
     Ok(sqlx::query_scalar(
         "SELECT COALESCE((SELECT packed_until_ms FROM pack_progress WHERE parent = $1), 0)",
     )
     .bind(T::RAW)
-    .fetch_one(pool)
+    .fetch_one(conn)
     .await?)
+}
+
+/// Orders this transaction against packing ones (and minute rollups): one
+/// leader runs both in turn, but two may overlap for a pass when the
+/// first loses its lock's connection.
+pub(super) async fn lock_against_packing(conn: &mut PgConnection) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(PACKING_LOCK)
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// Packs every day that is old enough and rolled up, oldest first: GPU
@@ -264,6 +277,7 @@ async fn pack_series<T: PackedTable>(
     series: &[i64],
 ) -> Result<u64, StoreError> {
     let mut tx = pool.begin().await?;
+    lock_against_packing(&mut tx).await?;
     let rows = sqlx::query(&format!(
         "DELETE FROM {table} WHERE {} = ANY($1) RETURNING {}",
         T::KEY,
