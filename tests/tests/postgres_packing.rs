@@ -68,6 +68,24 @@ const RAW_BYTES: &str = "SELECT COALESCE(sum(pg_total_relation_size(i.inhrelid))
 const PACKED_BYTES: &str = "SELECT COALESCE(sum(pg_total_relation_size(i.inhrelid)), 0)::int8
      FROM pg_inherits i WHERE i.inhparent = 'gpu_samples_packed'::regclass";
 
+/// A collector with one node registered, the clock, and 03:00 of the UTC
+/// day before yesterday: a day old enough to be packed.
+async fn cold_day_setup(db: &TestDatabase) -> (PostgresStore, NodeSession, i64, i64) {
+    let store = store(db, StorageConfig::default()).await;
+    let session = register(&store).await;
+    let now = now_ms();
+    let cold = bucket_start(now - 2 * DAY_MS, DAY_MS) + 3 * HOUR_MS;
+    (store, session, now, cold)
+}
+
+/// A sample of GPU0 alone at `ts`, 70 GiB used, in batch `seq`.
+fn late_gpu0_sample(session: &NodeSession, seq: u64, ts: i64, now: i64) -> StoreBatch {
+    let mut late = fixtures::batch(seq, ts);
+    late.process_samples.clear();
+    late.gpu_samples = vec![fixtures::gpu_sample(GPU0, ts, 70 * GIB)];
+    validate::batch(&late, session, now, &Limits::default()).unwrap()
+}
+
 /// Bytes on disk of the partition of `table` for the day holding `ts_ms`.
 async fn day_bytes(store: &PostgresStore, table: &str, ts_ms: i64) -> i64 {
     sqlx::query_scalar("SELECT pg_total_relation_size($1::regclass)::int8")
@@ -85,10 +103,7 @@ async fn a_cold_day_moves_into_chunks_and_gives_its_bytes_back() {
     let Some(db) = postgres::fresh_database().await else {
         return;
     };
-    let store = store(&db, StorageConfig::default()).await;
-    let session = register(&store).await;
-    let now = now_ms();
-    let cold = bucket_start(now - 2 * DAY_MS, DAY_MS) + 3 * HOUR_MS;
+    let (store, session, now, cold) = cold_day_setup(&db).await;
     let recent = bucket_start(now - 4 * HOUR_MS, MINUTE_MS);
     write_two_hours(&store, &session, 1, cold, now).await;
     let cold_raw = bytes(&store, RAW_BYTES).await;
@@ -152,10 +167,7 @@ async fn a_cold_day_moves_into_chunks_and_gives_its_bytes_back() {
     // A late sample unpacks its series' hour for the rollup; the same pass
     // packs the hour again, late sample included, and empties the day.
     let late_ts = cold + 30 * MINUTE_MS + 500;
-    let mut late = fixtures::batch(20_000, late_ts);
-    late.process_samples.clear();
-    late.gpu_samples = vec![fixtures::gpu_sample(GPU0, late_ts, 70 * GIB)];
-    let late = validate::batch(&late, &session, now, &Limits::default()).unwrap();
+    let late = late_gpu0_sample(&session, 20_000, late_ts, now);
     store.write_batch(&late).await.unwrap();
     let report = store.maintain(now + 2000).await.unwrap();
     assert_eq!(
@@ -216,10 +228,7 @@ async fn a_damaged_chunk_costs_its_hour_and_nothing_else() {
     let Some(db) = postgres::fresh_database().await else {
         return;
     };
-    let store = store(&db, StorageConfig::default()).await;
-    let session = register(&store).await;
-    let now = now_ms();
-    let cold = bucket_start(now - 2 * DAY_MS, DAY_MS) + 3 * HOUR_MS;
+    let (store, session, now, cold) = cold_day_setup(&db).await;
     write_two_hours(&store, &session, 1, cold, now).await;
     store.maintain(now).await.unwrap();
     sqlx::query("UPDATE gpu_samples_packed SET data = '\\x01ff' WHERE hour_ms = $1")
@@ -242,10 +251,7 @@ async fn a_damaged_chunk_costs_its_hour_and_nothing_else() {
     let rolled_before = minute_chart().await.unwrap().unwrap();
     assert_eq!(rolled_before[0].samples, 60);
     let late_ts = cold + 10 * MINUTE_MS + 500;
-    let mut late = fixtures::batch(7201, late_ts);
-    late.process_samples.clear();
-    late.gpu_samples = vec![fixtures::gpu_sample(GPU0, late_ts, 70 * GIB)];
-    let late = validate::batch(&late, &session, now, &Limits::default()).unwrap();
+    let late = late_gpu0_sample(&session, 7201, late_ts, now);
     store.write_batch(&late).await.unwrap();
     let report = store.maintain(now + 1000).await.unwrap();
     assert_eq!(report.minutes_rolled_up, 1, "{report:?}");
