@@ -199,26 +199,47 @@ async fn pack_table<T: PackedTable>(
         .bind(day.to_ms)
         .execute(pool)
         .await?;
-        if partition_bytes(pool, &day.name).await? == 0 {
-            continue;
+        let size = partition_size(pool, &day.name).await?;
+        if size.heap_bytes == 0 && size.index_bytes <= EMPTY_INDEX_BYTES {
+            continue; // emptied (or never written)
         }
         ensure_partitions(pool, day.from_ms, day.to_ms - 1).await?;
         let (samples, done) = pack_day::<T>(pool, &day, budget).await?;
         packed += samples;
         if done {
-            empty_partition(pool, &day.name).await?;
+            empty_partition::<T>(pool, &day).await?;
         }
     }
     Ok(packed)
 }
 
-async fn partition_bytes(pool: &PgPool, name: &str) -> Result<i64, StoreError> {
-    Ok(
-        sqlx::query_scalar("SELECT COALESCE(pg_relation_size(to_regclass($1)), 0)::int8")
-            .bind(quote_ident(name))
-            .fetch_one(pool)
-            .await?,
+/// Indexes of an emptied day partition (B-tree metapage, BRIN pages) fit
+/// in this; more means rows, or an emptied heap whose indexes still hold
+/// the dead entries.
+const EMPTY_INDEX_BYTES: i64 = 64 << 10;
+
+/// Dead rows up to which a pass vacuums a packed partition itself: a
+/// second or so. More waits for autovacuum, which throttles itself,
+/// rather than hold up the rollups for minutes; after it, few are left.
+const VACUUM_IN_PASS_DEAD_ROWS: i64 = 1_000_000;
+
+#[derive(Debug, sqlx::FromRow)]
+struct PartitionSize {
+    heap_bytes: i64,
+    index_bytes: i64,
+    dead_rows: i64,
+}
+
+async fn partition_size(pool: &PgPool, name: &str) -> Result<PartitionSize, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT COALESCE(pg_relation_size(c.oid), 0)::int8 AS heap_bytes,
+                COALESCE(pg_indexes_size(c.oid), 0)::int8 AS index_bytes,
+                COALESCE(pg_stat_get_dead_tuples(c.oid), 0)::int8 AS dead_rows
+         FROM (SELECT to_regclass($1) AS oid) c",
     )
+    .bind(quote_ident(name))
+    .fetch_one(pool)
+    .await?)
 }
 
 /// Packs one day partition a few series at a time, from where an earlier
@@ -259,14 +280,9 @@ async fn pack_day<T: PackedTable>(
         }
         packed += pack_series::<T>(pool, day, &table, some).await?;
     }
-    // Done with this walk; rows put back or arrived since start the next
-    // one from the beginning.
-    sqlx::query(
-        "UPDATE pack_progress SET cursor_day_ms = NULL, cursor_key = NULL WHERE parent = $1",
-    )
-    .bind(T::RAW)
-    .execute(pool)
-    .await?;
+    // Walked to the end: later passes find nothing after the cursor until
+    // emptying the partition resets it (rows were left) or empties it.
+    set_cursor::<T>(pool, day, i64::MAX).await?;
     Ok((packed, true))
 }
 
@@ -309,14 +325,39 @@ async fn pack_series<T: PackedTable>(
     copy_in(&mut tx, T::COPY, T::copy_rows(&waiting)?).await?;
     let samples = cold.len() as u64;
     insert_chunks::<T>(&mut tx, &pack_rows(cold, &day.name)?).await?;
+    let last = series.iter().copied().max().unwrap_or(i64::MIN);
+    set_cursor::<T>(&mut *tx, day, last).await?;
+    tx.commit().await?;
+    Ok(samples)
+}
+
+/// Records that `day` is packed up to series `key`.
+async fn set_cursor<'c, T: PackedTable>(
+    conn: impl sqlx::PgExecutor<'c>,
+    day: &Partition,
+    key: i64,
+) -> Result<(), StoreError> {
     sqlx::query("UPDATE pack_progress SET cursor_day_ms = $2, cursor_key = $3 WHERE parent = $1")
         .bind(T::RAW)
         .bind(day.from_ms)
-        .bind(series.iter().max())
-        .execute(&mut *tx)
+        .bind(key)
+        .execute(conn)
         .await?;
-    tx.commit().await?;
-    Ok(samples)
+    Ok(())
+}
+
+/// Forgets how far `day` was walked (and only `day`'s cursor), so that the
+/// next pass walks it from the start.
+async fn reset_cursor<T: PackedTable>(pool: &PgPool, day: &Partition) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE pack_progress SET cursor_day_ms = NULL, cursor_key = NULL
+         WHERE parent = $1 AND cursor_day_ms = $2",
+    )
+    .bind(T::RAW)
+    .bind(day.from_ms)
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// Rows of any series into their chunks.
@@ -342,22 +383,20 @@ fn by_series<T: PackedTable>(mut rows: Vec<T>) -> Vec<(i64, Vec<T>)> {
     groups
 }
 
-/// Heap size up to which a pass vacuums a packed partition itself; a
-/// larger one waits for autovacuum, which throttles itself, rather than
-/// hold up the rollups for minutes.
-const VACUUM_IN_PASS_BYTES: i64 = 1 << 30;
-
-/// Empties a packed day partition, so that its heap and indexes go back to
-/// the file system. Only when no row is left, under a lock that keeps a
-/// late writer out meanwhile; otherwise, or when the lock is not to be had
-/// within 5 s, a later pass tries again.
-async fn empty_partition(pool: &PgPool, name: &str) -> Result<(), StoreError> {
-    let table = quote_ident(name);
-    // Dead rows gone first, so that the check below reads a few pages.
-    if partition_bytes(pool, name).await? > VACUUM_IN_PASS_BYTES {
-        tracing::debug!(partition = %name, "packed; waiting for autovacuum before emptying it");
+/// Empties a walked day partition, so that its heap and indexes go back to
+/// the file system: vacuums it (unless autovacuum is better placed to),
+/// then, under a lock that keeps a late writer out, truncates it if no row
+/// is left. Rows left (put back for a pending rollup, or late) reset the
+/// walk; a lock not to be had within 5 s waits for the next pass.
+async fn empty_partition<T: PackedTable>(pool: &PgPool, day: &Partition) -> Result<(), StoreError> {
+    let table = quote_ident(&day.name);
+    let size = partition_size(pool, &day.name).await?;
+    if size.dead_rows > VACUUM_IN_PASS_DEAD_ROWS {
+        tracing::debug!(partition = %day.name, dead_rows = size.dead_rows,
+            "packed; autovacuum clears the dead rows before the partition is emptied");
         return Ok(());
     }
+    // Dead rows gone first, so that the check below reads a few pages.
     sqlx::query(&format!("VACUUM {table}"))
         .execute(pool)
         .await?;
@@ -371,7 +410,7 @@ async fn empty_partition(pool: &PgPool, name: &str) -> Result<(), StoreError> {
     match locked {
         Ok(_) => {}
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
-            tracing::info!(partition = %name, "packed partition busy; emptying it next pass");
+            tracing::info!(partition = %day.name, "packed partition busy; emptying it next pass");
             return Ok(());
         }
         Err(e) => return Err(e.into()),
@@ -385,8 +424,9 @@ async fn empty_partition(pool: &PgPool, name: &str) -> Result<(), StoreError> {
             .await?;
     }
     tx.commit().await?;
+    reset_cursor::<T>(pool, day).await?;
     if !left {
-        tracing::info!(partition = %name, "packed a day of raw samples");
+        tracing::info!(partition = %day.name, "packed a day of raw samples");
     }
     Ok(())
 }
@@ -441,6 +481,7 @@ pub(super) async fn unpack_for_rollup<T: PackedTable>(
              FROM {raw} WHERE ts_ms >= $1 AND ts_ms < $2)
          DELETE FROM {packed} p USING late
          WHERE p.{key} = late.series AND p.hour_ms = late.hour
+           AND p.hour_ms >= $4 AND p.hour_ms < $2
          RETURNING p.{key}::int8 AS key, p.hour_ms, p.first_ts_ms, p.last_ts_ms, p.samples, p.data",
         packed = T::PACKED,
         raw = T::RAW,
@@ -448,6 +489,7 @@ pub(super) async fn unpack_for_rollup<T: PackedTable>(
     .bind(from_ms)
     .bind(to_ms)
     .bind(HOUR_MS)
+    .bind(bucket_start(from_ms, HOUR_MS))
     .fetch_all(&mut **tx)
     .await?;
     let mut unpacked = 0;
@@ -478,8 +520,8 @@ pub(super) async fn unpack_for_rollup<T: PackedTable>(
             columns = T::COLUMNS,
         ))
         .bind(chunk.key)
-        .bind(chunk.hour_ms)
-        .bind(chunk.hour_ms + HOUR_MS)
+        .bind(chunk.hour_ms.max(from_ms))
+        .bind((chunk.hour_ms + HOUR_MS).min(to_ms))
         .fetch_all(&mut **tx)
         .await?
         .iter()
