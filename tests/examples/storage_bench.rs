@@ -643,14 +643,33 @@ async fn storage_and_queries(history_nodes: usize) {
         packed += report.samples_packed;
     }
     let pack_s = started.elapsed().as_secs_f64();
+    // A day this large is emptied once autovacuum has cleared its dead
+    // rows (maintenance leaves that to it past a million): keep passing,
+    // as the collector does every 20 s, until the raw partitions are empty.
+    let raw_bytes = || async {
+        table_bytes(&store, "gpu_samples").await + table_bytes(&store, "process_samples").await
+    };
+    let partitions: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
+         WHERE p.relname IN ('gpu_samples', 'process_samples')",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    let empty = partitions * (64 << 10);
+    let waited = Instant::now();
+    while raw_bytes().await > empty && waited.elapsed() < Duration::from_secs(600) {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        packed += store.maintain(now_ms()).await.unwrap().samples_packed;
+    }
+    let empty_s = waited.elapsed().as_secs_f64();
     sqlx::query("VACUUM ANALYZE")
         .execute(store.pool())
         .await
         .unwrap();
-    let raw_left =
-        table_bytes(&store, "gpu_samples").await + table_bytes(&store, "process_samples").await;
+    let raw_left = raw_bytes().await;
     println!(
-        "packed {packed} samples in {pack_s:.1} s ({:.0}/s); {raw_left} B of empty raw partitions left",
+        "packed {packed} samples in {pack_s:.1} s ({:.0}/s); raw partitions emptied {empty_s:.0} s later ({raw_left} B left in {partitions} partitions)",
         packed as f64 / pack_s
     );
     for (table, per) in [

@@ -272,3 +272,71 @@ async fn a_damaged_chunk_costs_its_hour_and_nothing_else() {
     store.close().await;
     db.drop_database().await;
 }
+
+/// A minute whose rollup is still to be done when its day is packed keeps
+/// its raw rows (the rollup reads raw rows): here the rollup job skips the
+/// minute's mark because another transaction holds it, as a writer
+/// replaying that minute would. Once the mark is free, the minute is rolled
+/// up whole and the day is packed to the end.
+#[tokio::test]
+async fn a_minute_waiting_for_its_rollup_is_packed_only_after_it() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let (store, session, now, cold) = cold_day_setup(&db).await;
+    write_two_hours(&store, &session, 1, cold, now).await;
+    let chart = || store.device_series(GPU0, cold, cold + 2 * HOUR_MS - 1, 7200);
+    let before = chart().await.unwrap().unwrap();
+    let minute = cold + 45 * MINUTE_MS;
+    let mut holder = store.pool().begin().await.unwrap();
+    let held: i64 = sqlx::query_scalar(
+        "SELECT bucket_ms FROM rollup_pending WHERE step_ms = $1 AND bucket_ms = $2 FOR UPDATE",
+    )
+    .bind(MINUTE_MS)
+    .bind(minute)
+    .fetch_one(&mut *holder)
+    .await
+    .unwrap();
+    assert_eq!(held, minute, "the write marked the minute");
+
+    let report = store.maintain(now).await.unwrap();
+    assert_eq!(
+        report.samples_packed,
+        3 * 7200 - 3 * 60,
+        "all but the waiting minute's rows (2 GPUs and a process): {report:?}"
+    );
+    let raw: Vec<i64> = sqlx::query_scalar(
+        "SELECT ts_ms FROM gpu_samples UNION ALL SELECT ts_ms FROM process_samples",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(raw.len(), 3 * 60);
+    assert!(raw.iter().all(|ts| bucket_start(*ts, MINUTE_MS) == minute));
+    assert_eq!(
+        chart().await.unwrap().unwrap(),
+        before,
+        "raw and packed read together"
+    );
+
+    holder.rollback().await.unwrap();
+    let report = store.maintain(now + 1000).await.unwrap();
+    assert_eq!(report.minutes_rolled_up, 1, "{report:?}");
+    let rolled = store
+        .device_series(GPU0, minute, minute + MINUTE_MS - 1, 1)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        rolled[0].samples, 60,
+        "the whole minute, not its raw rows alone"
+    );
+    assert_eq!(
+        day_bytes(&store, "gpu_samples", cold).await,
+        day_bytes(&store, "gpu_samples", now + DAY_MS).await,
+        "the day is packed to the end"
+    );
+    assert_eq!(chart().await.unwrap().unwrap(), before);
+    store.close().await;
+    db.drop_database().await;
+}

@@ -219,8 +219,9 @@ async fn pack_table<T: PackedTable>(
 const EMPTY_INDEX_BYTES: i64 = 64 << 10;
 
 /// Dead rows up to which a pass vacuums a packed partition itself: a
-/// second or so. More waits for autovacuum, which throttles itself,
-/// rather than hold up the rollups for minutes; after it, few are left.
+/// second or so. More waits for autovacuum (if it runs), which throttles
+/// itself, rather than hold up the rollups for minutes; after it, few are
+/// left.
 const VACUUM_IN_PASS_DEAD_ROWS: i64 = 1_000_000;
 
 #[derive(Debug, sqlx::FromRow)]
@@ -228,13 +229,18 @@ struct PartitionSize {
     heap_bytes: i64,
     index_bytes: i64,
     dead_rows: i64,
+    /// Whether autovacuum runs at all: where it is off, the pass vacuums
+    /// however many dead rows there are.
+    autovacuum: bool,
 }
 
 async fn partition_size(pool: &PgPool, name: &str) -> Result<PartitionSize, StoreError> {
     Ok(sqlx::query_as(
         "SELECT COALESCE(pg_relation_size(c.oid), 0)::int8 AS heap_bytes,
                 COALESCE(pg_indexes_size(c.oid), 0)::int8 AS index_bytes,
-                COALESCE(pg_stat_get_dead_tuples(c.oid), 0)::int8 AS dead_rows
+                COALESCE(pg_stat_get_dead_tuples(c.oid), 0)::int8 AS dead_rows,
+                current_setting('autovacuum')::bool AND current_setting('track_counts')::bool
+                    AS autovacuum
          FROM (SELECT to_regclass($1) AS oid) c",
     )
     .bind(quote_ident(name))
@@ -391,7 +397,7 @@ fn by_series<T: PackedTable>(mut rows: Vec<T>) -> Vec<(i64, Vec<T>)> {
 async fn empty_partition<T: PackedTable>(pool: &PgPool, day: &Partition) -> Result<(), StoreError> {
     let table = quote_ident(&day.name);
     let size = partition_size(pool, &day.name).await?;
-    if size.dead_rows > VACUUM_IN_PASS_DEAD_ROWS {
+    if size.dead_rows > VACUUM_IN_PASS_DEAD_ROWS && size.autovacuum {
         tracing::debug!(partition = %day.name, dead_rows = size.dead_rows,
             "packed; autovacuum clears the dead rows before the partition is emptied");
         return Ok(());
