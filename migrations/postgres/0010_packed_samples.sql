@@ -28,14 +28,19 @@ ALTER TABLE process_samples_packed ALTER COLUMN data SET STORAGE EXTERNAL;
 CREATE INDEX process_samples_packed_process_hour ON process_samples_packed (process_id, hour_ms);
 
 -- How far each raw table is packed: every day partition that ends at or
--- before packed_until_ms has been (or is being) moved into chunks. While a
--- day is being packed over several passes, the series packed so far are
--- those up to cursor_key of the partition starting at cursor_day_ms, so a
--- pass resumes there instead of walking the index past them again.
+-- before packed_until_ms has been (or is being) moved into chunks.
 CREATE TABLE pack_progress (
     parent          TEXT   PRIMARY KEY,
-    packed_until_ms BIGINT NOT NULL,
-    cursor_day_ms   BIGINT,
-    cursor_key      BIGINT
+    packed_until_ms BIGINT NOT NULL
 );
 INSERT INTO pack_progress (parent, packed_until_ms) VALUES ('gpu_samples', 0), ('process_samples', 0);
+
+-- While a day is packed over several passes: the series packed so far are
+-- those up to last_series, so a pass resumes there instead of walking the
+-- index past them again. i64::MAX once the walk reached the end.
+CREATE TABLE pack_cursors (
+    parent      TEXT   NOT NULL,
+    day_ms      BIGINT NOT NULL,
+    last_series BIGINT NOT NULL,
+    PRIMARY KEY (parent, day_ms)
+);

@@ -184,6 +184,12 @@ async fn pack_table<T: PackedTable>(
         .filter(|p| p.to_ms <= cutoff)
         .collect();
     days.sort_by_key(|p| p.from_ms);
+    // Cursors of days retention has dropped since.
+    sqlx::query("DELETE FROM pack_cursors WHERE parent = $1 AND day_ms < $2")
+        .bind(T::RAW)
+        .bind(days.first().map_or(cutoff, |d| d.from_ms))
+        .execute(pool)
+        .await?;
     let mut packed = 0;
     for day in days {
         if budget.spent() {
@@ -259,13 +265,12 @@ async fn pack_day<T: PackedTable>(
     let table = quote_ident(&day.name);
     let key = T::KEY;
     let after: Option<i64> = sqlx::query_scalar(
-        "SELECT cursor_key FROM pack_progress WHERE parent = $1 AND cursor_day_ms = $2",
+        "SELECT last_series FROM pack_cursors WHERE parent = $1 AND day_ms = $2",
     )
     .bind(T::RAW)
     .bind(day.from_ms)
     .fetch_optional(pool)
-    .await?
-    .flatten();
+    .await?;
     // Distinct series by skipping through the (series, ts_ms) index, not by
     // reading every row, and not through the dead entries of the series
     // packed before.
@@ -343,26 +348,26 @@ async fn set_cursor<'c, T: PackedTable>(
     day: &Partition,
     key: i64,
 ) -> Result<(), StoreError> {
-    sqlx::query("UPDATE pack_progress SET cursor_day_ms = $2, cursor_key = $3 WHERE parent = $1")
-        .bind(T::RAW)
-        .bind(day.from_ms)
-        .bind(key)
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
-/// Forgets how far `day` was walked (and only `day`'s cursor), so that the
-/// next pass walks it from the start.
-async fn reset_cursor<T: PackedTable>(pool: &PgPool, day: &Partition) -> Result<(), StoreError> {
     sqlx::query(
-        "UPDATE pack_progress SET cursor_day_ms = NULL, cursor_key = NULL
-         WHERE parent = $1 AND cursor_day_ms = $2",
+        "INSERT INTO pack_cursors (parent, day_ms, last_series) VALUES ($1, $2, $3)
+         ON CONFLICT (parent, day_ms) DO UPDATE SET last_series = EXCLUDED.last_series",
     )
     .bind(T::RAW)
     .bind(day.from_ms)
-    .execute(pool)
+    .bind(key)
+    .execute(conn)
     .await?;
+    Ok(())
+}
+
+/// Forgets how far `day` was walked, so that the next pass walks it from
+/// the start.
+async fn reset_cursor<T: PackedTable>(pool: &PgPool, day: &Partition) -> Result<(), StoreError> {
+    sqlx::query("DELETE FROM pack_cursors WHERE parent = $1 AND day_ms = $2")
+        .bind(T::RAW)
+        .bind(day.from_ms)
+        .execute(pool)
+        .await?;
     Ok(())
 }
 
