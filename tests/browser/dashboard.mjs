@@ -52,6 +52,11 @@ try {
 
   step = "a tile leads to its GPU page with the memory chart drawn";
   const uuid = await page.locator(".tile.lvl-ok, .tile.lvl-warn, .tile.lvl-crit").first().getAttribute("data-uuid");
+  // The GPU page draws the history it fetches and does not extend it: wait
+  // until the demo (started seconds ago) has stored two samples of this GPU.
+  const seenMs = await page.evaluate((u) => window.__headroom.gpus.get(u).latest.timestamp_ms, uuid);
+  await page.waitForFunction(([u, t]) => window.__headroom.gpus.get(u).latest.timestamp_ms >= t + 1000,
+    [uuid, seenMs], { timeout: 10000 });
   await page.locator(`.tile[data-uuid="${uuid}"]`).click();
   // The page navigates with pushState: wait on the URL itself, not a load.
   await page.waitForFunction((u) => new URLSearchParams(location.search).get("gpu") === u, uuid, { timeout: 5000 });
