@@ -241,7 +241,10 @@ pub(super) struct Partition {
 }
 
 /// The range partitions of `parents`, each with its bounds.
-async fn partitions_of(pool: &PgPool, parents: &[&str]) -> Result<Vec<Partition>, StoreError> {
+pub(super) async fn partitions_of(
+    pool: &PgPool,
+    parents: &[&str],
+) -> Result<Vec<Partition>, StoreError> {
     let rows = sqlx::query(
         "SELECT parent.relname AS parent, child.relname AS child,
                 pg_get_expr(child.relpartbound, child.oid) AS bound
@@ -270,14 +273,6 @@ async fn partitions_of(pool: &PgPool, parents: &[&str]) -> Result<Vec<Partition>
         });
     }
     Ok(partitions)
-}
-
-/// The day partitions of one raw table.
-pub(super) async fn raw_partitions(
-    pool: &PgPool,
-    parent: &str,
-) -> Result<Vec<Partition>, StoreError> {
-    partitions_of(pool, &[parent]).await
 }
 
 /// Drops every partition whose whole range is older than its table keeps,

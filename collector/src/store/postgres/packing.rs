@@ -21,7 +21,7 @@ use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::{Postgres, Row, Transaction};
 
 use super::copy::{BinaryRows, copy_in};
-use super::maintenance::{PACKING_LOCK, Partition, ensure_partitions, raw_partitions};
+use super::maintenance::{PACKING_LOCK, Partition, partitions_of};
 use super::packed::{self, Chunk, Packable, ProcessPoint};
 use super::write::{GPU_SAMPLES_COPY, PROCESS_SAMPLES_COPY, gpu_sample_rows, process_sample_rows};
 use crate::model::GpuSampleRow;
@@ -178,7 +178,9 @@ async fn pack_table<T: PackedTable>(
     cutoff: i64,
     budget: &Budget,
 ) -> Result<u64, StoreError> {
-    let mut days: Vec<Partition> = raw_partitions(pool, T::RAW)
+    // The chunk partitions these days need exist: the pass made every
+    // partition of the raw retention window before it came here.
+    let mut days: Vec<Partition> = partitions_of(pool, &[T::RAW])
         .await?
         .into_iter()
         .filter(|p| p.to_ms <= cutoff)
@@ -209,7 +211,6 @@ async fn pack_table<T: PackedTable>(
         if size.heap_bytes == 0 && size.index_bytes <= EMPTY_INDEX_BYTES {
             continue; // emptied (or never written)
         }
-        ensure_partitions(pool, day.from_ms, day.to_ms - 1).await?;
         let (samples, done) = pack_day::<T>(pool, &day, budget).await?;
         packed += samples;
         if done {
