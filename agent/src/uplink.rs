@@ -229,25 +229,41 @@ impl Uplink {
             Some(tls) => endpoint.tls_config(tls.clone())?,
             None => endpoint,
         };
-        let channel: Channel = endpoint.connect().await?;
+        let Some(channel) = self
+            .while_sampling(intervals, shutdown, endpoint.connect())
+            .await
+        else {
+            return Ok(SessionEnd::Shutdown);
+        };
+        let channel: Channel = channel?;
         let mut client = IngestClient::with_interceptor(channel, Bearer(self.config.token.clone()));
         let Some(mut registration) = self.outbox.start_session()? else {
             return Err(OutboxError::NoRegistration.into());
         };
-        let committed = client
-            .register(registration.clone())
-            .await?
-            .into_inner()
-            .committed_seq;
+        // A collector whose database is down answers only once it is back.
+        let Some(registered) = self
+            .while_sampling(intervals, shutdown, client.register(registration.clone()))
+            .await
+        else {
+            return Ok(SessionEnd::Shutdown);
+        };
+        let committed = registered?.into_inner().committed_seq;
         self.outbox.ack(&registration.boot_id, committed)?;
         backoff.reset();
         tracing::info!(collector = %self.config.collector_url, stream = %registration.boot_id, committed_seq = committed, replaying = self.outbox.pending_batches(), "connected to collector");
 
         let (outbound, outbound_rx) = mpsc::channel(self.config.max_in_flight.max(1));
-        let mut acks = client
-            .stream(ReceiverStream::new(outbound_rx))
-            .await?
-            .into_inner();
+        let Some(acks) = self
+            .while_sampling(
+                intervals,
+                shutdown,
+                client.stream(ReceiverStream::new(outbound_rx)),
+            )
+            .await
+        else {
+            return Ok(SessionEnd::Shutdown);
+        };
+        let mut acks = acks?.into_inner();
         // A registration read from the outbox waits until every batch before
         // it is acknowledged: those were sampled under the previous one.
         let mut next_registration: Option<pb::RegisterRequest> = None;
@@ -259,7 +275,9 @@ impl Uplink {
                     Some(Record::Batch(batch)) => {
                         if outbound.try_send(batch).is_err() {
                             // The collector ended the call; its status says why.
-                            return Err(self.final_status(&mut acks, &registration.boot_id).await);
+                            return Err(self
+                                .final_status(intervals, &mut acks, &registration.boot_id)
+                                .await);
                         }
                     }
                     // Every spool segment starts with the registration it was
@@ -272,7 +290,13 @@ impl Uplink {
             if self.outbox.in_flight_batches() == 0
                 && let Some(r) = next_registration.take()
             {
-                let committed = client.register(r.clone()).await?.into_inner().committed_seq;
+                let Some(registered) = self
+                    .while_sampling(intervals, shutdown, client.register(r.clone()))
+                    .await
+                else {
+                    return Ok(SessionEnd::Shutdown);
+                };
+                let committed = registered?.into_inner().committed_seq;
                 tracing::info!(stream = %r.boot_id, committed_seq = committed, "registered a new inventory");
                 self.outbox.ack(&r.boot_id, committed)?;
                 registration = r;
@@ -299,11 +323,19 @@ impl Uplink {
     /// flight, then the status that ended it.
     async fn final_status(
         &mut self,
+        intervals: &mut mpsc::Receiver<IntervalSamples>,
         acks: &mut tonic::Streaming<pb::Ack>,
         stream: &str,
     ) -> SessionError {
         loop {
-            match acks.message().await {
+            let message = tokio::select! {
+                message = acks.message() => message,
+                interval = intervals.recv(), if self.input_open => {
+                    self.accept(interval);
+                    continue;
+                }
+            };
+            match message {
                 Ok(Some(ack)) => {
                     if let Err(error) = self.outbox.ack(stream, ack.committed_seq) {
                         return error.into();
@@ -312,6 +344,27 @@ impl Uplink {
                 }
                 Ok(None) => return SessionError::Closed,
                 Err(status) => return SessionError::Stream(status),
+            }
+        }
+    }
+
+    /// Awaits `call` while still taking the sampler's intervals into the
+    /// outbox: the sampler blocks once its channel is full, so a collector
+    /// slow to answer (its database down, a congested network) would
+    /// otherwise stop polling and lose the spikes of that time. `None` when
+    /// the agent is told to stop first.
+    async fn while_sampling<T>(
+        &mut self,
+        intervals: &mut mpsc::Receiver<IntervalSamples>,
+        shutdown: &mut watch::Receiver<bool>,
+        call: impl Future<Output = T>,
+    ) -> Option<T> {
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                done = &mut call => return Some(done),
+                changed = shutdown.changed() => if changed.is_err() || *shutdown.borrow() { return None },
+                interval = intervals.recv(), if self.input_open => self.accept(interval),
             }
         }
     }

@@ -209,19 +209,33 @@ async fn every_interval_is_stored_once_through_collector_agent_and_postgres_cras
     let cutoff = drained(metrics, "the database outage's backlog to be stored").await;
     assert!(collector.is_running(), "{}", logs());
 
-    let samples: Vec<(i64, i64)> = gpu0_samples(&url)
-        .await
-        .into_iter()
-        .filter(|(ts, _)| *ts <= cutoff)
-        .collect();
+    // On a busy machine the agent can sample late, so what it sampled just
+    // before the cutoff may still be on its way: wait for the samples, not
+    // for a clock. Batches of a stream commit in order, so once the newest
+    // one is in, every earlier one is too.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let samples: Vec<(i64, i64)> = loop {
+        let samples: Vec<(i64, i64)> = gpu0_samples(&url)
+            .await
+            .into_iter()
+            .filter(|(ts, _)| *ts <= cutoff)
+            .collect();
+        let newest = samples.last().map_or(i64::MIN, |(ts, _)| *ts);
+        if cutoff - newest <= 3 * SAMPLE_MS {
+            break samples;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the samples reach the cutoff: newest {newest}, cutoff {cutoff}, now {}\n{}",
+            now_ms(),
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let stamps: Vec<i64> = samples.iter().map(|(ts, _)| *ts).collect();
     let mut unique = stamps.clone();
     unique.dedup();
     assert_eq!(unique.len(), stamps.len(), "a sample stored twice");
-    assert!(
-        cutoff - stamps.last().unwrap() <= 3 * SAMPLE_MS,
-        "the samples reach the cutoff"
-    );
     // Each interval starts where the previous one ended (to rounding).
     let breaks: Vec<(i64, i64)> = samples
         .windows(2)
