@@ -101,8 +101,10 @@ async fn one_collector_leads_maintenance_and_another_takes_over_when_it_dies() {
 
     // The leader's connection dies (a crash, a network partition): the
     // database releases its lock, and the next pass elsewhere takes over.
+    // The timeout makes the call wait until the backend has exited: on a
+    // busy machine a signalled backend can still hold the lock for a while.
     let killed: Vec<bool> = sqlx::query_scalar(
-        "SELECT pg_terminate_backend(l.pid) FROM pg_locks l
+        "SELECT pg_terminate_backend(l.pid, 30000) FROM pg_locks l
          JOIN pg_database d ON d.oid = l.database
          WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database()",
     )
