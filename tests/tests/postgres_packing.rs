@@ -218,6 +218,73 @@ async fn a_cold_day_moves_into_chunks_and_gives_its_bytes_back() {
     db.drop_database().await;
 }
 
+/// A day too big for one pass's packing time is packed over several
+/// passes, each resuming where the last stopped; in between, half-packed
+/// series chart exactly as before. With `pack_seconds_per_pass = 0` a pass
+/// packs one transaction per table: one GPU, or up to eight processes.
+#[tokio::test]
+async fn a_day_too_big_for_one_pass_is_packed_over_several_and_charts_whole_between() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let store = store(
+        &db,
+        StorageConfig {
+            pack_seconds_per_pass: 0,
+            ..StorageConfig::default()
+        },
+    )
+    .await;
+    let session = register(&store).await;
+    let now = now_ms();
+    let cold = bucket_start(now - 2 * DAY_MS, DAY_MS) + 3 * HOUR_MS;
+    write_two_hours(&store, &session, 1, cold, now).await;
+    let span = (cold, cold + 2 * HOUR_MS - 1);
+    let charts = || async {
+        let mut gpus = Vec::new();
+        for uuid in [GPU0, GPU1] {
+            gpus.push(
+                store
+                    .device_series(uuid, span.0, span.1, 7200)
+                    .await
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        let processes = store
+            .process_series(GPU0, span.0, span.1, 7200)
+            .await
+            .unwrap()
+            .unwrap();
+        (gpus, processes)
+    };
+    let before = charts().await;
+    let raw_gpu_rows = || bytes(&store, "SELECT count(*) FROM gpu_samples");
+
+    let first = store.maintain(now).await.unwrap();
+    assert_eq!(
+        first.samples_packed,
+        2 * 7200,
+        "one GPU, and the process: {first:?}"
+    );
+    assert_eq!(raw_gpu_rows().await, 7200, "the other GPU waits");
+    assert_eq!(charts().await, before, "one GPU packed, one raw");
+
+    let second = store.maintain(now + 1000).await.unwrap();
+    assert_eq!(second.samples_packed, 7200, "the other GPU: {second:?}");
+    assert_eq!(raw_gpu_rows().await, 0);
+    assert_eq!(
+        day_bytes(&store, "gpu_samples", cold).await,
+        day_bytes(&store, "gpu_samples", now + DAY_MS).await,
+        "emptied once the last series is packed"
+    );
+    let third = store.maintain(now + 2000).await.unwrap();
+    assert_eq!(third.samples_packed, 0, "{third:?}");
+    assert_eq!(charts().await, before);
+    store.close().await;
+    db.drop_database().await;
+}
+
 /// A chunk that no longer decodes costs its own hour of the chart and
 /// nothing else: the chart is served and the rest of the day is in it. A
 /// late sample for that hour is charted, and the minute's rollup, which

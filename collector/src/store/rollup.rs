@@ -36,6 +36,11 @@ pub struct StorageConfig {
     /// chart at full resolution; a late sample for a packed day is still
     /// rolled up.
     pub pack_raw_after_hours: u32,
+    /// Postgres: seconds a maintenance pass spends packing, at most (and at
+    /// least one series of each table, so 0 still gets there); a day
+    /// bigger than that is packed over several passes. Rollups wait while
+    /// it runs.
+    pub pack_seconds_per_pass: u32,
 }
 
 impl Default for StorageConfig {
@@ -46,6 +51,7 @@ impl Default for StorageConfig {
             hour_retention_days: 730,
             maintenance_interval_s: 20,
             pack_raw_after_hours: 24,
+            pack_seconds_per_pass: 10,
         }
     }
 }
@@ -62,6 +68,11 @@ impl StorageConfig {
     /// How long after a day ends its raw samples are packed, if ever.
     pub fn pack_raw_after_ms(&self) -> Option<i64> {
         (self.pack_raw_after_hours > 0).then(|| i64::from(self.pack_raw_after_hours) * HOUR_MS)
+    }
+
+    /// How long one maintenance pass may spend packing.
+    pub fn pack_time_per_pass(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::from(self.pack_seconds_per_pass))
     }
 
     pub fn hour_retention_ms(&self) -> i64 {

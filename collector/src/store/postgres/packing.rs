@@ -15,7 +15,8 @@
 //! A raw row whose minute is still waiting for its rollup is never packed:
 //! the rollup reads raw rows only.
 
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::{Postgres, Row, Transaction};
@@ -27,10 +28,6 @@ use super::write::{GPU_SAMPLES_COPY, PROCESS_SAMPLES_COPY, gpu_sample_rows, proc
 use crate::model::GpuSampleRow;
 use crate::store::StoreError;
 use crate::store::rollup::{HOUR_MS, MINUTE_MS, StorageConfig, bucket_start};
-
-/// Time one maintenance pass spends packing before it lets the rollups run
-/// again; a large day is packed over several passes.
-const PASS_BUDGET: Duration = Duration::from_secs(10);
 
 /// A raw sample table whose cold days are packed, and its chunk table.
 pub(super) trait PackedTable: Packable {
@@ -136,9 +133,10 @@ pub(super) async fn lock_against_packing(conn: &mut PgConnection) -> Result<(), 
 }
 
 /// Packs every day that is old enough and rolled up, oldest first: GPU
-/// samples for half of [`PASS_BUDGET`], then process samples. Returns how
-/// many samples it packed. A table that fails is logged and left for the
-/// next pass; the other still gets its turn.
+/// samples for half of the pass's packing time, then process samples, each
+/// at least one transaction. Returns how many samples it packed. A table
+/// that fails is logged and left for the next pass; the other still gets
+/// its turn.
 pub(super) async fn pack_cold_days(
     pool: &PgPool,
     storage: &StorageConfig,
@@ -150,8 +148,9 @@ pub(super) async fn pack_cold_days(
     };
     let cutoff = (now_ms - pack_after_ms).min(minute_watermark_ms);
     let started = Instant::now();
-    let gpu = Budget(started + PASS_BUDGET / 2);
-    let process = Budget(started + PASS_BUDGET);
+    let pass = storage.pack_time_per_pass();
+    let gpu = Budget::until(started + pass / 2);
+    let process = Budget::until(started + pass);
     let mut packed = 0;
     match pack_table::<GpuSampleRow>(pool, cutoff, &gpu).await {
         Ok(n) => packed += n,
@@ -164,12 +163,28 @@ pub(super) async fn pack_cold_days(
     Ok(packed)
 }
 
-/// When a table's share of the pass ends.
-struct Budget(Instant);
+/// A table's share of the pass: it ends at a deadline, but only once the
+/// table packed something, so that every pass makes progress however short
+/// its share.
+struct Budget {
+    deadline: Instant,
+    used: AtomicBool,
+}
 
 impl Budget {
+    fn until(deadline: Instant) -> Self {
+        Self {
+            deadline,
+            used: AtomicBool::new(false),
+        }
+    }
+
+    fn record_use(&self) {
+        self.used.store(true, Ordering::Relaxed);
+    }
+
     fn spent(&self) -> bool {
-        Instant::now() > self.0
+        self.used.load(Ordering::Relaxed) && Instant::now() > self.deadline
     }
 }
 
@@ -291,6 +306,7 @@ async fn pack_day<T: PackedTable>(
             return Ok((packed, false));
         }
         packed += pack_series::<T>(pool, day, &table, some).await?;
+        budget.record_use();
     }
     // Walked to the end: later passes find nothing after the cursor until
     // emptying the partition resets it (rows were left) or empties it.
