@@ -522,7 +522,15 @@ async fn time_get(url: &str, client: &reqwest::Client, runs: usize) -> (f64, f64
     let mut bytes = 0;
     for _ in 0..runs {
         let started = Instant::now();
-        let body = client.get(url).send().await.unwrap().bytes().await.unwrap();
+        let body = client
+            .get(url)
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
         ms.push(started.elapsed().as_secs_f64() * 1000.0);
         bytes = body.len();
     }
@@ -709,19 +717,39 @@ async fn storage_and_queries(history_nodes: usize) {
         end_ms - 12 * HOUR_MS,
         end_ms - 11 * HOUR_MS - 1
     ));
+    // The widest range the dashboard (600 points) still draws from raw
+    // samples, and the API's most points over the whole packed day: each
+    // bucket folds several packed samples.
+    let wide = |hours: i64, points: u32| {
+        collector.api(&format!(
+            "/api/v1/gpus/{}/series?from={}&to={}&max_points={points}",
+            gpu_uuid(history_nodes / 2, 3),
+            end_ms - hours * HOUR_MS,
+            end_ms - 1
+        ))
+    };
+    let (dashboard_wide, api_wide) = (wide(9, 600), wide(24, 10_000));
     // Warm the connection and the caches, as a dashboard in use would.
-    time_get(&overview, &client, 20).await;
-    time_get(&chart, &client, 20).await;
-    time_get(&zoom, &client, 20).await;
+    for url in [&overview, &chart, &zoom, &dashboard_wide, &api_wide] {
+        time_get(url, &client, 20).await;
+    }
     let (o50, o99, obytes) = time_get(&overview, &client, 300).await;
     let (c50, c99, cbytes) = time_get(&chart, &client, 300).await;
     let (z50, z99, zbytes) = time_get(&zoom, &client, 300).await;
+    let (d50, d99, dbytes) = time_get(&dashboard_wide, &client, 100).await;
+    let (a50, a99, abytes) = time_get(&api_wide, &client, 100).await;
     println!("| query | p50 | p99 | response |");
     println!("|---|---|---|---|");
     println!("| fleet overview, {FLEET_GPUS} GPUs | {o50:.1} ms | {o99:.1} ms | {obytes} B |");
     println!("| 24 h chart, 1,000 points | {c50:.1} ms | {c99:.1} ms | {cbytes} B |");
     println!(
         "| 1 h chart of a packed day, 3,600 points | {z50:.1} ms | {z99:.1} ms | {zbytes} B |"
+    );
+    println!(
+        "| 9 h chart of a packed day, 600 points (54 samples each) | {d50:.1} ms | {d99:.1} ms | {dbytes} B |"
+    );
+    println!(
+        "| 24 h chart of a packed day, 10,000 points (9 samples each) | {a50:.1} ms | {a99:.1} ms | {abytes} B |"
     );
     collector.stop().await;
     shared.close().await;
