@@ -760,10 +760,15 @@ async fn cold_days_chart_the_same_once_packed(store: Arc<dyn Store>) {
     }
     let raw = || store.device_series(GPU0, start, start + 2 * HOUR_MS - 1, 2000);
     let processes = || store.process_series(GPU0, start, start + 2 * HOUR_MS - 1, 2000);
+    // Still raw, but five samples a point: some with a PCIe rate, some not.
+    let folded = || store.device_series(GPU0, start, start + 2 * HOUR_MS - 1, 144);
     let before = raw().await.unwrap().unwrap();
     let processes_before = processes().await.unwrap().unwrap();
+    let folded_before = folded().await.unwrap().unwrap();
     assert_eq!(before.len(), 720, "one point per sample");
     assert_eq!(processes_before[0].points.len(), 720);
+    assert_eq!(folded_before.len(), 144);
+    assert!(folded_before.iter().all(|p| p.samples == 5));
     let report = store.maintain(now).await.unwrap();
     assert!(
         [0, 2 * 720].contains(&report.samples_packed),
@@ -771,6 +776,7 @@ async fn cold_days_chart_the_same_once_packed(store: Arc<dyn Store>) {
     );
     assert_eq!(raw().await.unwrap().unwrap(), before);
     assert_eq!(processes().await.unwrap().unwrap(), processes_before);
+    assert_eq!(folded().await.unwrap().unwrap(), folded_before);
 
     let minute = start + 30 * MINUTE_MS;
     let late = sample(721, minute + 5_000, 70);

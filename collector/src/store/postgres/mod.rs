@@ -14,6 +14,7 @@ use sqlx::{Postgres, Row, Transaction};
 
 mod alerts;
 mod copy;
+mod fold;
 mod latest_cache;
 mod maintenance;
 mod packed;
@@ -320,46 +321,66 @@ impl Store for PostgresStore {
         // in the snapshot of the query below: a pack or unpack committing
         // in between neither hides samples nor counts them twice.
         let mut tx = chart_transaction(&self.pool).await?;
-        let packed = packing::samples_between::<GpuSampleRow>(
-            &mut tx,
-            &[i64::from(device)],
-            bounds.minute_end_ms,
-            to_ms,
-        )
-        .await?;
-        let column = |f: fn(&GpuSampleRow) -> i64| packed.iter().map(f).collect::<Vec<i64>>();
-        let optional =
-            |f: fn(&GpuSampleRow) -> Option<i64>| packed.iter().map(f).collect::<Vec<_>>();
-        // Rollup rows count as `samples` samples of mean `used_avg`, so a
-        // bucket mixing resolutions still averages per sample.
+        let packed = fold::gpu_buckets(
+            &packing::samples_between::<GpuSampleRow>(
+                &mut tx,
+                &[i64::from(device)],
+                bounds.minute_end_ms,
+                to_ms,
+            )
+            .await?,
+            from_ms,
+            width,
+        )?;
+        let column = |f: fn(&fold::GpuBucket) -> i64| packed.iter().map(f).collect::<Vec<i64>>();
+        let sum = |f: fn(&fold::GpuBucket) -> fold::Sum| {
+            let sums: Vec<fold::Sum> = packed.iter().map(f).collect();
+            (
+                sums.iter().map(|s| s.total()).collect::<Vec<_>>(),
+                sums.iter().map(|s| s.samples).collect::<Vec<_>>(),
+            )
+        };
+        let (util_sum, util_samples) = sum(|b| b.utilization);
+        let (tx_sum, tx_samples) = sum(|b| b.pcie_tx);
+        let (rx_sum, rx_samples) = sum(|b| b.pcie_rx);
+        // Every source as sums over its samples (a rollup row is `samples`
+        // samples of its mean; an optional figure counts only the samples
+        // that have it), so a bucket mixing sources or packed and raw
+        // samples still averages per sample.
         let points = sqlx::query_as::<_, SeriesPoint>(
             "WITH src AS (
-                 SELECT ts_ms AS at, last_ts_ms AS ts, samples, used_avg, used_min, used_max, reserved, total,
-                     utilization::float8 AS util, pcie_tx, pcie_rx
+                 SELECT ts_ms AS at, last_ts_ms AS ts, samples::int8 AS samples,
+                     used_avg::numeric * samples AS used_sum, used_min, used_max, reserved, total,
+                     utilization::float8 * samples AS util_sum,
+                     CASE WHEN utilization IS NULL THEN 0 ELSE samples END::int8 AS util_samples,
+                     pcie_tx::numeric * samples AS tx_sum,
+                     CASE WHEN pcie_tx IS NULL THEN 0 ELSE samples END::int8 AS tx_samples,
+                     pcie_rx::numeric * samples AS rx_sum,
+                     CASE WHEN pcie_rx IS NULL THEN 0 ELSE samples END::int8 AS rx_samples
                  FROM gpu_samples_1h WHERE device_id = $1 AND ts_ms >= $2 AND ts_ms < $5
                  UNION ALL
-                 SELECT ts_ms, last_ts_ms, samples, used_avg, used_min, used_max, reserved, total,
-                     utilization::float8, pcie_tx, pcie_rx
+                 SELECT ts_ms, last_ts_ms, samples, used_avg::numeric * samples, used_min, used_max, reserved, total,
+                     utilization::float8 * samples, CASE WHEN utilization IS NULL THEN 0 ELSE samples END,
+                     pcie_tx::numeric * samples, CASE WHEN pcie_tx IS NULL THEN 0 ELSE samples END,
+                     pcie_rx::numeric * samples, CASE WHEN pcie_rx IS NULL THEN 0 ELSE samples END
                  FROM gpu_samples_1m WHERE device_id = $1 AND ts_ms >= $5 AND ts_ms < $6
                  UNION ALL
                  SELECT ts_ms, ts_ms, 1, used_last, used_min, used_max, reserved, total,
-                     utilization::float8, pcie_tx, pcie_rx
+                     utilization, CASE WHEN utilization IS NULL THEN 0 ELSE 1 END,
+                     pcie_tx, CASE WHEN pcie_tx IS NULL THEN 0 ELSE 1 END,
+                     pcie_rx, CASE WHEN pcie_rx IS NULL THEN 0 ELSE 1 END
                  FROM gpu_samples WHERE device_id = $1 AND ts_ms >= $6 AND ts_ms <= $3
                  UNION ALL
-                 SELECT ts_ms, ts_ms, 1, used_last, used_min, used_max, reserved, total,
-                     utilization::float8, pcie_tx, pcie_rx
-                 FROM UNNEST($7::int8[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[],
-                     $13::int2[], $14::int8[], $15::int8[])
-                     AS packed (ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx))
+                 SELECT * FROM UNNEST($7::int8[], $8::int8[], $9::int8[], $10::int8[], $11::int8[],
+                     $12::int8[], $13::int8[], $14::int8[], $15::int8[], $16::int8[], $17::int8[],
+                     $18::int8[], $19::int8[], $20::int8[]))
              SELECT MAX(ts) AS timestamp_ms, SUM(samples)::int8 AS samples,
-                 ROUND(SUM(used_avg::numeric * samples) / SUM(samples))::int8 AS memory_used_bytes,
+                 ROUND(SUM(used_sum) / SUM(samples))::int8 AS memory_used_bytes,
                  MIN(used_min) AS memory_used_min_bytes, MAX(used_max) AS memory_used_max_bytes,
                  MAX(reserved) AS memory_reserved_bytes, MAX(total) AS memory_total_bytes,
-                 SUM(util * samples) / NULLIF(SUM(samples) FILTER (WHERE util IS NOT NULL), 0) AS utilization_pct,
-                 ROUND(SUM(pcie_tx::numeric * samples) / NULLIF(SUM(samples) FILTER (WHERE pcie_tx IS NOT NULL), 0))::int8
-                     AS pcie_tx_bytes_per_s,
-                 ROUND(SUM(pcie_rx::numeric * samples) / NULLIF(SUM(samples) FILTER (WHERE pcie_rx IS NOT NULL), 0))::int8
-                     AS pcie_rx_bytes_per_s
+                 SUM(util_sum) / NULLIF(SUM(util_samples), 0) AS utilization_pct,
+                 ROUND(SUM(tx_sum) / NULLIF(SUM(tx_samples), 0))::int8 AS pcie_tx_bytes_per_s,
+                 ROUND(SUM(rx_sum) / NULLIF(SUM(rx_samples), 0))::int8 AS pcie_rx_bytes_per_s
              FROM src GROUP BY (at - $2) / $4 ORDER BY 1",
         )
         .bind(device)
@@ -368,15 +389,20 @@ impl Store for PostgresStore {
         .bind(width)
         .bind(bounds.hour_end_ms)
         .bind(bounds.minute_end_ms)
-        .bind(column(|r| r.timestamp_ms))
-        .bind(column(|r| r.used_last))
-        .bind(column(|r| r.used_min))
-        .bind(column(|r| r.used_max))
-        .bind(column(|r| r.reserved))
-        .bind(column(|r| r.total))
-        .bind(packed.iter().map(|r| r.utilization_pct).collect::<Vec<_>>())
-        .bind(optional(|r| r.pcie_tx_bytes_per_s))
-        .bind(optional(|r| r.pcie_rx_bytes_per_s))
+        .bind(column(|b| b.at_ms))
+        .bind(column(|b| b.newest_ms))
+        .bind(column(|b| b.samples))
+        .bind(column(|b| b.used_sum))
+        .bind(column(|b| b.used_min))
+        .bind(column(|b| b.used_max))
+        .bind(column(|b| b.reserved))
+        .bind(column(|b| b.total))
+        .bind(&util_sum)
+        .bind(&util_samples)
+        .bind(&tx_sum)
+        .bind(&tx_samples)
+        .bind(&rx_sum)
+        .bind(&rx_samples)
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -425,7 +451,7 @@ impl Store for PostgresStore {
             marks,
         );
         let mut tx = chart_transaction(&self.pool).await?;
-        let packed = fold_into_buckets(
+        let packed = fold::process_peaks(
             packing::samples_between::<ProcessPoint>(&mut tx, &ids, bounds.minute_end_ms, to_ms)
                 .await?,
             from_ms,
@@ -540,25 +566,4 @@ async fn chart_transaction(pool: &PgPool) -> Result<Transaction<'static, Postgre
         .execute(&mut *tx)
         .await?;
     Ok(tx)
-}
-
-/// Packed process samples as one point per process and chart bucket, at
-/// the bucket's peak: the chart keeps only the peak, so there is no need
-/// to send Postgres every sample of a week of processes.
-fn fold_into_buckets(samples: Vec<ProcessPoint>, from_ms: i64, width_ms: i64) -> Vec<ProcessPoint> {
-    let mut peaks: std::collections::BTreeMap<(i64, i64), i64> = std::collections::BTreeMap::new();
-    for s in samples {
-        let bucket = (s.timestamp_ms - from_ms).div_euclid(width_ms.max(1));
-        let peak = peaks.entry((s.process_id, bucket)).or_insert(s.used_max);
-        *peak = (*peak).max(s.used_max);
-    }
-    peaks
-        .into_iter()
-        .map(|((process_id, bucket), used_max)| ProcessPoint {
-            process_id,
-            timestamp_ms: from_ms + bucket * width_ms.max(1),
-            used_last: used_max,
-            used_max,
-        })
-        .collect()
 }

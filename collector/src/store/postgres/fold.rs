@@ -1,0 +1,223 @@
+//! Packed samples folded into a chart's buckets in the collector, so that a
+//! chart over packed days sends Postgres a row per bucket rather than every
+//! sample it decoded (a week of one GPU at 1 Hz is 600,000 of them).
+
+use std::collections::BTreeMap;
+
+use super::packed::ProcessPoint;
+use crate::model::GpuSampleRow;
+use crate::store::StoreError;
+
+/// The chart bucket `ts_ms` falls in, as the chart query numbers them:
+/// `(at - from) / width`, for `at >= from`.
+fn bucket(ts_ms: i64, from_ms: i64, width_ms: i64) -> i64 {
+    (ts_ms - from_ms).div_euclid(width_ms.max(1))
+}
+
+/// Packed process samples as one point per process and bucket, at the
+/// bucket's peak: a process chart keeps only the peak.
+pub(super) fn process_peaks(
+    samples: Vec<ProcessPoint>,
+    from_ms: i64,
+    width_ms: i64,
+) -> Vec<ProcessPoint> {
+    let mut peaks: BTreeMap<(i64, i64), i64> = BTreeMap::new();
+    for s in samples {
+        let peak = peaks
+            .entry((s.process_id, bucket(s.timestamp_ms, from_ms, width_ms)))
+            .or_insert(s.used_max);
+        *peak = (*peak).max(s.used_max);
+    }
+    peaks
+        .into_iter()
+        .map(|((process_id, bucket), used_max)| ProcessPoint {
+            process_id,
+            timestamp_ms: from_ms + bucket * width_ms.max(1),
+            used_last: used_max,
+            used_max,
+        })
+        .collect()
+}
+
+/// The packed GPU samples of one bucket as sums and extremes. The chart
+/// query reads raw rows and rollups as the same sums (a rollup row counts
+/// `samples` samples of its mean), so a bucket comes out the same whether
+/// its samples were packed or not. An optional figure is summed over the
+/// samples that have it, with their count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct GpuBucket {
+    /// The bucket's start: the query groups it with the other rows there.
+    pub at_ms: i64,
+    pub newest_ms: i64,
+    pub samples: i64,
+    pub used_sum: i64,
+    pub used_min: i64,
+    pub used_max: i64,
+    pub reserved: i64,
+    pub total: i64,
+    pub utilization: Sum,
+    pub pcie_tx: Sum,
+    pub pcie_rx: Sum,
+}
+
+/// A sum over the samples that have a figure, and how many do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Sum {
+    pub total: i64,
+    pub samples: i64,
+}
+
+impl Sum {
+    fn add(&mut self, value: Option<i64>) -> Option<()> {
+        if let Some(value) = value {
+            self.total = self.total.checked_add(value)?;
+            self.samples += 1;
+        }
+        Some(())
+    }
+
+    /// `None` where no sample had the figure, as SQL's sum of nothing.
+    pub fn total(self) -> Option<i64> {
+        (self.samples > 0).then_some(self.total)
+    }
+}
+
+/// Packed GPU samples (of one device) folded into the chart's buckets.
+pub(super) fn gpu_buckets(
+    samples: &[GpuSampleRow],
+    from_ms: i64,
+    width_ms: i64,
+) -> Result<Vec<GpuBucket>, StoreError> {
+    let mut buckets: BTreeMap<i64, GpuBucket> = BTreeMap::new();
+    for s in samples {
+        let b = bucket(s.timestamp_ms, from_ms, width_ms);
+        let into = buckets.entry(b).or_insert_with(|| GpuBucket {
+            at_ms: from_ms + b * width_ms.max(1),
+            newest_ms: s.timestamp_ms,
+            samples: 0,
+            used_sum: 0,
+            used_min: s.used_min,
+            used_max: s.used_max,
+            reserved: s.reserved,
+            total: s.total,
+            utilization: Sum::default(),
+            pcie_tx: Sum::default(),
+            pcie_rx: Sum::default(),
+        });
+        into.newest_ms = into.newest_ms.max(s.timestamp_ms);
+        into.samples += 1;
+        into.used_min = into.used_min.min(s.used_min);
+        into.used_max = into.used_max.max(s.used_max);
+        into.reserved = into.reserved.max(s.reserved);
+        into.total = into.total.max(s.total);
+        let summed = (|| {
+            into.used_sum = into.used_sum.checked_add(s.used_last)?;
+            into.utilization.add(s.utilization_pct.map(i64::from))?;
+            into.pcie_tx.add(s.pcie_tx_bytes_per_s)?;
+            into.pcie_rx.add(s.pcie_rx_bytes_per_s)
+        })();
+        if summed.is_none() {
+            return Err(StoreError::Damaged(format!(
+                "packed samples of the chart bucket at {} ms add up past 64 bits",
+                into.at_ms
+            )));
+        }
+    }
+    Ok(buckets.into_values().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(ts: i64, used: i64, util: Option<i16>) -> GpuSampleRow {
+        GpuSampleRow {
+            device_id: 1,
+            timestamp_ms: ts,
+            interval_ms: 1000,
+            poll_count: 10,
+            used_last: used,
+            used_min: used - 5,
+            used_max: used + 5,
+            reserved: used + 100,
+            total: 1000,
+            utilization_pct: util,
+            pcie_tx_bytes_per_s: None,
+            pcie_rx_bytes_per_s: Some(7),
+        }
+    }
+
+    #[test]
+    fn gpu_samples_fold_into_sums_per_bucket() {
+        let samples = [
+            sample(10_000, 100, Some(50)),
+            sample(11_000, 300, None),
+            sample(12_000, 200, Some(70)),
+            sample(20_000, 400, None),
+        ];
+        let buckets = gpu_buckets(&samples, 10_000, 5_000).unwrap();
+        assert_eq!(buckets.len(), 2);
+        let first = &buckets[0];
+        assert_eq!(
+            (first.at_ms, first.newest_ms, first.samples),
+            (10_000, 12_000, 3)
+        );
+        assert_eq!(
+            (first.used_sum, first.used_min, first.used_max),
+            (600, 95, 305)
+        );
+        assert_eq!((first.reserved, first.total), (400, 1000));
+        assert_eq!(
+            first.utilization,
+            Sum {
+                total: 120,
+                samples: 2
+            },
+            "only the samples that have it"
+        );
+        assert_eq!(first.pcie_tx.total(), None);
+        assert_eq!(first.pcie_rx.total(), Some(21));
+        assert_eq!(buckets[1].at_ms, 20_000);
+        assert_eq!(buckets[1].utilization.total(), None);
+    }
+
+    #[test]
+    fn sums_past_64_bits_are_an_error_not_a_wrapped_figure() {
+        let half = i64::MAX / 2 + 1;
+        let samples = [sample(0, half, None), sample(1, half, None)];
+        assert!(matches!(
+            gpu_buckets(&samples, 0, 1000),
+            Err(StoreError::Damaged(_))
+        ));
+    }
+
+    #[test]
+    fn process_samples_fold_to_their_peak_per_bucket() {
+        let point = |process_id, timestamp_ms, used_max| ProcessPoint {
+            process_id,
+            timestamp_ms,
+            used_last: 0,
+            used_max,
+        };
+        let peaks = process_peaks(
+            vec![
+                point(1, 0, 5),
+                point(1, 900, 9),
+                point(2, 100, 3),
+                point(1, 1000, 1),
+            ],
+            0,
+            1000,
+        );
+        assert_eq!(
+            peaks,
+            vec![point(1, 0, 9), point(1, 1000, 1), point(2, 0, 3)]
+                .into_iter()
+                .map(|p| ProcessPoint {
+                    used_last: p.used_max,
+                    ..p
+                })
+                .collect::<Vec<_>>()
+        );
+    }
+}
