@@ -46,8 +46,7 @@ pub(super) fn process_peaks(
 /// samples that have it, with their count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct GpuBucket {
-    /// The bucket's start: the query groups it with the other rows there.
-    pub at_ms: i64,
+    /// The newest sample's time, which also places the row in its bucket.
     pub newest_ms: i64,
     pub samples: i64,
     pub used_sum: i64,
@@ -92,7 +91,6 @@ pub(super) fn gpu_buckets(
     for s in samples {
         let b = bucket(s.timestamp_ms, from_ms, width_ms);
         let into = buckets.entry(b).or_insert_with(|| GpuBucket {
-            at_ms: from_ms + b * width_ms.max(1),
             newest_ms: s.timestamp_ms,
             samples: 0,
             used_sum: 0,
@@ -119,7 +117,7 @@ pub(super) fn gpu_buckets(
         if summed.is_none() {
             return Err(StoreError::Damaged(format!(
                 "packed samples of the chart bucket at {} ms add up past 64 bits",
-                into.at_ms
+                from_ms + b * width_ms.max(1)
             )));
         }
     }
@@ -158,10 +156,7 @@ mod tests {
         let buckets = gpu_buckets(&samples, 10_000, 5_000).unwrap();
         assert_eq!(buckets.len(), 2);
         let first = &buckets[0];
-        assert_eq!(
-            (first.at_ms, first.newest_ms, first.samples),
-            (10_000, 12_000, 3)
-        );
+        assert_eq!((first.newest_ms, first.samples), (12_000, 3));
         assert_eq!(
             (first.used_sum, first.used_min, first.used_max),
             (600, 95, 305)
@@ -177,7 +172,7 @@ mod tests {
         );
         assert_eq!(first.pcie_tx.total(), None);
         assert_eq!(first.pcie_rx.total(), Some(21));
-        assert_eq!(buckets[1].at_ms, 20_000);
+        assert_eq!(buckets[1].newest_ms, 20_000);
         assert_eq!(buckets[1].utilization.total(), None);
     }
 

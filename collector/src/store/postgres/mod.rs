@@ -371,9 +371,13 @@ impl Store for PostgresStore {
                      pcie_rx, CASE WHEN pcie_rx IS NULL THEN 0 ELSE 1 END
                  FROM gpu_samples WHERE device_id = $1 AND ts_ms >= $6 AND ts_ms <= $3
                  UNION ALL
-                 SELECT * FROM UNNEST($7::int8[], $8::int8[], $9::int8[], $10::int8[], $11::int8[],
-                     $12::int8[], $13::int8[], $14::int8[], $15::int8[], $16::int8[], $17::int8[],
-                     $18::int8[], $19::int8[], $20::int8[]))
+                 SELECT ts, ts, samples, used_sum, used_min, used_max, reserved, total, util_sum,
+                     util_samples, tx_sum, tx_samples, rx_sum, rx_samples
+                 FROM UNNEST($7::int8[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[],
+                     $13::int8[], $14::int8[], $15::int8[], $16::int8[], $17::int8[], $18::int8[],
+                     $19::int8[])
+                     AS packed (ts, samples, used_sum, used_min, used_max, reserved, total, util_sum,
+                         util_samples, tx_sum, tx_samples, rx_sum, rx_samples))
              SELECT MAX(ts) AS timestamp_ms, SUM(samples)::int8 AS samples,
                  ROUND(SUM(used_sum) / SUM(samples))::int8 AS memory_used_bytes,
                  MIN(used_min) AS memory_used_min_bytes, MAX(used_max) AS memory_used_max_bytes,
@@ -389,7 +393,6 @@ impl Store for PostgresStore {
         .bind(width)
         .bind(bounds.hour_end_ms)
         .bind(bounds.minute_end_ms)
-        .bind(column(|b| b.at_ms))
         .bind(column(|b| b.newest_ms))
         .bind(column(|b| b.samples))
         .bind(column(|b| b.used_sum))
