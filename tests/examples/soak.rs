@@ -1,7 +1,8 @@
 //! Soak: AGENTS (default 100) simulated 8-GPU agents, each with a disk spool
 //! of its own, stream at the production cadence (10 Hz polls, one batch a
 //! second) to the collector binary on Postgres for MINUTES (default 30).
-//! Half-way the collector is SIGKILLed and started again 5 s later. Every 30 s
+//! Half-way (or at minute RESTART) the collector is SIGKILLed and started
+//! again 5 s later. Every 30 s
 //! it prints the collector's RSS, this process's RSS (the agents) and the
 //! batches committed. At the end every node's GPU 0 samples must tile time:
 //! no gap and no duplicate, across the restart too.
@@ -9,7 +10,7 @@
 //! ```sh
 //! cargo build --release -p headroom-collector
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \
-//!   cargo run --release -p headroom-tests --example soak -- [AGENTS] [MINUTES]
+//!   cargo run --release -p headroom-tests --example soak -- [AGENTS] [MINUTES] [RESTART]
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: fail loudly
 
@@ -126,6 +127,8 @@ async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let agents: usize = args.get(1).map_or(100, |a| a.parse().unwrap());
     let minutes: u64 = args.get(2).map_or(30, |a| a.parse().unwrap());
+    // When the collector is SIGKILLed, in minutes: half-way unless given.
+    let restart_minute: Option<u64> = args.get(3).map(|a| a.parse().unwrap());
     let db = postgres::fresh_database()
         .await
         .expect("the soak needs Postgres: set DATABASE_URL");
@@ -166,7 +169,7 @@ async fn main() {
     }
     let started = Instant::now();
     let total = Duration::from_secs(minutes * 60);
-    let restart_at = total / 2;
+    let restart_at = restart_minute.map_or(total / 2, |m| Duration::from_secs(m * 60));
     let mut restarted = false;
     println!("| t (s) | collector RSS (MiB) | agents' process RSS (MiB) | batches committed |");
     println!("|---|---|---|---|");
