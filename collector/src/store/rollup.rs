@@ -36,10 +36,10 @@ pub struct StorageConfig {
     /// chart at full resolution; a late sample for a packed day is still
     /// rolled up.
     pub pack_raw_after_hours: u32,
-    /// Postgres: seconds a maintenance pass spends packing, at most (and at
-    /// least one series of each table, so 0 still gets there); a day
-    /// bigger than that is packed over several passes. Rollups wait while
-    /// it runs.
+    /// Postgres: seconds a maintenance pass spends packing, at most; a day
+    /// bigger than that is packed over several passes. Each pass packs at
+    /// least one transaction of each table (a GPU, or eight processes), so
+    /// even 0 makes progress, slowly. Rollups wait while it runs.
     pub pack_seconds_per_pass: u32,
 }
 
