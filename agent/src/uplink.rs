@@ -25,6 +25,11 @@ use crate::outbox::{Outbox, OutboxError, Record};
 use crate::source::{EventKind, Inventory, SourceEvent};
 use crate::window::IntervalSamples;
 
+/// HTTP/2 pings on the collector connection, and how long one may go
+/// unanswered before the connection counts as dead.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
 #[derive(Debug, Clone)]
 pub struct UplinkConfig {
     pub collector_url: String,
@@ -224,6 +229,13 @@ impl Uplink {
                 source,
             })?
             .connect_timeout(Duration::from_secs(5))
+            // A connection that died without a word (a rebooted collector
+            // host, a dropped NAT entry) fails the call waiting on it, be
+            // it a Register the collector holds or the stream, instead of
+            // leaving the uplink waiting for good.
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true)
             .tcp_nodelay(true);
         let endpoint = match &self.config.tls {
             Some(tls) => endpoint.tls_config(tls.clone())?,
