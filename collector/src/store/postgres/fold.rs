@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 
 use super::packed::ProcessPoint;
 use crate::model::GpuSampleRow;
-use crate::store::StoreError;
 
 /// The chart bucket `ts_ms` falls in, as the chart query numbers them:
 /// `(at - from) / width`, for `at >= from`.
@@ -43,13 +42,15 @@ pub(super) fn process_peaks(
 /// query reads raw rows and rollups as the same sums (a rollup row counts
 /// `samples` samples of its mean), so a bucket comes out the same whether
 /// its samples were packed or not. An optional figure is summed over the
-/// samples that have it, with their count.
+/// samples that have it, with their count. Sums are 128-bit: the agent's
+/// figures are 64-bit, and a bucket of them must not overflow where
+/// Postgres' `numeric` would not.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct GpuBucket {
     /// The newest sample's time, which also places the row in its bucket.
     pub newest_ms: i64,
     pub samples: i64,
-    pub used_sum: i64,
+    pub used_sum: i128,
     pub used_min: i64,
     pub used_max: i64,
     pub reserved: i64,
@@ -62,66 +63,54 @@ pub(super) struct GpuBucket {
 /// A sum over the samples that have a figure, and how many do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(super) struct Sum {
-    pub total: i64,
+    pub total: i128,
     pub samples: i64,
 }
 
 impl Sum {
-    fn add(&mut self, value: Option<i64>) -> Option<()> {
+    fn add(&mut self, value: Option<i64>) {
         if let Some(value) = value {
-            self.total = self.total.checked_add(value)?;
+            self.total += i128::from(value);
             self.samples += 1;
         }
-        Some(())
     }
 
     /// `None` where no sample had the figure, as SQL's sum of nothing.
-    pub fn total(self) -> Option<i64> {
+    pub fn total(self) -> Option<i128> {
         (self.samples > 0).then_some(self.total)
     }
 }
 
 /// Packed GPU samples (of one device) folded into the chart's buckets.
-pub(super) fn gpu_buckets(
-    samples: &[GpuSampleRow],
-    from_ms: i64,
-    width_ms: i64,
-) -> Result<Vec<GpuBucket>, StoreError> {
+pub(super) fn gpu_buckets(samples: &[GpuSampleRow], from_ms: i64, width_ms: i64) -> Vec<GpuBucket> {
     let mut buckets: BTreeMap<i64, GpuBucket> = BTreeMap::new();
     for s in samples {
-        let b = bucket(s.timestamp_ms, from_ms, width_ms);
-        let into = buckets.entry(b).or_insert_with(|| GpuBucket {
-            newest_ms: s.timestamp_ms,
-            samples: 0,
-            used_sum: 0,
-            used_min: s.used_min,
-            used_max: s.used_max,
-            reserved: s.reserved,
-            total: s.total,
-            utilization: Sum::default(),
-            pcie_tx: Sum::default(),
-            pcie_rx: Sum::default(),
-        });
+        let into = buckets
+            .entry(bucket(s.timestamp_ms, from_ms, width_ms))
+            .or_insert_with(|| GpuBucket {
+                newest_ms: s.timestamp_ms,
+                samples: 0,
+                used_sum: 0,
+                used_min: s.used_min,
+                used_max: s.used_max,
+                reserved: s.reserved,
+                total: s.total,
+                utilization: Sum::default(),
+                pcie_tx: Sum::default(),
+                pcie_rx: Sum::default(),
+            });
         into.newest_ms = into.newest_ms.max(s.timestamp_ms);
         into.samples += 1;
         into.used_min = into.used_min.min(s.used_min);
         into.used_max = into.used_max.max(s.used_max);
         into.reserved = into.reserved.max(s.reserved);
         into.total = into.total.max(s.total);
-        let summed = (|| {
-            into.used_sum = into.used_sum.checked_add(s.used_last)?;
-            into.utilization.add(s.utilization_pct.map(i64::from))?;
-            into.pcie_tx.add(s.pcie_tx_bytes_per_s)?;
-            into.pcie_rx.add(s.pcie_rx_bytes_per_s)
-        })();
-        if summed.is_none() {
-            return Err(StoreError::Damaged(format!(
-                "packed samples of the chart bucket at {} ms add up past 64 bits",
-                from_ms + b * width_ms.max(1)
-            )));
-        }
+        into.used_sum += i128::from(s.used_last);
+        into.utilization.add(s.utilization_pct.map(i64::from));
+        into.pcie_tx.add(s.pcie_tx_bytes_per_s);
+        into.pcie_rx.add(s.pcie_rx_bytes_per_s);
     }
-    Ok(buckets.into_values().collect())
+    buckets.into_values().collect()
 }
 
 #[cfg(test)]
@@ -153,7 +142,7 @@ mod tests {
             sample(12_000, 200, Some(70)),
             sample(20_000, 400, None),
         ];
-        let buckets = gpu_buckets(&samples, 10_000, 5_000).unwrap();
+        let buckets = gpu_buckets(&samples, 10_000, 5_000);
         assert_eq!(buckets.len(), 2);
         let first = &buckets[0];
         assert_eq!((first.newest_ms, first.samples), (12_000, 3));
@@ -177,13 +166,12 @@ mod tests {
     }
 
     #[test]
-    fn sums_past_64_bits_are_an_error_not_a_wrapped_figure() {
-        let half = i64::MAX / 2 + 1;
-        let samples = [sample(0, half, None), sample(1, half, None)];
-        assert!(matches!(
-            gpu_buckets(&samples, 0, 1000),
-            Err(StoreError::Damaged(_))
-        ));
+    fn sums_past_64_bits_stay_exact() {
+        let mut huge = sample(0, i64::MAX / 2, None);
+        huge.pcie_tx_bytes_per_s = Some(i64::MAX);
+        let buckets = gpu_buckets(&[huge, huge], 0, 1000);
+        assert_eq!(buckets[0].used_sum, i128::from(i64::MAX / 2) * 2);
+        assert_eq!(buckets[0].pcie_tx.total(), Some(i128::from(i64::MAX) * 2));
     }
 
     #[test]

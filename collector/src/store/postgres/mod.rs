@@ -331,15 +331,19 @@ impl Store for PostgresStore {
             .await?,
             from_ms,
             width,
-        )?;
+        );
         let column = |f: fn(&fold::GpuBucket) -> i64| packed.iter().map(f).collect::<Vec<i64>>();
+        // 128-bit sums travel as text, for Postgres to read as numeric.
         let sum = |f: fn(&fold::GpuBucket) -> fold::Sum| {
             let sums: Vec<fold::Sum> = packed.iter().map(f).collect();
             (
-                sums.iter().map(|s| s.total()).collect::<Vec<_>>(),
+                sums.iter()
+                    .map(|s| s.total().map(|t| t.to_string()))
+                    .collect::<Vec<_>>(),
                 sums.iter().map(|s| s.samples).collect::<Vec<_>>(),
             )
         };
+        let used_sum: Vec<String> = packed.iter().map(|b| b.used_sum.to_string()).collect();
         let (util_sum, util_samples) = sum(|b| b.utilization);
         let (tx_sum, tx_samples) = sum(|b| b.pcie_tx);
         let (rx_sum, rx_samples) = sum(|b| b.pcie_rx);
@@ -371,10 +375,10 @@ impl Store for PostgresStore {
                      pcie_rx, CASE WHEN pcie_rx IS NULL THEN 0 ELSE 1 END
                  FROM gpu_samples WHERE device_id = $1 AND ts_ms >= $6 AND ts_ms <= $3
                  UNION ALL
-                 SELECT ts, ts, samples, used_sum, used_min, used_max, reserved, total, util_sum,
-                     util_samples, tx_sum, tx_samples, rx_sum, rx_samples
-                 FROM UNNEST($7::int8[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[],
-                     $13::int8[], $14::int8[], $15::int8[], $16::int8[], $17::int8[], $18::int8[],
+                 SELECT ts, ts, samples, used_sum::numeric, used_min, used_max, reserved, total,
+                     util_sum::float8, util_samples, tx_sum::numeric, tx_samples, rx_sum::numeric, rx_samples
+                 FROM UNNEST($7::int8[], $8::int8[], $9::text[], $10::int8[], $11::int8[], $12::int8[],
+                     $13::int8[], $14::text[], $15::int8[], $16::text[], $17::int8[], $18::text[],
                      $19::int8[])
                      AS packed (ts, samples, used_sum, used_min, used_max, reserved, total, util_sum,
                          util_samples, tx_sum, tx_samples, rx_sum, rx_samples))
@@ -395,7 +399,7 @@ impl Store for PostgresStore {
         .bind(bounds.minute_end_ms)
         .bind(column(|b| b.newest_ms))
         .bind(column(|b| b.samples))
-        .bind(column(|b| b.used_sum))
+        .bind(&used_sum)
         .bind(column(|b| b.used_min))
         .bind(column(|b| b.used_max))
         .bind(column(|b| b.reserved))
