@@ -210,23 +210,20 @@ async fn every_interval_is_stored_once_through_collector_agent_and_postgres_cras
     assert!(collector.is_running(), "{}", logs());
 
     // On a busy machine the agent can sample late, so what it sampled just
-    // before the cutoff may still be on its way: wait for the samples, not
-    // for a clock. Batches of a stream commit in order, so once the newest
-    // one is in, every earlier one is too.
+    // before the cutoff may still be on its way: wait for the first sample
+    // past the cutoff, not for a clock. Batches of a stream commit in
+    // order, so once it is in, every earlier one is too. It is kept, so
+    // that the tiling below runs through the cutoff.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let samples: Vec<(i64, i64)> = loop {
-        let samples: Vec<(i64, i64)> = gpu0_samples(&url)
-            .await
-            .into_iter()
-            .filter(|(ts, _)| *ts <= cutoff)
-            .collect();
-        let newest = samples.last().map_or(i64::MIN, |(ts, _)| *ts);
-        if cutoff - newest <= 3 * SAMPLE_MS {
-            break samples;
+        let all = gpu0_samples(&url).await;
+        if let Some(past) = all.iter().position(|(ts, _)| *ts > cutoff) {
+            break all[..=past].to_vec();
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the samples reach the cutoff: newest {newest}, cutoff {cutoff}, now {}\n{}",
+            "a sample past the cutoff {cutoff} is stored (newest {:?}, now {})\n{}",
+            all.last(),
             now_ms(),
             logs()
         );
