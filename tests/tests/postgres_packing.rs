@@ -68,10 +68,13 @@ const RAW_BYTES: &str = "SELECT COALESCE(sum(pg_total_relation_size(i.inhrelid))
 const PACKED_BYTES: &str = "SELECT COALESCE(sum(pg_total_relation_size(i.inhrelid)), 0)::int8
      FROM pg_inherits i WHERE i.inhparent = 'gpu_samples_packed'::regclass";
 
-/// A collector with one node registered, the clock, and 03:00 of the UTC
-/// day before yesterday: a day old enough to be packed.
-async fn cold_day_setup(db: &TestDatabase) -> (PostgresStore, NodeSession, i64, i64) {
-    let store = store(db, StorageConfig::default()).await;
+/// A collector on `storage` with one node registered, the clock, and 03:00
+/// of the UTC day before yesterday: a day old enough to be packed.
+async fn cold_day_setup(
+    db: &TestDatabase,
+    storage: StorageConfig,
+) -> (PostgresStore, NodeSession, i64, i64) {
+    let store = store(db, storage).await;
     let session = register(&store).await;
     let now = now_ms();
     let cold = bucket_start(now - 2 * DAY_MS, DAY_MS) + 3 * HOUR_MS;
@@ -103,7 +106,7 @@ async fn a_cold_day_moves_into_chunks_and_gives_its_bytes_back() {
     let Some(db) = postgres::fresh_database().await else {
         return;
     };
-    let (store, session, now, cold) = cold_day_setup(&db).await;
+    let (store, session, now, cold) = cold_day_setup(&db, StorageConfig::default()).await;
     let recent = bucket_start(now - 4 * HOUR_MS, MINUTE_MS);
     write_two_hours(&store, &session, 1, cold, now).await;
     let cold_raw = bytes(&store, RAW_BYTES).await;
@@ -227,17 +230,11 @@ async fn a_day_too_big_for_one_pass_is_packed_over_several_and_charts_whole_betw
     let Some(db) = postgres::fresh_database().await else {
         return;
     };
-    let store = store(
-        &db,
-        StorageConfig {
-            pack_seconds_per_pass: 0,
-            ..StorageConfig::default()
-        },
-    )
-    .await;
-    let session = register(&store).await;
-    let now = now_ms();
-    let cold = bucket_start(now - 2 * DAY_MS, DAY_MS) + 3 * HOUR_MS;
+    let storage = StorageConfig {
+        pack_seconds_per_pass: 0,
+        ..StorageConfig::default()
+    };
+    let (store, session, now, cold) = cold_day_setup(&db, storage).await;
     write_two_hours(&store, &session, 1, cold, now).await;
     let span = (cold, cold + 2 * HOUR_MS - 1);
     let charts = || async {
@@ -295,7 +292,7 @@ async fn a_damaged_chunk_costs_its_hour_and_nothing_else() {
     let Some(db) = postgres::fresh_database().await else {
         return;
     };
-    let (store, session, now, cold) = cold_day_setup(&db).await;
+    let (store, session, now, cold) = cold_day_setup(&db, StorageConfig::default()).await;
     write_two_hours(&store, &session, 1, cold, now).await;
     store.maintain(now).await.unwrap();
     sqlx::query("UPDATE gpu_samples_packed SET data = '\\x01ff' WHERE hour_ms = $1")
@@ -350,7 +347,7 @@ async fn a_minute_waiting_for_its_rollup_is_packed_only_after_it() {
     let Some(db) = postgres::fresh_database().await else {
         return;
     };
-    let (store, session, now, cold) = cold_day_setup(&db).await;
+    let (store, session, now, cold) = cold_day_setup(&db, StorageConfig::default()).await;
     write_two_hours(&store, &session, 1, cold, now).await;
     let chart = || store.device_series(GPU0, cold, cold + 2 * HOUR_MS - 1, 7200);
     let before = chart().await.unwrap().unwrap();
