@@ -17,6 +17,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::backoff::Backoff;
@@ -24,6 +25,8 @@ use crate::metrics::AgentMetrics;
 use crate::outbox::{Outbox, OutboxError, Record};
 use crate::source::{EventKind, Inventory, SourceEvent};
 use crate::window::IntervalSamples;
+
+type Client = IngestClient<InterceptedService<Channel, Bearer>>;
 
 /// HTTP/2 pings on the collector connection, and how long one may go
 /// unanswered before the connection counts as dead.
@@ -252,15 +255,12 @@ impl Uplink {
         let Some(mut registration) = self.outbox.start_session()? else {
             return Err(OutboxError::NoRegistration.into());
         };
-        // A collector whose database is down answers only once it is back.
-        let Some(registered) = self
-            .while_sampling(intervals, shutdown, client.register(registration.clone()))
-            .await
+        let Some(committed) = self
+            .register(&mut client, &registration, intervals, shutdown)
+            .await?
         else {
             return Ok(SessionEnd::Shutdown);
         };
-        let committed = registered?.into_inner().committed_seq;
-        self.outbox.ack(&registration.boot_id, committed)?;
         backoff.reset();
         tracing::info!(collector = %self.config.collector_url, stream = %registration.boot_id, committed_seq = committed, replaying = self.outbox.pending_batches(), "connected to collector");
 
@@ -302,15 +302,11 @@ impl Uplink {
             if self.outbox.in_flight_batches() == 0
                 && let Some(r) = next_registration.take()
             {
-                let Some(registered) = self
-                    .while_sampling(intervals, shutdown, client.register(r.clone()))
-                    .await
+                let Some(committed) = self.register(&mut client, &r, intervals, shutdown).await?
                 else {
                     return Ok(SessionEnd::Shutdown);
                 };
-                let committed = registered?.into_inner().committed_seq;
                 tracing::info!(stream = %r.boot_id, committed_seq = committed, "registered a new inventory");
-                self.outbox.ack(&r.boot_id, committed)?;
                 registration = r;
                 continue;
             }
@@ -358,6 +354,28 @@ impl Uplink {
                 Err(status) => return SessionError::Stream(status),
             }
         }
+    }
+
+    /// Sends `registration` while sampling goes on (a collector whose
+    /// database is down answers only once it is back), and forgets the
+    /// batches the collector says it already committed. The committed seq,
+    /// or `None` when the agent is told to stop first.
+    async fn register(
+        &mut self,
+        client: &mut Client,
+        registration: &pb::RegisterRequest,
+        intervals: &mut mpsc::Receiver<IntervalSamples>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<Option<u64>, SessionError> {
+        let Some(answer) = self
+            .while_sampling(intervals, shutdown, client.register(registration.clone()))
+            .await
+        else {
+            return Ok(None);
+        };
+        let committed = answer?.into_inner().committed_seq;
+        self.outbox.ack(&registration.boot_id, committed)?;
+        Ok(Some(committed))
     }
 
     /// Awaits `call` while still taking the sampler's intervals into the
