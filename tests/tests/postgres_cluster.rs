@@ -7,6 +7,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use headroom_collector::ingest::validate::{self, Limits};
 use headroom_collector::model::{NodeSession, StoreBatch, WriteOutcome};
@@ -332,6 +333,57 @@ async fn late_samples_written_by_two_collectors_during_rollups_are_all_rolled_up
     assert_eq!(pending, 0, "no mark left behind");
     a.close().await;
     b.close().await;
+    db.drop_database().await;
+}
+
+/// A writer marking a late minute waits for no rollup of that minute: here
+/// a transaction holds the minute's mark deleted, as the rollup job does
+/// for the length of its rollup. The write commits meanwhile, its mark
+/// outlives the job's, and the next pass rolls the minute up with it.
+#[tokio::test]
+async fn a_late_write_does_not_wait_for_a_rollup_of_its_minute() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let store = collector(&db).await;
+    let session = register(&store, &fixtures::register(NODE, BOOT)).await;
+    let now = now_ms();
+    let minute = bucket_start(now - 30 * MINUTE_MS, MINUTE_MS);
+    store
+        .write_batches(&[rows_at(&session, &fixtures::batch(1, minute), now)])
+        .await
+        .unwrap();
+    let mut rollup = store.pool().begin().await.unwrap();
+    let taken: Vec<i64> = sqlx::query_scalar(
+        "DELETE FROM rollup_pending WHERE step_ms = $1 AND bucket_ms = $2 RETURNING bucket_ms",
+    )
+    .bind(MINUTE_MS)
+    .bind(minute)
+    .fetch_all(&mut *rollup)
+    .await
+    .unwrap();
+    assert!(!taken.is_empty(), "the first write marked its minute");
+
+    let late = [rows_at(&session, &fixtures::batch(2, minute + 1000), now)];
+    let outcome = tokio::time::timeout(Duration::from_secs(20), store.write_batches(&late))
+        .await
+        .expect("the late write waited for the rollup transaction");
+    assert_eq!(outcome.unwrap(), vec![WriteOutcome::Committed]);
+    rollup.commit().await.unwrap();
+
+    while store.maintain(now).await.unwrap().minutes_rolled_up > 0 {}
+    let (rolled, raw): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT sum(samples)::int8 FROM gpu_samples_1m WHERE ts_ms = $1),
+                (SELECT count(*) FROM gpu_samples WHERE ts_ms >= $1 AND ts_ms < $1 + $2)",
+    )
+    .bind(minute)
+    .bind(MINUTE_MS)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(raw, 4, "two GPUs in each of the two batches");
+    assert_eq!(rolled, raw);
+    store.close().await;
     db.drop_database().await;
 }
 

@@ -339,9 +339,9 @@ async fn a_damaged_chunk_costs_its_hour_and_nothing_else() {
 
 /// A minute whose rollup is still to be done when its day is packed keeps
 /// its raw rows (the rollup reads raw rows): here the rollup job skips the
-/// minute's mark because another transaction holds it, as a writer
-/// replaying that minute would. Once the mark is free, the minute is rolled
-/// up whole and the day is packed to the end.
+/// minute's mark because another transaction holds it, as a second
+/// maintenance pass rolling that minute up would. Once the mark is free,
+/// the minute is rolled up whole and the day is packed to the end.
 #[tokio::test]
 async fn a_minute_waiting_for_its_rollup_is_packed_only_after_it() {
     let Some(db) = postgres::fresh_database().await else {

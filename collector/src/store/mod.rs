@@ -32,9 +32,6 @@ pub enum StoreError {
     UnsupportedUrl(String),
     #[error("refused to store: {0}")]
     Invalid(String),
-    /// Another transaction kept what this one needed; retrying may succeed.
-    #[error("database contention: {0}")]
-    Contended(String),
     /// Stored data that cannot be read back (a damaged packed chunk).
     #[error("stored data is damaged: {0}")]
     Damaged(String),

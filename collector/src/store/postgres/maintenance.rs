@@ -27,7 +27,7 @@ pub(super) const PACKING_LOCK: i64 = LEADER_LOCK + 2;
 
 /// Buckets rolled up per transaction: a day's catch-up is a few short
 /// transactions rather than one long one.
-const BUCKETS_PER_PASS: i64 = 360;
+const BUCKETS_PER_TRANSACTION: usize = 360;
 
 #[derive(Debug, Clone, Copy)]
 enum Keep {
@@ -353,7 +353,7 @@ async fn advance_minutes(pool: &PgPool, now_ms: i64) -> Result<(), StoreError> {
         .await?;
     sqlx::query(
         "INSERT INTO rollup_pending (step_ms, bucket_ms)
-         SELECT $1, generate_series($2::int8, $3::int8 - $1, $1) ON CONFLICT DO NOTHING",
+         SELECT $1, generate_series($2::int8, $3::int8 - $1, $1)",
     )
     .bind(MINUTE_MS)
     .bind(done)
@@ -364,22 +364,42 @@ async fn advance_minutes(pool: &PgPool, now_ms: i64) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Takes up to a pass's worth of pending buckets of one step, oldest first.
-/// Deleting them in the transaction that rolls them up means a crash leaves
-/// them pending, and a writer marking one of them again waits for this
-/// transaction and then marks it anew.
+/// The buckets of one step that are pending when a pass reaches the step,
+/// oldest first. The pass rolls up these and no others: marks that writers
+/// add meanwhile (agents replaying hours of spool mark the same minutes
+/// over and over) wait for the next pass, so a minute is rolled up at most
+/// once a pass, however long its replay lasts.
+async fn pending_buckets(pool: &PgPool, step_ms: i64) -> Result<Vec<i64>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT DISTINCT bucket_ms FROM rollup_pending WHERE step_ms = $1 ORDER BY bucket_ms",
+    )
+    .bind(step_ms)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Takes the marks of `buckets` (at most a transaction's worth), every copy
+/// committed when the statement began; returns the buckets taken. Deleting
+/// them in the transaction that rolls them up means a crash leaves them
+/// pending. A writer marking one of them meanwhile waits for nothing: its
+/// mark, invisible to this delete, stays for the next pass, and the rollup
+/// statements, which start later, may already see its rows. A bucket whose
+/// marks another transaction holds is skipped.
 async fn take_pending(
     tx: &mut Transaction<'_, Postgres>,
     step_ms: i64,
+    buckets: &[i64],
 ) -> Result<Vec<i64>, StoreError> {
     Ok(sqlx::query_scalar(
-        "DELETE FROM rollup_pending WHERE step_ms = $1 AND bucket_ms IN (
-             SELECT bucket_ms FROM rollup_pending WHERE step_ms = $1
-             ORDER BY bucket_ms LIMIT $2 FOR UPDATE SKIP LOCKED)
-         RETURNING bucket_ms",
+        "WITH taken AS (
+             DELETE FROM rollup_pending WHERE step_ms = $1 AND bucket_ms IN (
+                 SELECT bucket_ms FROM rollup_pending WHERE step_ms = $1 AND bucket_ms = ANY($2)
+                 FOR UPDATE SKIP LOCKED)
+             RETURNING bucket_ms)
+         SELECT DISTINCT bucket_ms FROM taken ORDER BY bucket_ms",
     )
     .bind(step_ms)
-    .bind(BUCKETS_PER_PASS)
+    .bind(buckets)
     .fetch_all(&mut **tx)
     .await?)
 }
@@ -402,7 +422,10 @@ const PROCESS_ROLLUP_UPDATE: &str =
 /// marks their hours pending. Returns how many minutes it rolled up.
 async fn roll_up_minutes(pool: &PgPool) -> Result<u64, StoreError> {
     let mut total = 0;
-    loop {
+    for buckets in pending_buckets(pool, MINUTE_MS)
+        .await?
+        .chunks(BUCKETS_PER_TRANSACTION)
+    {
         let mut tx = pool.begin().await?;
         // Where packing stands, read under the lock every packing
         // transaction takes: should a second leader pack while this one
@@ -411,9 +434,9 @@ async fn roll_up_minutes(pool: &PgPool) -> Result<u64, StoreError> {
         packing::lock_against_packing(&mut tx).await?;
         let gpu_packed_until = packing::packed_until::<GpuSampleRow>(&mut tx).await?;
         let process_packed_until = packing::packed_until::<ProcessPoint>(&mut tx).await?;
-        let minutes = take_pending(&mut tx, MINUTE_MS).await?;
+        let minutes = take_pending(&mut tx, MINUTE_MS, buckets).await?;
         if minutes.is_empty() {
-            return Ok(total);
+            continue;
         }
         for (from, to) in contiguous_runs(&minutes, MINUTE_MS) {
             if from < gpu_packed_until {
@@ -456,8 +479,7 @@ async fn roll_up_minutes(pool: &PgPool) -> Result<u64, StoreError> {
         hours.sort_unstable();
         hours.dedup();
         sqlx::query(
-            "INSERT INTO rollup_pending (step_ms, bucket_ms) SELECT $1, UNNEST($2::int8[])
-             ON CONFLICT (step_ms, bucket_ms) DO UPDATE SET bucket_ms = EXCLUDED.bucket_ms",
+            "INSERT INTO rollup_pending (step_ms, bucket_ms) SELECT $1, UNNEST($2::int8[])",
         )
         .bind(HOUR_MS)
         .bind(&hours)
@@ -466,18 +488,21 @@ async fn roll_up_minutes(pool: &PgPool) -> Result<u64, StoreError> {
         tx.commit().await?;
         total += minutes.len() as u64;
     }
+    Ok(total)
 }
 
 /// Rolls pending hours up from the 1 min tables, then moves the hour
 /// watermark to the hour the minute watermark is in.
 async fn roll_up_hours(pool: &PgPool) -> Result<u64, StoreError> {
     let mut total = 0;
-    loop {
+    for buckets in pending_buckets(pool, HOUR_MS)
+        .await?
+        .chunks(BUCKETS_PER_TRANSACTION)
+    {
         let mut tx = pool.begin().await?;
-        let hours = take_pending(&mut tx, HOUR_MS).await?;
+        let hours = take_pending(&mut tx, HOUR_MS, buckets).await?;
         if hours.is_empty() {
-            tx.commit().await?;
-            break;
+            continue;
         }
         for (from, to) in contiguous_runs(&hours, HOUR_MS) {
             // Averages of averages, weighted by how many samples each holds.

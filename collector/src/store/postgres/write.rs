@@ -65,60 +65,21 @@ pub(super) async fn write_group(
     Ok(outcomes)
 }
 
-/// A round ends short when a mark this writer found and meant to lock is
-/// taken by the rollup job in between; the next round inserts it again.
-/// More than a couple of rounds means the job and the writer keep meeting
-/// on one minute, which the caller retries.
-const PENDING_ROUNDS: usize = 8;
-
-/// Marks `minutes` (sorted) for the rollup job to redo, and holds the
-/// marks until commit so that the job cannot take one and roll the minute
-/// up without these rows.
-///
-/// The job takes marks `FOR UPDATE SKIP LOCKED`, so a share lock is enough
-/// to keep it off, and writers holding the same marks do not queue behind
-/// each other as they would on exclusive locks (when agents replay hours
-/// of spooled samples after an outage, every writer marks the same
-/// minutes). A writer does wait for another's uncommitted insert of a mark,
-/// once per minute the job has just taken; inserts go in minute order, so
-/// within a round two writers cannot wait on each other.
+/// Marks `minutes` for the rollup job to redo, in this transaction: the
+/// mark commits with the rows it stands for. A plain insert (marks may
+/// repeat) that waits for no other writer and no rollup in progress: the
+/// job takes only the marks committed before it looked, so a mark of this
+/// transaction is either seen with these rows or left for the next pass.
 async fn mark_minutes_pending(
     tx: &mut Transaction<'_, Postgres>,
     minutes: &[i64],
 ) -> Result<(), StoreError> {
-    let mut unmarked = minutes.to_vec();
-    for _ in 0..PENDING_ROUNDS {
-        let inserted: Vec<i64> = sqlx::query_scalar(
-            "INSERT INTO rollup_pending (step_ms, bucket_ms) SELECT $1, UNNEST($2::int8[])
-             ON CONFLICT (step_ms, bucket_ms) DO NOTHING RETURNING bucket_ms",
-        )
+    sqlx::query("INSERT INTO rollup_pending (step_ms, bucket_ms) SELECT $1, UNNEST($2::int8[])")
         .bind(MINUTE_MS)
-        .bind(&unmarked)
-        .fetch_all(&mut **tx)
+        .bind(minutes)
+        .execute(&mut **tx)
         .await?;
-        unmarked.retain(|minute| !inserted.contains(minute));
-        if unmarked.is_empty() {
-            return Ok(());
-        }
-        // A statement of its own, so that its snapshot sees the marks
-        // other writers committed while the insert waited for them.
-        let locked: Vec<i64> = sqlx::query_scalar(
-            "SELECT bucket_ms FROM rollup_pending WHERE step_ms = $1 AND bucket_ms = ANY($2::int8[])
-             ORDER BY bucket_ms FOR SHARE",
-        )
-        .bind(MINUTE_MS)
-        .bind(&unmarked)
-        .fetch_all(&mut **tx)
-        .await?;
-        unmarked.retain(|minute| !locked.contains(minute));
-        if unmarked.is_empty() {
-            return Ok(());
-        }
-    }
-    Err(StoreError::Contended(format!(
-        "the rollup job kept taking {} late minutes' marks before this write could hold them",
-        unmarked.len()
-    )))
+    Ok(())
 }
 
 struct Claimed<'b> {
