@@ -9,6 +9,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use headroom_collector::clock::Clock;
 use headroom_collector::ingest::validate::{self, Limits};
 use headroom_collector::model::{NodeSession, StoreBatch, WriteOutcome};
 use headroom_collector::store::rollup::{DAY_MS, MINUTE_MS, StorageConfig, bucket_start};
@@ -205,14 +206,17 @@ async fn the_serving_collector_shows_every_second_and_another_a_checkpoint_at_mo
     let Some(db) = postgres::fresh_database().await else {
         return;
     };
-    let serving = collector(&db).await;
-    let other = collector(&db).await;
-    let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
     let now = now_ms();
     let start = now - 60_000;
+    // The agent is live: each batch is written at the time it was sampled.
+    let clock = Clock::manual(start);
+    let serving = collector(&db).await.with_clock(clock.clone());
+    let other = collector(&db).await.with_clock(clock.clone());
+    let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
     let gib = 1i64 << 30;
     let write = |seq: u64, used: i64| {
         let ts = start + seq as i64 * 1000;
+        clock.set_ms(ts);
         let mut b = fixtures::batch(seq, ts);
         b.gpu_samples[0] = fixtures::gpu_sample(fixtures::GPU0, ts, used as u64);
         rows_at(&session, &b, now)
@@ -249,6 +253,7 @@ async fn the_serving_collector_shows_every_second_and_another_a_checkpoint_at_mo
     // The agent moves to the other collector: its samples show at once, and
     // the first collector's memory does not hide them.
     let moved = register(&other, &fixtures::register(NODE, "boot-2")).await;
+    clock.set_ms(at(9));
     let mut b = fixtures::batch(1, at(9));
     b.boot_id = "boot-2".into();
     b.gpu_samples[0] = fixtures::gpu_sample(fixtures::GPU0, at(9), (41 * gib + (4 << 20)) as u64);
@@ -415,13 +420,19 @@ async fn quiet_devices_and_a_closing_collector_leave_their_newest_sample_in_the_
     let Some(db) = postgres::fresh_database().await else {
         return;
     };
-    let serving = collector(&db).await;
-    let other = collector(&db).await;
-    let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
     let now = now_ms();
     let start = now - 60_000;
+    let clock = Clock::manual(start);
+    let serving = collector(&db).await.with_clock(clock.clone());
+    let other = collector(&db).await.with_clock(clock.clone());
+    let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
     let gib = 1u64 << 30;
     let at = |seq: u64| start + seq as i64 * 1000;
+    // The agent is live: each batch is written at the time it was sampled.
+    let live = |seq: u64| {
+        clock.set_ms(at(seq));
+        at(seq)
+    };
     let gpu1_latest = |devices: Vec<headroom_collector::store::DeviceView>| {
         let gpu1 = devices
             .into_iter()
@@ -432,7 +443,7 @@ async fn quiet_devices_and_a_closing_collector_leave_their_newest_sample_in_the_
     serving
         .write_batches(&[rows_at(
             &session,
-            &hop_batch(BOOT, 1, at(1), 40 * gib, gib, true),
+            &hop_batch(BOOT, 1, live(1), 40 * gib, gib, true),
             now,
         )])
         .await
@@ -440,7 +451,7 @@ async fn quiet_devices_and_a_closing_collector_leave_their_newest_sample_in_the_
     serving
         .write_batches(&[rows_at(
             &session,
-            &hop_batch(BOOT, 2, at(2), 40 * gib, gib, true),
+            &hop_batch(BOOT, 2, live(2), 40 * gib, gib, true),
             now,
         )])
         .await
@@ -452,7 +463,7 @@ async fn quiet_devices_and_a_closing_collector_leave_their_newest_sample_in_the_
     // GPU1 falls silent (its agent reports GPU0 only); 5 s later its last
     // sample reaches the row.
     for seq in 3..=8 {
-        let b = hop_batch(BOOT, seq, at(seq), 40 * gib, gib, false);
+        let b = hop_batch(BOOT, seq, live(seq), 40 * gib, gib, false);
         serving
             .write_batches(&[rows_at(&session, &b, now)])
             .await
@@ -463,7 +474,7 @@ async fn quiet_devices_and_a_closing_collector_leave_their_newest_sample_in_the_
         Some(at(2))
     );
     // GPU0's newest sample is not checkpointed yet; closing writes it.
-    let b = hop_batch(BOOT, 9, at(9), 40 * gib + (2 << 20), gib, false);
+    let b = hop_batch(BOOT, 9, live(9), 40 * gib + (2 << 20), gib, false);
     serving
         .write_batches(&[rows_at(&session, &b, now)])
         .await

@@ -4,36 +4,46 @@
 //! Rewriting a `gpu_latest` row costs Postgres about as much as inserting
 //! the sample did, and every GPU sends one a second; so the row is a
 //! checkpoint, rewritten when memory moves by at least 1 % of the device's
-//! total, or at least every [`CHECKPOINT_MS`]. This collector's fleet
-//! overview lays its newest committed samples over the rows, so for the
-//! devices it serves it is current to the second; another collector on the
-//! same database sees a steady device at most [`CHECKPOINT_MS`] late. A
-//! device that stops reporting gets its last sample written once it has
-//! been quiet for [`CHECKPOINT_MS`] (while other devices keep this
-//! collector writing) or when the collector closes; a collector that dies
-//! leaves rows up to [`CHECKPOINT_MS`] behind.
+//! total, or at least every [`CHECKPOINT_MS`] of wall-clock time. This
+//! collector's fleet overview lays its newest committed samples over the
+//! rows, so for the devices it serves it is current to the second; another
+//! collector on the same database sees a steady device at most
+//! [`CHECKPOINT_MS`] late. A device that stops reporting gets its last
+//! sample written once no newer one has come for [`CHECKPOINT_MS`] (while
+//! other devices keep this collector writing) or when the collector closes;
+//! a collector that dies leaves rows up to [`CHECKPOINT_MS`] behind.
+//!
+//! The pace is the wall clock's, not the samples': agents replaying a spool
+//! send many seconds of samples a second, and neither their steady devices
+//! nor the devices of agents that lag behind the others are rewritten any
+//! more often for it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::model::GpuSampleRow;
 
-/// A steady device's `gpu_latest` row trails its newest sample by at most this.
+/// A steady device's `gpu_latest` row trails its newest sample by at most
+/// this much wall-clock time.
 pub(super) const CHECKPOINT_MS: i64 = 5_000;
 
-/// How often, in sample time, entries are scanned for quiet devices.
+/// How often, in wall-clock time, entries are scanned for quiet devices.
 const QUIET_SCAN_EVERY_MS: i64 = 1_000;
 
-/// Entries not refreshed for this long are forgotten (the device went away
-/// or its agent moved to another collector).
+/// Entries with no new sample for this long are forgotten (the device went
+/// away or its agent moved to another collector).
 const FORGET_AFTER_MS: i64 = 10 * 60_000;
 
 #[derive(Debug, Clone, Copy)]
 struct Known {
     /// The newest committed sample.
     newest: GpuSampleRow,
+    /// When (wall clock) `newest` became the newest.
+    newest_at_ms: i64,
     /// What the database row holds, as far as this collector wrote it.
     checkpoint: GpuSampleRow,
+    /// When (wall clock) `checkpoint` was written.
+    checkpoint_at_ms: i64,
 }
 
 #[derive(Debug, Default)]
@@ -44,10 +54,7 @@ pub(super) struct LatestCache {
 #[derive(Debug, Default)]
 struct Inner {
     known: HashMap<i64, Known>,
-    /// The newest sample time of any device: the clock quiet devices are
-    /// measured by, so that replays of old samples behave like live ones.
-    newest_ms: i64,
-    /// `newest_ms` when quiet devices were last looked for.
+    /// When quiet devices were last looked for.
     quiet_scan_ms: i64,
     size_after_sweep: usize,
 }
@@ -69,11 +76,12 @@ fn moved(sample: &GpuSampleRow, written: &GpuSampleRow) -> bool {
 }
 
 impl LatestCache {
-    /// What this transaction writes to `gpu_latest`: the samples of
-    /// `newest` (one per device, its newest in the group) that are due, and
-    /// about once a second of sample time the unwritten newest samples of
-    /// devices that went quiet. One row per device, in device order.
-    pub(super) fn due(&self, newest: &[&GpuSampleRow]) -> Vec<GpuSampleRow> {
+    /// What this transaction writes to `gpu_latest` at wall-clock time
+    /// `now_ms`: the samples of `newest` (one per device, its newest in the
+    /// group) that are due, and about once a second the unwritten newest
+    /// samples of devices that went quiet. One row per device, in device
+    /// order.
+    pub(super) fn due(&self, newest: &[&GpuSampleRow], now_ms: i64) -> Vec<GpuSampleRow> {
         let Ok(mut inner) = self.inner.lock() else {
             return newest.iter().map(|s| **s).collect();
         };
@@ -82,27 +90,22 @@ impl LatestCache {
             .filter(|sample| match inner.known.get(&sample.device_id) {
                 None => true,
                 Some(known) => {
-                    let written = &known.checkpoint;
-                    sample.timestamp_ms > written.timestamp_ms
-                        && (sample.timestamp_ms >= written.timestamp_ms + CHECKPOINT_MS
-                            || moved(sample, written))
+                    sample.timestamp_ms > known.checkpoint.timestamp_ms
+                        && (now_ms >= known.checkpoint_at_ms + CHECKPOINT_MS
+                            || moved(sample, &known.checkpoint))
                 }
             })
             .map(|sample| **sample)
             .collect();
-        let clock = newest
-            .iter()
-            .map(|s| s.timestamp_ms)
-            .fold(inner.newest_ms, i64::max);
-        if clock >= inner.quiet_scan_ms + QUIET_SCAN_EVERY_MS {
-            inner.quiet_scan_ms = clock;
-            let quiet_before = clock - CHECKPOINT_MS;
+        if now_ms >= inner.quiet_scan_ms + QUIET_SCAN_EVERY_MS {
+            inner.quiet_scan_ms = now_ms;
+            let quiet_before = now_ms - CHECKPOINT_MS;
             let in_group = |device: i64| newest.iter().any(|s| s.device_id == device);
             due.extend(
                 inner
                     .known
                     .values()
-                    .filter(|k| k.unwritten() && k.newest.timestamp_ms <= quiet_before)
+                    .filter(|k| k.unwritten() && k.newest_at_ms <= quiet_before)
                     .filter(|k| !in_group(k.newest.device_id))
                     .map(|k| k.newest),
             );
@@ -128,18 +131,18 @@ impl LatestCache {
         unwritten
     }
 
-    /// After the commit: `newest` were committed, `written` (a subset) also
-    /// went to `gpu_latest`.
-    pub(super) fn learn(&self, newest: &[&GpuSampleRow], written: &[GpuSampleRow]) {
+    /// After the commit at wall-clock time `now_ms`: `newest` were
+    /// committed, `written` (a subset) also went to `gpu_latest`.
+    pub(super) fn learn(&self, newest: &[&GpuSampleRow], written: &[GpuSampleRow], now_ms: i64) {
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };
         for sample in newest {
-            inner.newest_ms = inner.newest_ms.max(sample.timestamp_ms);
             match inner.known.get_mut(&sample.device_id) {
                 Some(known) => {
                     if sample.timestamp_ms > known.newest.timestamp_ms {
                         known.newest = **sample;
+                        known.newest_at_ms = now_ms;
                     }
                 }
                 None => {
@@ -150,7 +153,9 @@ impl LatestCache {
                             sample.device_id,
                             Known {
                                 newest: **sample,
+                                newest_at_ms: now_ms,
                                 checkpoint: **sample,
+                                checkpoint_at_ms: now_ms,
                             },
                         );
                     }
@@ -162,11 +167,12 @@ impl LatestCache {
                 && sample.timestamp_ms >= known.checkpoint.timestamp_ms
             {
                 known.checkpoint = *sample;
+                known.checkpoint_at_ms = now_ms;
             }
         }
         if inner.known.len() > inner.size_after_sweep * 2 + 1024 {
-            let cutoff = inner.newest_ms - FORGET_AFTER_MS;
-            inner.known.retain(|_, k| k.newest.timestamp_ms >= cutoff);
+            let cutoff = now_ms - FORGET_AFTER_MS;
+            inner.known.retain(|_, k| k.newest_at_ms >= cutoff);
             inner.size_after_sweep = inner.known.len();
         }
     }
@@ -219,9 +225,14 @@ mod tests {
         }
     }
 
+    /// A live agent's pace: each sample arrives as its time comes.
     fn learn_due(cache: &LatestCache, s: &GpuSampleRow) -> bool {
-        let due = cache.due(&[s]);
-        cache.learn(&[s], &due);
+        learn_due_at(cache, s, s.timestamp_ms)
+    }
+
+    fn learn_due_at(cache: &LatestCache, s: &GpuSampleRow, now_ms: i64) -> bool {
+        let due = cache.due(&[s], now_ms);
+        cache.learn(&[s], &due, now_ms);
         due.iter().any(|d| d.device_id == s.device_id)
     }
 
@@ -236,24 +247,29 @@ mod tests {
         // Device 3 goes quiet; device 9 keeps reporting.
         for ts in (11_000..16_000).step_by(1000) {
             other.timestamp_ms = ts;
-            let due = cache.due(&[&other]);
+            let due = cache.due(&[&other], ts);
             assert!(
                 !due.iter().any(|d| d.device_id == 3),
                 "not quiet yet at {ts}"
             );
-            cache.learn(&[&other], &due);
+            cache.learn(&[&other], &due, ts);
         }
         other.timestamp_ms = 16_000;
-        let due = cache.due(&[&other]);
+        let due = cache.due(&[&other], 16_000);
         let quiet: Vec<i64> = due
             .iter()
             .filter(|d| d.device_id == 3)
             .map(|d| d.used_last)
             .collect();
         assert_eq!(quiet, vec![40 * GIB + 2], "its newest sample, once");
-        cache.learn(&[&other], &due);
+        cache.learn(&[&other], &due, 16_000);
         other.timestamp_ms = 18_000;
-        assert!(!cache.due(&[&other]).iter().any(|d| d.device_id == 3));
+        assert!(
+            !cache
+                .due(&[&other], 18_000)
+                .iter()
+                .any(|d| d.device_id == 3)
+        );
     }
 
     #[test]
@@ -279,6 +295,45 @@ mod tests {
         assert!(!learn_due(&cache, &sample(14_000, 40 * GIB + GIB / 2)));
         assert!(learn_due(&cache, &sample(10_000 + CHECKPOINT_MS, 40 * GIB)));
         assert!(!learn_due(&cache, &sample(16_000, 40 * GIB)));
+    }
+
+    #[test]
+    fn a_replay_is_checkpointed_by_the_wall_clock() {
+        let cache = LatestCache::default();
+        // Twenty seconds of samples a second of wall-clock time.
+        let mut written = Vec::new();
+        for i in 0..200 {
+            let ts = 10_000 + i * 1000;
+            if learn_due_at(&cache, &sample(ts, 40 * GIB), 10_000 + i * 50) {
+                written.push(ts);
+            }
+        }
+        assert_eq!(
+            written,
+            vec![10_000, 110_000],
+            "first sight, then 5 s later"
+        );
+    }
+
+    #[test]
+    fn a_device_behind_the_others_is_not_quiet() {
+        let cache = LatestCache::default();
+        let mut ahead = sample(100_000, GIB);
+        ahead.device_id = 9;
+        learn_due_at(&cache, &ahead, 0);
+        learn_due_at(&cache, &sample(10_000, 40 * GIB), 0);
+        // Both replay, device 3 a minute and a half behind device 9, their
+        // batches in different writes.
+        for i in 1..20 {
+            ahead.timestamp_ms = 100_000 + i * 1000;
+            let now = i * 400;
+            let due = cache.due(&[&ahead], now);
+            assert!(!due.iter().any(|d| d.device_id == 3), "at {now}: {due:?}");
+            cache.learn(&[&ahead], &due, now);
+            let behind = sample(10_000 + i * 1000, 40 * GIB);
+            let due = cache.due(&[&behind], now + 200);
+            cache.learn(&[&behind], &due, now + 200);
+        }
     }
 
     #[test]

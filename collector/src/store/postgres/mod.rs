@@ -24,6 +24,7 @@ use packed::ProcessPoint;
 mod process_cache;
 mod write;
 
+use crate::clock::Clock;
 use crate::model::{GpuSampleRow, NodeSession, Registration, StoreBatch, WriteOutcome};
 use crate::store::rollup::{
     self, MaintenanceReport, StorageConfig, Watermarks, resolution_for, source_bounds,
@@ -44,6 +45,8 @@ pub struct PostgresStore {
     leadership: Arc<maintenance::Leadership>,
     process_cache: Arc<process_cache::ProcessCache>,
     latest_cache: Arc<latest_cache::LatestCache>,
+    /// Paces the checkpoint rows (`gpu_latest`, process last-seen times).
+    clock: Clock,
 }
 
 impl PostgresStore {
@@ -69,9 +72,10 @@ impl PostgresStore {
             leadership: Arc::new(maintenance::Leadership::new(options)),
             process_cache: Arc::default(),
             latest_cache: Arc::default(),
+            clock: Clock::System,
         };
         // Today's partitions exist before the first batch, whoever leads.
-        let now = crate::clock::Clock::System.now_ms();
+        let now = Clock::System.now_ms();
         maintenance::ensure_partitions(
             &store.pool,
             now - store.storage.raw_retention_ms(),
@@ -88,18 +92,32 @@ impl PostgresStore {
         &self,
         batches: &[StoreBatch],
     ) -> Result<Vec<WriteOutcome>, StoreError> {
-        match write::write_group(&self.pool, &self.process_cache, &self.latest_cache, batches).await
-        {
+        let write = || {
+            write::write_group(
+                &self.pool,
+                &self.process_cache,
+                &self.latest_cache,
+                batches,
+                self.clock.now_ms(),
+            )
+        };
+        match write().await {
             Err(StoreError::Database(e)) if is_missing_partition(&e) => {
                 if let Some((from, to)) = write::time_span(batches) {
                     tracing::warn!(from, to, "a write met a missing partition; creating it");
                     maintenance::ensure_partitions(&self.pool, from, to).await?;
                 }
-                write::write_group(&self.pool, &self.process_cache, &self.latest_cache, batches)
-                    .await
+                write().await
             }
             other => other,
         }
+    }
+
+    /// Paces checkpoints by `clock` instead of the system's (tests move
+    /// time by hand).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     pub fn pool(&self) -> &PgPool {

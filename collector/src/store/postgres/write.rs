@@ -20,11 +20,13 @@ use crate::store::StoreError;
 use crate::store::rollup::{MINUTE_MS, late_minutes};
 
 /// Writes `batches` in one transaction; one outcome per batch, in order.
+/// `now_ms` is the wall clock, which paces the checkpoint rows.
 pub(super) async fn write_group(
     pool: &PgPool,
     process_cache: &ProcessCache,
     latest_cache: &LatestCache,
     batches: &[StoreBatch],
+    now_ms: i64,
 ) -> Result<Vec<WriteOutcome>, StoreError> {
     let mut tx = pool.begin().await?;
     let Claimed {
@@ -44,7 +46,7 @@ pub(super) async fn write_group(
         .iter()
         .flat_map(|b| b.events.iter().map(|e| (b.node_id, e)))
         .collect();
-    let latest = write_gpu_samples(&mut tx, latest_cache, &gpu).await?;
+    let latest = write_gpu_samples(&mut tx, latest_cache, &gpu, now_ms).await?;
     let learned = write_process_samples(&mut tx, process_cache, &processes).await?;
     write_allocator_samples(&mut tx, &processes).await?;
     write_events(&mut tx, &events).await?;
@@ -61,7 +63,7 @@ pub(super) async fn write_group(
     }
     tx.commit().await?;
     process_cache.learn(&learned);
-    latest_cache.learn(&latest.newest, &latest.written);
+    latest_cache.learn(&latest.newest, &latest.written, now_ms);
     Ok(outcomes)
 }
 
@@ -178,6 +180,7 @@ async fn write_gpu_samples<'r>(
     tx: &mut Transaction<'_, Postgres>,
     latest_cache: &LatestCache,
     s: &[&'r GpuSampleRow],
+    now_ms: i64,
 ) -> Result<LatestWritten<'r>, StoreError> {
     if s.is_empty() {
         return Ok(LatestWritten {
@@ -188,7 +191,7 @@ async fn write_gpu_samples<'r>(
     copy_in(tx, GPU_SAMPLES_COPY, gpu_sample_rows(s.iter().copied())?).await?;
     // One sample per device: ON CONFLICT may touch a row once per statement.
     let newest = newest_per_device(s);
-    let written = latest_cache.due(&newest);
+    let written = latest_cache.due(&newest, now_ms);
     write_gpu_latest(tx, &written).await?;
     Ok(LatestWritten { newest, written })
 }
