@@ -115,7 +115,7 @@ proptest! {
     #[test]
     fn validation_accepts_only_what_the_store_may_trust(b in batch()) {
         let limits = Limits::default();
-        if let Ok(rows) = validate::batch(&b, &session(), NOW, &limits) {
+        if let Ok(rows) = validate::batch(b.clone(), &session(), NOW, &limits) {
             prop_assert!(b.seq >= 1);
             for g in &rows.gpu_samples {
                 prop_assert_eq!(g.device_id, 7);
@@ -177,7 +177,7 @@ proptest! {
             node: "node-a".into(), boot_id: "boot-a".into(), seq,
             gpu_samples, process_samples: vec![process], events: vec![],
         };
-        let rows = validate::batch(&b, &session(), NOW, &Limits::default());
+        let rows = validate::batch(b.clone(), &session(), NOW, &Limits::default());
         prop_assert!(rows.is_ok(), "{:?}", rows.err());
         let rows = rows.unwrap();
         prop_assert_eq!(rows.gpu_samples.len(), b.gpu_samples.len());

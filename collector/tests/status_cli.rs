@@ -67,7 +67,7 @@ async fn status_prints_the_fullest_gpu_first() {
         process_samples: vec![],
         events: vec![],
     };
-    let rows = validate::batch(&batch, &session, now_ms(), &Limits::default()).unwrap();
+    let rows = validate::batch(batch, &session, now_ms(), &Limits::default()).unwrap();
     store.write_batch(&rows).await.unwrap();
 
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -48,9 +48,17 @@ use headroom_proto::v1::ingest_client::IngestClient;
 use headroom_tests::fixtures::now_ms;
 use headroom_tests::harness::RunningCollector;
 use headroom_tests::postgres;
+use prost::Message as _;
+use prost::bytes::BufMut as _;
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
 use tokio_stream::StreamExt;
+use tonic::codegen::http::uri::PathAndQuery;
+
+/// The collector binary's allocator, so that the collector measured here
+/// allocates as the one deployed does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const GPUS_PER_NODE: usize = 8;
 const PROCESSES_PER_GPU: usize = 2;
@@ -145,54 +153,100 @@ fn register_request(node: usize, boot: &str) -> pb::RegisterRequest {
 
 /// One node's batch for one second: every GPU's sample and its processes'.
 fn batch(node: usize, boot: &str, seq: u64, ts_ms: i64) -> pb::Batch {
-    let second = ts_ms / 1000;
     let mut gpu_samples = Vec::with_capacity(GPUS_PER_NODE);
     let mut process_samples = Vec::with_capacity(GPUS_PER_NODE * PROCESSES_PER_GPU);
     for g in 0..GPUS_PER_NODE {
-        let f = figures((node * GPUS_PER_NODE + g) as u64, second);
         let uuid = gpu_uuid(node, g);
         gpu_samples.push(pb::GpuSample {
             uuid: uuid.clone(),
-            timestamp_ms: ts_ms,
             interval_ms: 1000,
             poll_count: 10,
-            memory_used_last_bytes: f.used,
-            memory_used_min_bytes: f.used_min,
-            memory_used_max_bytes: f.used_max,
-            memory_reserved_bytes: f.reserved,
-            memory_total_bytes: f.total,
-            utilization_pct: Some(f.utilization),
-            pcie_tx_bytes_per_s: Some(f.pcie_tx),
-            pcie_rx_bytes_per_s: Some(f.pcie_rx),
+            ..pb::GpuSample::default()
         });
         for p in 0..PROCESSES_PER_GPU {
-            let used = process_used((node * GPUS_PER_NODE + g) as u64, p as u64, second);
             process_samples.push(pb::ProcessSample {
                 uuid: uuid.clone(),
-                timestamp_ms: ts_ms,
                 pid: (10_000 + g * 10 + p) as u32,
                 start_time_ms: 1_700_000_000_000,
-                memory_used_last_bytes: used,
-                memory_used_max_bytes: used + 64 * MIB,
                 name: "python train.py".into(),
                 uid: 1000 + g as u32,
                 user: format!("user{g}"),
-                container_id: String::new(),
-                pod_uid: String::new(),
                 slurm_job_id: format!("{}", 4000 + node),
-                container_runtime: String::new(),
-                pod_qos_class: String::new(),
-                allocator: None,
+                ..pb::ProcessSample::default()
             });
         }
     }
-    pb::Batch {
+    let mut batch = pb::Batch {
         node: node_name(node),
         boot_id: boot.into(),
         seq,
         gpu_samples,
         process_samples,
         events: vec![],
+    };
+    move_to(&mut batch, node, seq, ts_ms);
+    batch
+}
+
+/// Moves `batch` (of `node`, from [`batch`]) to `seq` and the figures of
+/// second `ts_ms`, keeping its strings.
+fn move_to(batch: &mut pb::Batch, node: usize, seq: u64, ts_ms: i64) {
+    let second = ts_ms / 1000;
+    batch.seq = seq;
+    for (g, s) in batch.gpu_samples.iter_mut().enumerate() {
+        let f = figures((node * GPUS_PER_NODE + g) as u64, second);
+        s.timestamp_ms = ts_ms;
+        s.memory_used_last_bytes = f.used;
+        s.memory_used_min_bytes = f.used_min;
+        s.memory_used_max_bytes = f.used_max;
+        s.memory_reserved_bytes = f.reserved;
+        s.memory_total_bytes = f.total;
+        s.utilization_pct = Some(f.utilization);
+        s.pcie_tx_bytes_per_s = Some(f.pcie_tx);
+        s.pcie_rx_bytes_per_s = Some(f.pcie_rx);
+    }
+    for (i, p) in batch.process_samples.iter_mut().enumerate() {
+        let gpu = (node * GPUS_PER_NODE + i / PROCESSES_PER_GPU) as u64;
+        let used = process_used(gpu, (i % PROCESSES_PER_GPU) as u64, second);
+        p.timestamp_ms = ts_ms;
+        p.memory_used_last_bytes = used;
+        p.memory_used_max_bytes = used + 64 * MIB;
+    }
+}
+
+/// Sends batches that are protobuf bytes already: the load generator
+/// shares this machine's two cores with the collector, which agents on
+/// their own hosts do not, so it does as little as it can. The bytes are
+/// the ones a real agent sends.
+#[derive(Debug, Clone, Copy, Default)]
+struct PreEncoded;
+
+impl tonic::codec::Codec for PreEncoded {
+    type Encode = Vec<u8>;
+    type Decode = pb::Ack;
+    type Encoder = PreEncoded;
+    type Decoder = tonic_prost::ProstDecoder<pb::Ack>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        PreEncoded
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::default()
+    }
+}
+
+impl tonic::codec::Encoder for PreEncoded {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        dst.put_slice(&item);
+        Ok(())
     }
 }
 
@@ -224,34 +278,61 @@ struct IngestFigures {
 async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
     let db = postgres::fresh_database().await.expect("Postgres");
     let store = store::connect(&db.url).await.unwrap();
-    let collector = RunningCollector::start(store.clone()).await;
+    let mut config = headroom_collector::Collector::new(store.clone());
+    if let Ok(n) = std::env::var("BENCH_WRITERS") {
+        config.writers.writers = n.parse().unwrap();
+    }
+    if let Ok(n) = std::env::var("BENCH_MAX_BATCHES") {
+        config.writers.max_batches_per_write = n.parse().unwrap();
+    }
+    let collector = RunningCollector::start_collector(config).await;
     // Simulated time runs from two hours ago at one batch per second, as fast
     // as the collector acknowledges: well inside the 7-day acceptance window.
     let start_ms = (now_ms() - 2 * 3_600_000) / 1000 * 1000;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The agents run on threads of their own, as agents on other hosts
+    // would: in the collector's runtime their hundreds of tasks would queue
+    // ahead of its writers.
+    let agent_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("bench-agents")
+        .enable_all()
+        .build()
+        .unwrap();
     let mut tasks = Vec::new();
     for node in 0..agents {
         let url = collector.grpc_url();
         let stop = stop.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut client = IngestClient::connect(url).await.unwrap();
-            client
+        tasks.push(agent_runtime.spawn(async move {
+            let channel = tonic::transport::Endpoint::from_shared(url)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            IngestClient::new(channel.clone())
                 .register(register_request(node, "bench"))
                 .await
                 .unwrap();
             let (tx, rx) = tokio::sync::mpsc::channel(8);
             let producer = tokio::spawn(async move {
+                let mut next = batch(node, "bench", 1, start_ms + 1000);
                 let mut seq = 1u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let ts = start_ms + seq as i64 * 1000;
-                    if tx.send(batch(node, "bench", seq, ts)).await.is_err() {
+                    move_to(&mut next, node, seq, start_ms + seq as i64 * 1000);
+                    if tx.send(next.encode_to_vec()).await.is_err() {
                         break;
                     }
                     seq += 1;
                 }
             });
-            let mut acks = client
-                .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            let mut grpc = tonic::client::Grpc::new(channel);
+            grpc.ready().await.unwrap();
+            let mut acks = grpc
+                .streaming(
+                    tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx)),
+                    PathAndQuery::from_static("/headroom.v1.Ingest/Stream"),
+                    PreEncoded,
+                )
                 .await
                 .unwrap()
                 .into_inner();
@@ -289,6 +370,7 @@ async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
     for task in tasks {
         task.abort();
     }
+    agent_runtime.shutdown_background();
     store.close().await;
     db.drop_database().await;
     IngestFigures {
@@ -400,7 +482,7 @@ async fn load_history(store: &PostgresStore, nodes: usize, end_ms: i64) -> (f64,
             let ts = start_ms + second * 1000;
             for (node, session) in sessions.iter().enumerate() {
                 let b = batch(node, "bench", second as u64 + 1, ts);
-                group.push(validate::batch(&b, session, ts + 1000, &limits).unwrap());
+                group.push(validate::batch(b, session, ts + 1000, &limits).unwrap());
             }
             second += 1;
         }
@@ -512,7 +594,7 @@ async fn fill_fleet(store: &PostgresStore, from_node: usize) {
         let reg = validate::registration(&register_request(node, "bench"), &limits).unwrap();
         let session = store.register(&reg, now).await.unwrap();
         let b = batch(node, "bench", 1, now - 5_000);
-        group.push(validate::batch(&b, &session, now, &limits).unwrap());
+        group.push(validate::batch(b, &session, now, &limits).unwrap());
     }
     store.write_batches(&group).await.unwrap();
 }

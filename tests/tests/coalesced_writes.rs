@@ -22,7 +22,7 @@ async fn register(store: &dyn Store, req: &pb::RegisterRequest) -> NodeSession {
 }
 
 fn rows(session: &NodeSession, batch: &pb::Batch) -> StoreBatch {
-    validate::batch(batch, session, now_ms(), &Limits::default()).unwrap()
+    validate::batch(batch.clone(), session, now_ms(), &Limits::default()).unwrap()
 }
 
 fn counter(metrics: &CollectorMetrics, name: &str) -> u64 {

@@ -41,7 +41,7 @@ async fn register(store: &dyn Store, req: &pb::RegisterRequest) -> NodeSession {
 }
 
 fn rows_at(session: &NodeSession, batch: &pb::Batch, now: i64) -> StoreBatch {
-    validate::batch(batch, session, now, &Limits::default()).unwrap()
+    validate::batch(batch.clone(), session, now, &Limits::default()).unwrap()
 }
 
 #[tokio::test]

@@ -48,7 +48,7 @@ async fn write_two_hours(
                     s
                 })
                 .collect();
-            validate::batch(&b, session, now, &Limits::default()).unwrap()
+            validate::batch(b, session, now, &Limits::default()).unwrap()
         })
         .collect();
     for group in batches.chunks(600) {
@@ -86,7 +86,7 @@ fn late_gpu0_sample(session: &NodeSession, seq: u64, ts: i64, now: i64) -> Store
     let mut late = fixtures::batch(seq, ts);
     late.process_samples.clear();
     late.gpu_samples = vec![fixtures::gpu_sample(GPU0, ts, 70 * GIB)];
-    validate::batch(&late, session, now, &Limits::default()).unwrap()
+    validate::batch(late, session, now, &Limits::default()).unwrap()
 }
 
 /// Bytes on disk of the partition of `table` for the day holding `ts_ms`.

@@ -22,7 +22,7 @@ async fn register(store: &dyn Store, req: &pb::RegisterRequest) -> NodeSession {
 }
 
 async fn write(store: &dyn Store, session: &NodeSession, batch: &pb::Batch) -> WriteOutcome {
-    let rows = validate::batch(batch, session, now_ms(), &Limits::default()).unwrap();
+    let rows = validate::batch(batch.clone(), session, now_ms(), &Limits::default()).unwrap();
     store.write_batch(&rows).await.unwrap()
 }
 
@@ -621,7 +621,7 @@ const PROCESS_START_MS: i64 = 1_000_000_000_000;
 /// Validates `batch` as a collector whose clock reads `now` would: history
 /// generated for a simulated past.
 fn rows_at(session: &NodeSession, batch: &pb::Batch, now: i64) -> StoreBatch {
-    validate::batch(batch, session, now, &Limits::default()).unwrap()
+    validate::batch(batch.clone(), session, now, &Limits::default()).unwrap()
 }
 
 /// A batch of GPU0 alone, used = `used` GiB (min one below, max one above),

@@ -26,7 +26,9 @@ use crate::metrics::{BatchOutcome, CollectorMetrics};
 use crate::model::{NodeSession, WriteOutcome};
 use crate::store::Store;
 
-type SessionKey = (String, String);
+/// Sessions by node, then by boot: looked up by borrowed names, with no
+/// key built per batch.
+type Sessions = HashMap<String, HashMap<String, Arc<NodeSession>>>;
 
 #[derive(Debug)]
 struct Inner {
@@ -36,7 +38,7 @@ struct Inner {
     limits: Limits,
     clock: Clock,
     alerting: Option<Arc<Alerting>>,
-    sessions: RwLock<HashMap<SessionKey, Arc<NodeSession>>>,
+    sessions: RwLock<Sessions>,
     metrics: Arc<CollectorMetrics>,
 }
 
@@ -78,11 +80,9 @@ impl Inner {
         Ok((caller, peer))
     }
 
-    fn cached(&self, key: &SessionKey) -> Option<Arc<NodeSession>> {
-        self.sessions
-            .read()
-            .ok()
-            .and_then(|sessions| sessions.get(key).cloned())
+    fn cached(&self, node: &str, boot_id: &str) -> Option<Arc<NodeSession>> {
+        let sessions = self.sessions.read().ok()?;
+        sessions.get(node)?.get(boot_id).cloned()
     }
 
     fn remember(&self, session: NodeSession) -> Arc<NodeSession> {
@@ -90,10 +90,10 @@ impl Inner {
         if let Ok(mut sessions) = self.sessions.write() {
             // A node's devices change only on registration; older boots of the
             // node keep their (now stale) device map until they stop sending.
-            sessions.insert(
-                (session.node.clone(), session.boot_id.clone()),
-                session.clone(),
-            );
+            sessions
+                .entry(session.node.clone())
+                .or_default()
+                .insert(session.boot_id.clone(), session.clone());
         }
         session
     }
@@ -101,8 +101,7 @@ impl Inner {
     /// The session a batch belongs to; after a collector restart it is
     /// reloaded from the store, so agents need not register again.
     async fn session_for(&self, node: &str, boot_id: &str) -> Result<Arc<NodeSession>, Status> {
-        let key = (node.to_owned(), boot_id.to_owned());
-        if let Some(session) = self.cached(&key) {
+        if let Some(session) = self.cached(node, boot_id) {
             return Ok(session);
         }
         match self.store.session(node, boot_id).await {
@@ -134,14 +133,13 @@ impl Inner {
             )));
         }
         let session = self.session_for(node, &batch.boot_id).await?;
-        let rows = validate::batch(&batch, &session, self.clock.now_ms(), &self.limits).map_err(
+        let seq = batch.seq;
+        let node = session.node.as_str();
+        let rows = validate::batch(batch, &session, self.clock.now_ms(), &self.limits).map_err(
             |invalid| {
                 self.metrics.batch(BatchOutcome::Rejected);
-                tracing::warn!(node, seq = batch.seq, reason = %invalid, "rejected batch");
-                Status::invalid_argument(format!(
-                    "batch seq {} from node {node}: {invalid}",
-                    batch.seq
-                ))
+                tracing::warn!(node, seq, reason = %invalid, "rejected batch");
+                Status::invalid_argument(format!("batch seq {seq} from node {node}: {invalid}"))
             },
         )?;
         let started = std::time::Instant::now();
@@ -163,20 +161,13 @@ impl Inner {
                 if let Some(alerting) = &self.alerting {
                     alerting.observe_batch(&session, &rows).await;
                 }
-                Ok(pb::Ack {
-                    committed_seq: batch.seq,
-                })
+                Ok(pb::Ack { committed_seq: seq })
             }
             Ok(WriteOutcome::Duplicate { committed_seq }) => {
                 self.metrics.batch(BatchOutcome::Duplicate);
-                tracing::debug!(
-                    node,
-                    seq = batch.seq,
-                    committed_seq,
-                    "replayed batch already stored"
-                );
+                tracing::debug!(node, seq, committed_seq, "replayed batch already stored");
                 Ok(pb::Ack {
-                    committed_seq: committed_seq.max(batch.seq),
+                    committed_seq: committed_seq.max(seq),
                 })
             }
             Err(WriteError::Closed) => {
@@ -186,7 +177,7 @@ impl Inner {
             Err(WriteError::Store(error)) => {
                 self.metrics.batch(BatchOutcome::Failed);
                 self.metrics.storage_error();
-                tracing::error!(%error, node, seq = batch.seq, "writing a batch failed");
+                tracing::error!(%error, node, seq, "writing a batch failed");
                 Err(Status::unavailable(format!("storage unavailable: {error}")))
             }
         }

@@ -278,9 +278,10 @@ fn device_id(session: &NodeSession, uuid: &str) -> Result<i64, Invalid> {
     })
 }
 
-/// Checks a batch from a registered agent and resolves its devices.
+/// Checks a batch from a registered agent and resolves its devices. The
+/// batch's strings move into the rows (nothing is copied).
 pub fn batch(
-    b: &pb::Batch,
+    b: pb::Batch,
     session: &NodeSession,
     now_ms: i64,
     limits: &Limits,
@@ -358,9 +359,9 @@ pub fn batch(
         });
     }
     let mut process_samples = Vec::with_capacity(b.process_samples.len());
-    for p in &b.process_samples {
+    for p in b.process_samples {
         let id = device_id(session, &p.uuid)?;
-        let subject = ProcessOn(p);
+        let subject = ProcessOn(&p);
         let at = |field| FieldOf {
             field,
             subject: &subject,
@@ -425,19 +426,19 @@ pub fn batch(
             start_time_ms: p.start_time_ms,
             used_last: last,
             used_max: max,
-            name: p.name.clone(),
+            name: p.name,
             uid: i64::from(p.uid),
-            user: p.user.clone(),
-            container_id: p.container_id.clone(),
-            container_runtime: p.container_runtime.clone(),
-            pod_uid: p.pod_uid.clone(),
-            pod_qos_class: p.pod_qos_class.clone(),
-            slurm_job_id: p.slurm_job_id.clone(),
+            user: p.user,
+            container_id: p.container_id,
+            container_runtime: p.container_runtime,
+            pod_uid: p.pod_uid,
+            pod_qos_class: p.pod_qos_class,
+            slurm_job_id: p.slurm_job_id,
             allocator,
         });
     }
     let mut events = Vec::with_capacity(b.events.len());
-    for e in &b.events {
+    for e in b.events {
         let kind = match pb::EventKind::try_from(e.kind) {
             Ok(pb::EventKind::Xid) => "xid",
             Ok(pb::EventKind::GpuLost) => "gpu_lost",
@@ -462,12 +463,12 @@ pub fn batch(
             kind,
             code: i64::from(e.code),
             pid: i64::from(e.pid),
-            detail: e.detail.clone(),
+            detail: e.detail,
         });
     }
     Ok(StoreBatch {
         node_id: session.node_id,
-        boot_id: b.boot_id.clone(),
+        boot_id: b.boot_id,
         seq: b.seq,
         gpu_samples,
         process_samples,

@@ -11,7 +11,6 @@
 //! [`PROCESS_REFRESH_MS`].
 
 use std::collections::HashMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Mutex;
 
 use crate::model::ProcessSampleRow;
@@ -62,14 +61,54 @@ pub(super) enum RowState {
     Refresh(i64),
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Written {
     id: i64,
     first_seen_ms: i64,
     last_seen_ms: i64,
     memory_last: i64,
     memory_peak: i64,
-    attribution: u64,
+    attribution: Attribution,
+}
+
+/// Who a process belongs to, as its row holds it: compared field by field
+/// with every sample (cheaper than hashing them, and never mistaken).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Attribution {
+    name: String,
+    uid: i64,
+    user: String,
+    container_id: String,
+    pod_uid: String,
+    slurm_job_id: String,
+    container_runtime: String,
+    pod_qos_class: String,
+}
+
+impl Attribution {
+    fn of(row: &ProcessSampleRow) -> Self {
+        Self {
+            name: row.name.clone(),
+            uid: row.uid,
+            user: row.user.clone(),
+            container_id: row.container_id.clone(),
+            pod_uid: row.pod_uid.clone(),
+            slurm_job_id: row.slurm_job_id.clone(),
+            container_runtime: row.container_runtime.clone(),
+            pod_qos_class: row.pod_qos_class.clone(),
+        }
+    }
+
+    fn matches(&self, row: &ProcessSampleRow) -> bool {
+        self.uid == row.uid
+            && self.name == row.name
+            && self.user == row.user
+            && self.container_id == row.container_id
+            && self.pod_uid == row.pod_uid
+            && self.slurm_job_id == row.slurm_job_id
+            && self.container_runtime == row.container_runtime
+            && self.pod_qos_class == row.pod_qos_class
+    }
 }
 
 #[derive(Debug, Default)]
@@ -82,22 +121,6 @@ struct Inner {
     written: HashMap<ProcessKey, Written>,
     newest_ms: i64,
     size_after_sweep: usize,
-}
-
-fn attribution(row: &ProcessSampleRow) -> u64 {
-    let mut h = DefaultHasher::new();
-    (
-        &row.name,
-        row.uid,
-        &row.user,
-        &row.container_id,
-        &row.pod_uid,
-        &row.slurm_job_id,
-        &row.container_runtime,
-        &row.pod_qos_class,
-    )
-        .hash(&mut h);
-    h.finish()
 }
 
 impl ProcessCache {
@@ -113,7 +136,7 @@ impl ProcessCache {
                 };
                 let same = row.used_max <= known.memory_peak
                     && row.timestamp_ms >= known.first_seen_ms
-                    && attribution(row) == known.attribution;
+                    && known.attribution.matches(row);
                 if !same {
                     RowState::Upsert
                 } else if row.timestamp_ms <= known.last_seen_ms {
@@ -137,19 +160,23 @@ impl ProcessCache {
             return;
         };
         for (id, row) in written {
-            let fresh = Written {
-                id: *id,
-                first_seen_ms: row.timestamp_ms,
-                last_seen_ms: row.timestamp_ms,
-                memory_last: row.used_last,
-                memory_peak: row.used_max,
-                attribution: attribution(row),
-            };
-            let entry = inner.written.entry(ProcessKey::of(row)).or_insert(fresh);
+            let entry = inner
+                .written
+                .entry(ProcessKey::of(row))
+                .or_insert_with(|| Written {
+                    id: *id,
+                    first_seen_ms: row.timestamp_ms,
+                    last_seen_ms: row.timestamp_ms,
+                    memory_last: row.used_last,
+                    memory_peak: row.used_max,
+                    attribution: Attribution::of(row),
+                });
             entry.id = *id;
             entry.first_seen_ms = entry.first_seen_ms.min(row.timestamp_ms);
             entry.memory_peak = entry.memory_peak.max(row.used_max);
-            entry.attribution = fresh.attribution;
+            if !entry.attribution.matches(row) {
+                entry.attribution = Attribution::of(row);
+            }
             if row.timestamp_ms >= entry.last_seen_ms {
                 entry.last_seen_ms = row.timestamp_ms;
                 entry.memory_last = row.used_last;
