@@ -267,6 +267,46 @@ async fn the_serving_collector_shows_every_second_and_another_a_checkpoint_at_mo
     db.drop_database().await;
 }
 
+/// A node's last-seen time is a checkpoint like `gpu_latest`'s rows: the
+/// collector serving the agent shows it to the second, another at most 5 s
+/// late, and closing writes the newest.
+#[tokio::test]
+async fn a_node_is_seen_to_the_second_where_served_and_at_most_5_s_late_elsewhere() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let now = now_ms();
+    let clock = Clock::manual(now);
+    let serving = collector(&db).await.with_clock(clock.clone());
+    let other = collector(&db).await.with_clock(clock.clone());
+    let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
+    let last_seen = |store: &PostgresStore| {
+        let store = store.clone();
+        async move { store.nodes().await.unwrap()[0].last_seen_ms }
+    };
+    // The agent is live, its samples newer than its registration.
+    let at = |seq: u64| now + 10_000 + seq as i64 * 1000;
+    let mut behind = false;
+    for seq in 1..=12 {
+        clock.set_ms(at(seq));
+        let batch = rows_at(&session, &fixtures::batch(seq, at(seq)), at(seq));
+        serving.write_batches(&[batch]).await.unwrap();
+        assert_eq!(last_seen(&serving).await, at(seq));
+        let seen = last_seen(&other).await;
+        assert!(
+            (at(seq) - 5_000..=at(seq)).contains(&seen),
+            "another collector sees the node at {seen}, at {}",
+            at(seq)
+        );
+        behind |= seen < at(seq);
+    }
+    assert!(behind, "the row is written at most every 5 s");
+    serving.close().await;
+    assert_eq!(last_seen(&other).await, at(12));
+    other.close().await;
+    db.drop_database().await;
+}
+
 #[tokio::test]
 async fn late_samples_written_by_two_collectors_during_rollups_are_all_rolled_up() {
     let Some(db) = postgres::fresh_database().await else {

@@ -208,16 +208,25 @@ pub fn contiguous_runs(buckets: &[i64], step_ms: i64) -> Vec<(i64, i64)> {
     runs
 }
 
-/// The distinct minutes of `timestamps` that lie before `watermark_ms`: rows
-/// that arrived after their minute was rolled up.
-pub fn late_minutes(timestamps: impl Iterator<Item = i64>, watermark_ms: i64) -> Vec<i64> {
-    let mut minutes: Vec<i64> = timestamps
-        .filter(|ts| *ts < watermark_ms)
-        .map(|ts| bucket_start(ts, MINUTE_MS))
-        .collect();
+/// The distinct minutes of `timestamps`, in order.
+pub fn minutes_of(timestamps: impl Iterator<Item = i64>) -> Vec<i64> {
+    let mut minutes: Vec<i64> = Vec::new();
+    for minute in timestamps.map(|ts| bucket_start(ts, MINUTE_MS)) {
+        // Samples come in runs of one time (a batch's devices): most
+        // repeats are the previous one's.
+        if minutes.last() != Some(&minute) {
+            minutes.push(minute);
+        }
+    }
     minutes.sort_unstable();
     minutes.dedup();
     minutes
+}
+
+/// The distinct minutes of `timestamps` that lie before `watermark_ms`: rows
+/// that arrived after their minute was rolled up.
+pub fn late_minutes(timestamps: impl Iterator<Item = i64>, watermark_ms: i64) -> Vec<i64> {
+    minutes_of(timestamps.filter(|ts| *ts < watermark_ms))
 }
 
 /// What one maintenance pass did, for logs and metrics.

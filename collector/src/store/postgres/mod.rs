@@ -13,9 +13,9 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Row, Transaction};
 
 mod alerts;
+mod checkpoints;
 mod copy;
 mod fold;
-mod latest_cache;
 mod maintenance;
 mod packed;
 mod packing;
@@ -23,6 +23,7 @@ mod packing;
 use packed::ProcessPoint;
 mod process_cache;
 mod write;
+mod write_connections;
 
 use crate::clock::Clock;
 use crate::model::{GpuSampleRow, NodeSession, Registration, StoreBatch, WriteOutcome};
@@ -44,9 +45,11 @@ pub struct PostgresStore {
     storage: StorageConfig,
     leadership: Arc<maintenance::Leadership>,
     process_cache: Arc<process_cache::ProcessCache>,
-    latest_cache: Arc<latest_cache::LatestCache>,
+    latest_cache: Arc<checkpoints::LatestCache>,
+    node_cache: Arc<checkpoints::NodeCache>,
     /// Paces the checkpoint rows (`gpu_latest`, process last-seen times).
     clock: Clock,
+    writers: Arc<write_connections::WriteConnections>,
 }
 
 impl PostgresStore {
@@ -69,10 +72,12 @@ impl PostgresStore {
         let store = Self {
             pool,
             storage,
-            leadership: Arc::new(maintenance::Leadership::new(options)),
+            leadership: Arc::new(maintenance::Leadership::new(options.clone())),
             process_cache: Arc::default(),
             latest_cache: Arc::default(),
+            node_cache: Arc::default(),
             clock: Clock::System,
+            writers: Arc::new(write_connections::WriteConnections::new(options)),
         };
         // Today's partitions exist before the first batch, whoever leads.
         let now = Clock::System.now_ms();
@@ -92,14 +97,19 @@ impl PostgresStore {
         &self,
         batches: &[StoreBatch],
     ) -> Result<Vec<WriteOutcome>, StoreError> {
-        let write = || {
-            write::write_group(
-                &self.pool,
-                &self.process_cache,
-                &self.latest_cache,
-                batches,
-                self.clock.now_ms(),
-            )
+        let write = || async {
+            let mut conn = self.writers.take().await?;
+            let caches = write::Caches {
+                process: &self.process_cache,
+                latest: &self.latest_cache,
+                nodes: &self.node_cache,
+                now_ms: self.clock.now_ms(),
+            };
+            let written = write::write_group(&mut conn, &caches, batches).await;
+            if written.is_ok() {
+                self.writers.give_back(conn);
+            }
+            written
         };
         match write().await {
             Err(StoreError::Database(e)) if is_missing_partition(&e) => {
@@ -266,31 +276,44 @@ impl Store for PostgresStore {
     async fn close(&self) {
         // Another collector would otherwise show this one's devices as they
         // were at their last checkpoint until their agents reconnect.
-        let unwritten = self.latest_cache.take_unwritten();
-        if !unwritten.is_empty() {
+        let devices = self.latest_cache.take_unwritten();
+        let nodes = self.node_cache.take_unwritten();
+        if !devices.is_empty() || !nodes.is_empty() {
             let written = match self.pool.acquire().await {
-                Ok(mut conn) => write::write_gpu_latest(&mut conn, &unwritten).await,
+                Ok(mut conn) => write::write_checkpoints(&mut conn, &devices, &nodes).await,
                 Err(e) => Err(e.into()),
             };
             if let Err(error) = written {
-                tracing::warn!(%error, devices = unwritten.len(), "could not write the newest samples to gpu_latest on close");
+                tracing::warn!(%error, devices = devices.len(), nodes = nodes.len(),
+                    "could not write the newest samples to gpu_latest and nodes on close");
             }
         }
         self.leadership.resign().await;
+        self.writers.close().await;
         self.pool.close().await;
     }
 
     async fn nodes(&self) -> Result<Vec<NodeView>, StoreError> {
-        Ok(sqlx::query_as::<_, NodeView>(
-            "SELECT n.name, n.boot_id, n.agent_version, n.driver_version, n.sample_interval_ms::int8 AS sample_interval_ms,
-                 n.registered_at_ms, n.last_seen_ms,
+        let rows = sqlx::query_as::<_, NodeRow>(
+            "SELECT n.id, n.name, n.boot_id, n.agent_version, n.driver_version,
+                 n.sample_interval_ms::int8 AS sample_interval_ms, n.registered_at_ms, n.last_seen_ms,
                  COUNT(d.id) FILTER (WHERE d.parent_id IS NULL) AS gpu_count,
                  COUNT(d.id) FILTER (WHERE d.parent_id IS NOT NULL) AS mig_instance_count
              FROM nodes n LEFT JOIN devices d ON d.node_id = n.id AND d.present
              GROUP BY n.id ORDER BY n.name",
         )
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|NodeRow { id, mut view }| {
+                // The row is a checkpoint: this collector may know newer.
+                if let Some(seen) = self.node_cache.newer_than(id, Some(view.last_seen_ms)) {
+                    view.last_seen_ms = seen.timestamp_ms;
+                }
+                view
+            })
+            .collect())
     }
 
     async fn latest_devices(&self) -> Result<Vec<DeviceView>, StoreError> {
@@ -575,6 +598,14 @@ impl Store for PostgresStore {
             points,
         }))
     }
+}
+
+/// A node as the store reads it, with the id its checkpoint is kept by.
+#[derive(sqlx::FromRow)]
+struct NodeRow {
+    id: i64,
+    #[sqlx(flatten)]
+    view: NodeView,
 }
 
 /// "no partition of relation … found for row" (a check violation).

@@ -1,108 +1,196 @@
 //! Writing a group of batches, from any number of agents, in one
-//! transaction: the seq check of every batch, then one binary `COPY` per
-//! sample table and one `UNNEST` statement per other table for all of
-//! their rows. A batch whose seq was already committed is
-//! left out and reported as a duplicate, inside the same transaction that
-//! writes the others, so two collectors can never both store one batch.
+//! transaction: one binary `COPY` per sample table, then one statement for
+//! everything else (the agent boots' committed seqs, the nodes' last-seen
+//! times, the `gpu_latest` checkpoints, process refreshes, late minutes'
+//! marks). Each statement costs a round trip, and under load a round trip
+//! costs a millisecond or more of waiting: a write is the claim, the two
+//! `COPY`s (two round trips each), that statement, `BEGIN` and `COMMIT`.
+//!
+//! Exactly once: the write first locks the agent boots of its batches (in
+//! key order) and reads their committed seqs; a batch whose seq was already
+//! committed is left out and reported as a duplicate, inside the same
+//! transaction that writes the others, so two collectors can never both
+//! store one batch. Every other row a write touches (nodes, devices'
+//! checkpoints, processes) belongs to one of those boots' nodes, so two
+//! writes that could meet on them meet on the boots first, and queue there.
 
 use std::collections::{BTreeMap, HashMap};
 
-use sqlx::postgres::{PgConnection, PgPool};
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::postgres::PgConnection;
+use sqlx::{Connection, Postgres, Row, Transaction};
 
+use super::checkpoints::{LatestCache, NodeCache, NodeSeen, newest_per_key};
 use super::copy::{BinaryRows, copy_in};
-use super::latest_cache::{LatestCache, newest_per_device};
 use super::process_cache::{ProcessCache, ProcessKey, RowState};
 use crate::model::{
     AllocatorRow, EventRow, GpuSampleRow, ProcessSampleRow, StoreBatch, WriteOutcome,
 };
 use crate::store::StoreError;
-use crate::store::rollup::{MINUTE_MS, late_minutes};
+use crate::store::rollup::{MINUTE_MS, minutes_of};
 
 /// Writes `batches` in one transaction; one outcome per batch, in order.
-/// `now_ms` is the wall clock, which paces the checkpoint rows.
 pub(super) async fn write_group(
-    pool: &PgPool,
-    process_cache: &ProcessCache,
-    latest_cache: &LatestCache,
+    conn: &mut PgConnection,
+    caches: &Caches<'_>,
     batches: &[StoreBatch],
-    now_ms: i64,
 ) -> Result<Vec<WriteOutcome>, StoreError> {
-    let mut tx = pool.begin().await?;
-    let Claimed {
-        outcomes,
-        accepted,
-        watermark,
-    } = claim_seqs(&mut tx, batches).await?;
-    if accepted.is_empty() {
+    let mut tx = conn.begin().await?;
+    let claimed = claim_seqs(&mut tx, batches).await?;
+    if claimed.accepted.is_empty() {
         tx.rollback().await?;
-        return Ok(outcomes);
+        return Ok(claimed.outcomes);
     }
+    write_claimed(tx, caches, &claimed).await?;
+    Ok(claimed.outcomes)
+}
 
-    let gpu: Vec<&GpuSampleRow> = accepted.iter().flat_map(|b| &b.gpu_samples).collect();
-    let processes: Vec<&ProcessSampleRow> =
-        accepted.iter().flat_map(|b| &b.process_samples).collect();
-    let events: Vec<(i64, &EventRow)> = accepted
+/// What a write knows of the rows it keeps up to date, and when it is.
+#[derive(Debug)]
+pub(super) struct Caches<'c> {
+    pub(super) process: &'c ProcessCache,
+    pub(super) latest: &'c LatestCache,
+    pub(super) nodes: &'c NodeCache,
+    /// The wall clock, which paces the checkpoints.
+    pub(super) now_ms: i64,
+}
+
+/// Writes the accepted batches of `claim` and commits.
+async fn write_claimed(
+    mut tx: Transaction<'_, Postgres>,
+    caches: &Caches<'_>,
+    claim: &Claim<'_>,
+) -> Result<(), StoreError> {
+    let gpu: Vec<&GpuSampleRow> = claim.accepted.iter().flat_map(|b| &b.gpu_samples).collect();
+    let processes: Vec<&ProcessSampleRow> = claim
+        .accepted
+        .iter()
+        .flat_map(|b| &b.process_samples)
+        .collect();
+    let events: Vec<(i64, &EventRow)> = claim
+        .accepted
         .iter()
         .flat_map(|b| b.events.iter().map(|e| (b.node_id, e)))
         .collect();
-    let latest = write_gpu_samples(&mut tx, latest_cache, &gpu, now_ms).await?;
-    let learned = write_process_samples(&mut tx, process_cache, &processes).await?;
+    if !gpu.is_empty() {
+        copy_in(
+            &mut tx,
+            GPU_SAMPLES_COPY,
+            gpu_sample_rows(gpu.iter().copied())?,
+        )
+        .await?;
+    }
+    // One sample per device: ON CONFLICT may touch a row once per statement.
+    let newest = newest_per_key(&gpu);
+    let latest = caches.latest.due(&newest, caches.now_ms);
+    let seen = newest_per_node(&claim.accepted);
+    let seen_newest: Vec<&NodeSeen> = seen.iter().collect();
+    let nodes = caches.nodes.due(&seen_newest, caches.now_ms);
+    let processes_written = write_process_samples(&mut tx, caches.process, &processes).await?;
     write_allocator_samples(&mut tx, &processes).await?;
     write_events(&mut tx, &events).await?;
-    touch_nodes(&mut tx, &accepted).await?;
-    if let Some(watermark) = watermark {
-        let timestamps = gpu
-            .iter()
-            .map(|s| s.timestamp_ms)
-            .chain(processes.iter().map(|s| s.timestamp_ms));
-        let late = late_minutes(timestamps, watermark);
-        if !late.is_empty() {
-            mark_minutes_pending(&mut tx, &late).await?;
-        }
+    let timestamps = gpu
+        .iter()
+        .map(|s| s.timestamp_ms)
+        .chain(processes.iter().map(|s| s.timestamp_ms));
+    let moved = keep_books(
+        &mut tx,
+        &Books {
+            boots: &claim.boots,
+            nodes: &nodes,
+            latest: &latest,
+            refreshed: &processes_written.refreshed,
+            minutes: minutes_of(timestamps),
+        },
+    )
+    .await?;
+    if moved != claim.boots.len() {
+        // The boots' rows are locked since the claim read them.
+        return Err(StoreError::Invalid(format!(
+            "{} of {} agent boots' committed seqs moved under their row locks",
+            claim.boots.len() - moved.min(claim.boots.len()),
+            claim.boots.len()
+        )));
     }
     tx.commit().await?;
-    process_cache.learn(&learned);
-    latest_cache.learn(&latest.newest, &latest.written, now_ms);
-    Ok(outcomes)
-}
-
-/// Marks `minutes` for the rollup job to redo, in this transaction: the
-/// mark commits with the rows it stands for. A plain insert (marks may
-/// repeat) that waits for no other writer and no rollup in progress: the
-/// job takes only the marks committed before it looked, so a mark of this
-/// transaction is either seen with these rows or left for the next pass.
-async fn mark_minutes_pending(
-    tx: &mut Transaction<'_, Postgres>,
-    minutes: &[i64],
-) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO rollup_pending (step_ms, bucket_ms) SELECT $1, UNNEST($2::int8[])")
-        .bind(MINUTE_MS)
-        .bind(minutes)
-        .execute(&mut **tx)
-        .await?;
+    caches.process.learn(&processes_written.learned);
+    caches.latest.learn(&newest, &latest, caches.now_ms);
+    caches.nodes.learn(&seen_newest, &nodes, caches.now_ms);
     Ok(())
 }
 
-struct Claimed<'b> {
+/// Which batches of a group a write stores, and what that does to each
+/// agent boot's committed seq.
+struct Claim<'b> {
+    /// One per batch of the group, in order.
     outcomes: Vec<WriteOutcome>,
     accepted: Vec<&'b StoreBatch>,
-    /// The minute rollup's watermark, held in share mode until commit.
-    watermark: Option<i64>,
+    /// Boots with accepted batches, in key order: each boot's committed seq
+    /// is below `first_seq` and moves to `last_seq`.
+    boots: Vec<BootMove<'b>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BootMove<'b> {
+    node_id: i64,
+    boot_id: &'b str,
+    first_seq: i64,
+    last_seq: i64,
+}
+
+impl<'b> Claim<'b> {
+    /// The claim from each boot's committed seq. A batch is new when its
+    /// seq is above its boot's committed seq and above every seq already
+    /// accepted for the boot in this group: a replay inside the group, or
+    /// of a committed batch, is left out, and so is a batch of a boot with
+    /// no row (never registered), as a duplicate of nothing.
+    fn with_committed(batches: &'b [StoreBatch], committed: &HashMap<(i64, &str), i64>) -> Self {
+        let mut outcomes = Vec::with_capacity(batches.len());
+        let mut accepted = Vec::with_capacity(batches.len());
+        let mut moves: BTreeMap<(i64, &'b str), BootMove<'b>> = BTreeMap::new();
+        for batch in batches {
+            let seq = i64::try_from(batch.seq).unwrap_or(i64::MAX);
+            let key = (batch.node_id, batch.boot_id.as_str());
+            let current = moves
+                .get(&key)
+                .map(|m| m.last_seq)
+                .or_else(|| committed.get(&key).copied());
+            match current {
+                Some(current) if current < seq => {}
+                _ => {
+                    outcomes.push(WriteOutcome::Duplicate {
+                        committed_seq: current.and_then(|c| u64::try_from(c).ok()).unwrap_or(0),
+                    });
+                    continue;
+                }
+            }
+            outcomes.push(WriteOutcome::Committed);
+            accepted.push(batch);
+            moves
+                .entry(key)
+                .and_modify(|m| m.last_seq = seq)
+                .or_insert(BootMove {
+                    node_id: batch.node_id,
+                    boot_id: key.1,
+                    first_seq: seq,
+                    last_seq: seq,
+                });
+        }
+        Self {
+            outcomes,
+            accepted,
+            // In key order, as the claim locked them.
+            boots: moves.into_values().collect(),
+        }
+    }
 }
 
 /// Locks the boots of `batches` (in key order, so two collectors writing
-/// overlapping groups cannot deadlock), decides which batches are new and
-/// moves each boot's committed seq.
-///
-/// The same statement takes the minute watermark's row in share mode until
-/// commit: the rollup job cannot move it past these rows' minutes without
-/// waiting for this transaction, so every row is either before the
-/// watermark and marked pending here, or after it and rolled up later.
+/// overlapping groups cannot deadlock) and decides which batches are new
+/// from their committed seqs.
 async fn claim_seqs<'b>(
     tx: &mut Transaction<'_, Postgres>,
     batches: &'b [StoreBatch],
-) -> Result<Claimed<'b>, StoreError> {
+) -> Result<Claim<'b>, StoreError> {
     let nodes: Vec<i64> = batches.iter().map(|b| b.node_id).collect();
     let boots: Vec<&str> = batches.iter().map(|b| b.boot_id.as_str()).collect();
     let rows = sqlx::query(
@@ -116,84 +204,123 @@ async fn claim_seqs<'b>(
     .bind(&boots)
     .fetch_all(&mut **tx)
     .await?;
-    let mut committed: HashMap<(i64, String), (i64, bool)> = HashMap::with_capacity(rows.len());
+    let mut committed: HashMap<(i64, &str), i64> = HashMap::with_capacity(rows.len());
     for row in rows {
-        committed.insert(
-            (row.try_get("node_id")?, row.try_get("boot_id")?),
-            (row.try_get("committed_seq")?, false),
-        );
-    }
-    let mut outcomes = Vec::with_capacity(batches.len());
-    let mut accepted = Vec::with_capacity(batches.len());
-    for batch in batches {
-        let seq = i64::try_from(batch.seq).unwrap_or(i64::MAX);
-        match committed.get_mut(&(batch.node_id, batch.boot_id.clone())) {
-            Some((current, moved)) if *current < seq => {
-                *current = seq;
-                *moved = true;
-                outcomes.push(WriteOutcome::Committed);
-                accepted.push(batch);
-            }
-            found => outcomes.push(WriteOutcome::Duplicate {
-                committed_seq: found.and_then(|(c, _)| u64::try_from(*c).ok()).unwrap_or(0),
-            }),
+        let node_id: i64 = row.try_get("node_id")?;
+        let boot_id: &str = row.try_get("boot_id")?;
+        // Keyed by the batch's own string, which outlives the rows.
+        if let Some(batch) = batches
+            .iter()
+            .find(|b| b.node_id == node_id && b.boot_id == boot_id)
+        {
+            committed.insert(
+                (node_id, batch.boot_id.as_str()),
+                row.try_get("committed_seq")?,
+            );
         }
     }
-    let moved: Vec<(&(i64, String), i64)> = committed
-        .iter()
-        .filter(|(_, (_, moved))| *moved)
-        .map(|(key, (seq, _))| (key, *seq))
-        .collect();
-    let mut watermark = None;
-    if !moved.is_empty() {
-        let nodes: Vec<i64> = moved.iter().map(|((n, _), _)| *n).collect();
-        let boots: Vec<&str> = moved.iter().map(|((_, b), _)| b.as_str()).collect();
-        let seqs: Vec<i64> = moved.iter().map(|(_, s)| *s).collect();
-        watermark = sqlx::query_scalar(
-            "WITH moved AS (
-                 UPDATE agent_boots b SET committed_seq = v.seq
-                 FROM UNNEST($1::int8[], $2::text[], $3::int8[]) AS v(node_id, boot_id, seq)
-                 WHERE b.node_id = v.node_id AND b.boot_id = v.boot_id)
-             SELECT done_until_ms FROM rollup_progress WHERE step_ms = $4 FOR SHARE",
-        )
-        .bind(&nodes)
-        .bind(&boots)
-        .bind(&seqs)
-        .bind(MINUTE_MS)
-        .fetch_optional(&mut **tx)
-        .await?;
-    }
-    Ok(Claimed {
-        outcomes,
-        accepted,
-        watermark,
-    })
+    Ok(Claim::with_committed(batches, &committed))
 }
 
-/// What a write did to `gpu_latest`, for the cache to learn after commit.
-struct LatestWritten<'r> {
-    newest: Vec<&'r GpuSampleRow>,
-    written: Vec<GpuSampleRow>,
+/// Each node's newest sample time in `batches`, in node order.
+fn newest_per_node(batches: &[&StoreBatch]) -> Vec<NodeSeen> {
+    let mut newest: BTreeMap<i64, i64> = BTreeMap::new();
+    for batch in batches {
+        if let Some(ts) = batch.newest_timestamp_ms() {
+            let entry = newest.entry(batch.node_id).or_insert(ts);
+            *entry = (*entry).max(ts);
+        }
+    }
+    newest
+        .into_iter()
+        .map(|(node_id, timestamp_ms)| NodeSeen {
+            node_id,
+            timestamp_ms,
+        })
+        .collect()
 }
 
-async fn write_gpu_samples<'r>(
-    tx: &mut Transaction<'_, Postgres>,
-    latest_cache: &LatestCache,
-    s: &[&'r GpuSampleRow],
-    now_ms: i64,
-) -> Result<LatestWritten<'r>, StoreError> {
-    if s.is_empty() {
-        return Ok(LatestWritten {
-            newest: Vec::new(),
-            written: Vec::new(),
-        });
-    }
-    copy_in(tx, GPU_SAMPLES_COPY, gpu_sample_rows(s.iter().copied())?).await?;
-    // One sample per device: ON CONFLICT may touch a row once per statement.
-    let newest = newest_per_device(s);
-    let written = latest_cache.due(&newest, now_ms);
-    write_gpu_latest(tx, &written).await?;
-    Ok(LatestWritten { newest, written })
+/// Everything a write moves besides the rows it inserts.
+#[derive(Debug, Default)]
+struct Books<'a> {
+    boots: &'a [BootMove<'a>],
+    /// Nodes' last-seen times due, in node order.
+    nodes: &'a [NodeSeen],
+    /// `gpu_latest` rows due, one per device, in device order.
+    latest: &'a [GpuSampleRow],
+    /// Process id, newest sample time and memory, in id order.
+    refreshed: &'a [(i64, i64, i64)],
+    /// The distinct minutes of the samples; those before the minute
+    /// rollup's watermark are marked for the rollup job to redo.
+    minutes: Vec<i64>,
+}
+
+/// One statement for all of `books`; returns how many boots' seqs moved
+/// (each moves only if its committed seq is below the write's first, which
+/// the claim made sure of).
+///
+/// The late minutes are found against the watermark read under a share
+/// lock held to commit: the rollup job cannot move the watermark past a
+/// minute of these rows without waiting for this transaction, so every row
+/// is either before the watermark and marked here, or after it and rolled
+/// up later. The marks are plain inserts (they may repeat) and wait for
+/// nothing: the job takes only marks committed before it looked.
+async fn keep_books(conn: &mut PgConnection, books: &Books<'_>) -> Result<usize, StoreError> {
+    let latest = books.latest;
+    let moved: i64 = sqlx::query_scalar(
+        "WITH moved AS (
+             UPDATE agent_boots b SET committed_seq = v.last_seq
+             FROM UNNEST($1::int8[], $2::text[], $3::int8[], $4::int8[]) AS v(node_id, boot_id, first_seq, last_seq)
+             WHERE b.node_id = ANY($1) AND b.node_id = v.node_id AND b.boot_id = v.boot_id
+                 AND b.committed_seq < v.first_seq
+             RETURNING 1),
+         touched AS (
+             UPDATE nodes n SET last_seen_ms = GREATEST(n.last_seen_ms, v.ts)
+             FROM UNNEST($5::int8[], $6::int8[]) AS v(id, ts) WHERE n.id = ANY($5) AND n.id = v.id),
+         latest AS (
+             INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx)
+             SELECT * FROM UNNEST($7::int4[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[],
+                 $13::int8[], $14::int2[], $15::int8[], $16::int8[])
+             ON CONFLICT (device_id) DO UPDATE SET ts_ms = EXCLUDED.ts_ms, used_last = EXCLUDED.used_last,
+                 used_min = EXCLUDED.used_min, used_max = EXCLUDED.used_max, reserved = EXCLUDED.reserved,
+                 total = EXCLUDED.total, utilization = EXCLUDED.utilization, pcie_tx = EXCLUDED.pcie_tx,
+                 pcie_rx = EXCLUDED.pcie_rx
+             WHERE gpu_latest.ts_ms <= EXCLUDED.ts_ms),
+         refreshed AS (
+             UPDATE processes p SET
+                 memory_last = CASE WHEN v.ts >= p.last_seen_ms THEN v.last ELSE p.memory_last END,
+                 last_seen_ms = GREATEST(p.last_seen_ms, v.ts)
+             FROM UNNEST($17::int8[], $18::int8[], $19::int8[]) AS v(id, ts, last) WHERE p.id = v.id),
+         marked AS (
+             INSERT INTO rollup_pending (step_ms, bucket_ms)
+             SELECT $20, m FROM UNNEST($21::int8[]) AS m
+             WHERE m < (SELECT done_until_ms FROM rollup_progress WHERE step_ms = $20 FOR SHARE))
+         SELECT count(*) FROM moved",
+    )
+    .bind(books.boots.iter().map(|m| m.node_id).collect::<Vec<_>>())
+    .bind(books.boots.iter().map(|m| m.boot_id).collect::<Vec<_>>())
+    .bind(books.boots.iter().map(|m| m.first_seq).collect::<Vec<_>>())
+    .bind(books.boots.iter().map(|m| m.last_seq).collect::<Vec<_>>())
+    .bind(books.nodes.iter().map(|n| n.node_id).collect::<Vec<_>>())
+    .bind(books.nodes.iter().map(|n| n.timestamp_ms).collect::<Vec<_>>())
+    .bind(device_ids(latest.iter().map(|r| r.device_id))?)
+    .bind(latest.iter().map(|r| r.timestamp_ms).collect::<Vec<_>>())
+    .bind(latest.iter().map(|r| r.used_last).collect::<Vec<_>>())
+    .bind(latest.iter().map(|r| r.used_min).collect::<Vec<_>>())
+    .bind(latest.iter().map(|r| r.used_max).collect::<Vec<_>>())
+    .bind(latest.iter().map(|r| r.reserved).collect::<Vec<_>>())
+    .bind(latest.iter().map(|r| r.total).collect::<Vec<_>>())
+    .bind(latest.iter().map(|r| r.utilization_pct).collect::<Vec<_>>())
+    .bind(latest.iter().map(|r| r.pcie_tx_bytes_per_s).collect::<Vec<_>>())
+    .bind(latest.iter().map(|r| r.pcie_rx_bytes_per_s).collect::<Vec<_>>())
+    .bind(books.refreshed.iter().map(|r| r.0).collect::<Vec<_>>())
+    .bind(books.refreshed.iter().map(|r| r.1).collect::<Vec<_>>())
+    .bind(books.refreshed.iter().map(|r| r.2).collect::<Vec<_>>())
+    .bind(MINUTE_MS)
+    .bind(&books.minutes)
+    .fetch_one(conn)
+    .await?;
+    Ok(usize::try_from(moved).unwrap_or(0))
 }
 
 pub(super) const GPU_SAMPLES_COPY: &str = "COPY gpu_samples (ts_ms, used_last, used_min, used_max,
@@ -242,63 +369,51 @@ pub(super) fn process_sample_rows(
 }
 
 /// Moves each device's row in `gpu_latest` (what the fleet overview reads)
-/// to its sample in `s` (one per device), unless a newer one is already
-/// there.
-pub(super) async fn write_gpu_latest(
+/// to its sample in `latest` (one per device) and each node's last-seen
+/// time to `nodes`, unless a newer one is already there.
+pub(super) async fn write_checkpoints(
     conn: &mut PgConnection,
-    s: &[GpuSampleRow],
+    latest: &[GpuSampleRow],
+    nodes: &[NodeSeen],
 ) -> Result<(), StoreError> {
-    if s.is_empty() {
-        return Ok(());
+    if !latest.is_empty() || !nodes.is_empty() {
+        keep_books(
+            conn,
+            &Books {
+                latest,
+                nodes,
+                ..Books::default()
+            },
+        )
+        .await?;
     }
-    let device = device_ids(s.iter().map(|r| r.device_id))?;
-    let ts: Vec<i64> = s.iter().map(|r| r.timestamp_ms).collect();
-    let last: Vec<i64> = s.iter().map(|r| r.used_last).collect();
-    let min: Vec<i64> = s.iter().map(|r| r.used_min).collect();
-    let max: Vec<i64> = s.iter().map(|r| r.used_max).collect();
-    let reserved: Vec<i64> = s.iter().map(|r| r.reserved).collect();
-    let total: Vec<i64> = s.iter().map(|r| r.total).collect();
-    let util: Vec<Option<i16>> = s.iter().map(|r| r.utilization_pct).collect();
-    let tx_rate: Vec<Option<i64>> = s.iter().map(|r| r.pcie_tx_bytes_per_s).collect();
-    let rx_rate: Vec<Option<i64>> = s.iter().map(|r| r.pcie_rx_bytes_per_s).collect();
-    sqlx::query(
-        "INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx)
-         SELECT * FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[],
-             $7::int8[], $8::int2[], $9::int8[], $10::int8[])
-         ON CONFLICT (device_id) DO UPDATE SET ts_ms = EXCLUDED.ts_ms, used_last = EXCLUDED.used_last,
-             used_min = EXCLUDED.used_min, used_max = EXCLUDED.used_max, reserved = EXCLUDED.reserved,
-             total = EXCLUDED.total, utilization = EXCLUDED.utilization, pcie_tx = EXCLUDED.pcie_tx,
-             pcie_rx = EXCLUDED.pcie_rx
-         WHERE gpu_latest.ts_ms <= EXCLUDED.ts_ms",
-    )
-    .bind(&device)
-    .bind(&ts)
-    .bind(&last)
-    .bind(&min)
-    .bind(&max)
-    .bind(&reserved)
-    .bind(&total)
-    .bind(&util)
-    .bind(&tx_rate)
-    .bind(&rx_rate)
-    .execute(conn)
-    .await?;
     Ok(())
+}
+
+/// What a write did to the rows of `processes`.
+#[derive(Debug, Default)]
+struct ProcessesWritten<'r> {
+    /// Samples upserted or refreshed, with their row ids: what the cache
+    /// may learn once the transaction commits.
+    learned: Vec<(i64, &'r ProcessSampleRow)>,
+    /// Rows whose last-seen time and memory are due, for [`keep_books`]:
+    /// id, newest sample time and memory, in id order.
+    refreshed: Vec<(i64, i64, i64)>,
 }
 
 /// Process samples, and the rows of the processes they belong to. A
 /// process this collector wrote recently and that has not changed (most,
 /// between allocator growth steps) keeps its row, but for its last-seen
-/// time and memory every few seconds; its samples go in by the id the
-/// cache knows. The others are upserted, which returns their ids.
-/// Returns what the cache may learn once the transaction commits.
+/// time and memory every few seconds (left to [`keep_books`]); its samples
+/// go in by the id the cache knows. The others are upserted, which returns
+/// their ids.
 async fn write_process_samples<'r>(
     tx: &mut Transaction<'_, Postgres>,
     cache: &ProcessCache,
     p: &[&'r ProcessSampleRow],
-) -> Result<Vec<(i64, &'r ProcessSampleRow)>, StoreError> {
+) -> Result<ProcessesWritten<'r>, StoreError> {
     if p.is_empty() {
-        return Ok(Vec::new());
+        return Ok(ProcessesWritten::default());
     }
     let states = cache.states(p);
     let mut ids: Vec<Option<i64>> = states
@@ -323,24 +438,12 @@ async fn write_process_samples<'r>(
             learned.push((id, *row));
         }
     }
-    if !refreshed.is_empty() {
-        let refresh_ids: Vec<i64> = refreshed.keys().copied().collect();
-        let seen: Vec<i64> = refreshed.values().map(|(ts, _)| *ts).collect();
-        let last: Vec<i64> = refreshed.values().map(|(_, used)| *used).collect();
-        // The memory too: another collector may have written the row since
-        // this one last did, with a value this sample's replaces.
-        sqlx::query(
-            "UPDATE processes p SET
-                 memory_last = CASE WHEN v.ts >= p.last_seen_ms THEN v.last ELSE p.memory_last END,
-                 last_seen_ms = GREATEST(p.last_seen_ms, v.ts)
-             FROM UNNEST($1::int8[], $2::int8[], $3::int8[]) AS v(id, ts, last) WHERE p.id = v.id",
-        )
-        .bind(&refresh_ids)
-        .bind(&seen)
-        .bind(&last)
-        .execute(&mut **tx)
-        .await?;
-    }
+    // The memory too: another collector may have written the row since
+    // this one last did, with a value this sample's replaces.
+    let refreshed = refreshed
+        .into_iter()
+        .map(|(id, (ts, used))| (id, ts, used))
+        .collect();
     let changed: Vec<&ProcessSampleRow> = p
         .iter()
         .zip(&ids)
@@ -371,7 +474,7 @@ async fn write_process_samples<'r>(
             .map(|(row, id)| (id, row.timestamp_ms, row.used_last, row.used_max)),
     );
     copy_in(tx, PROCESS_SAMPLES_COPY, copy).await?;
-    Ok(learned)
+    Ok(ProcessesWritten { learned, refreshed })
 }
 
 /// Inserts or updates the row of every process of `p` (one per process,
@@ -551,33 +654,6 @@ async fn write_events(
     Ok(())
 }
 
-/// Moves each node's last-seen time to its newest sample in the group.
-async fn touch_nodes(
-    tx: &mut Transaction<'_, Postgres>,
-    batches: &[&StoreBatch],
-) -> Result<(), StoreError> {
-    let mut newest: HashMap<i64, i64> = HashMap::new();
-    for batch in batches {
-        if let Some(ts) = batch.newest_timestamp_ms() {
-            let entry = newest.entry(batch.node_id).or_insert(ts);
-            *entry = (*entry).max(ts);
-        }
-    }
-    if newest.is_empty() {
-        return Ok(());
-    }
-    let (nodes, times): (Vec<i64>, Vec<i64>) = newest.into_iter().unzip();
-    sqlx::query(
-        "UPDATE nodes n SET last_seen_ms = GREATEST(n.last_seen_ms, v.ts)
-         FROM UNNEST($1::int8[], $2::int8[]) AS v(id, ts) WHERE n.id = v.id",
-    )
-    .bind(&nodes)
-    .bind(&times)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
 /// The whole span of timestamps in `batches`, for creating partitions a
 /// write found missing.
 pub(super) fn time_span(batches: &[StoreBatch]) -> Option<(i64, i64)> {
@@ -603,4 +679,51 @@ fn device_id(id: i64) -> Result<i32, StoreError> {
 
 fn device_ids(ids: impl Iterator<Item = i64>) -> Result<Vec<i32>, StoreError> {
     ids.map(device_id).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(node_id: i64, boot_id: &str, seq: u64) -> StoreBatch {
+        StoreBatch {
+            node_id,
+            boot_id: boot_id.into(),
+            seq,
+            ..StoreBatch::default()
+        }
+    }
+
+    #[test]
+    fn a_claim_leaves_out_replays_and_unregistered_boots() {
+        let batches = [
+            batch(2, "b", 5),
+            batch(1, "a", 3),
+            batch(1, "a", 3),
+            batch(1, "a", 4),
+            batch(2, "b", 4),
+            batch(9, "z", 1),
+        ];
+        let committed = HashMap::from([((1, "a"), 2), ((2, "b"), 4)]);
+        let claim = Claim::with_committed(&batches, &committed);
+        assert_eq!(
+            claim.outcomes,
+            vec![
+                WriteOutcome::Committed,
+                WriteOutcome::Committed,
+                WriteOutcome::Duplicate { committed_seq: 3 },
+                WriteOutcome::Committed,
+                WriteOutcome::Duplicate { committed_seq: 5 },
+                WriteOutcome::Duplicate { committed_seq: 0 },
+            ]
+        );
+        let accepted: Vec<u64> = claim.accepted.iter().map(|b| b.seq).collect();
+        assert_eq!(accepted, vec![5, 3, 4]);
+        let moves: Vec<(i64, i64, i64)> = claim
+            .boots
+            .iter()
+            .map(|m| (m.node_id, m.first_seq, m.last_seq))
+            .collect();
+        assert_eq!(moves, vec![(1, 3, 4), (2, 5, 5)], "in key order");
+    }
 }

@@ -1,17 +1,20 @@
-//! The newest GPU sample this collector committed for each device, and what
-//! it last wrote to the device's `gpu_latest` row.
+//! Rows that hold only the newest of something, rewritten as checkpoints:
+//! each device's `gpu_latest` row (what the fleet overview reads) and each
+//! node's last-seen time. For every key this remembers the newest value
+//! this collector committed and what it last wrote to the row.
 //!
-//! Rewriting a `gpu_latest` row costs Postgres about as much as inserting
-//! the sample did, and every GPU sends one a second; so the row is a
-//! checkpoint, rewritten when memory moves by at least 1 % of the device's
-//! total, or at least every [`CHECKPOINT_MS`] of wall-clock time. This
-//! collector's fleet overview lays its newest committed samples over the
-//! rows, so for the devices it serves it is current to the second; another
-//! collector on the same database sees a steady device at most
-//! [`CHECKPOINT_MS`] late. A device that stops reporting gets its last
-//! sample written once no newer one has come for [`CHECKPOINT_MS`] (while
-//! other devices keep this collector writing) or when the collector closes;
-//! a collector that dies leaves rows up to [`CHECKPOINT_MS`] behind.
+//! Rewriting such a row costs Postgres about as much as inserting the
+//! sample did, and every GPU sends one a second; so the row is a
+//! checkpoint, rewritten when the value moved far enough that a reader of
+//! the row alone should see it now (for a GPU, memory by 1 % of its total),
+//! or at least every [`CHECKPOINT_MS`] of wall-clock time. This collector's
+//! reads lay its newest committed values over the rows, so for the agents
+//! it serves they are current to the second; another collector on the same
+//! database sees a steady device or node at most [`CHECKPOINT_MS`] late. A
+//! key that stops reporting gets its last value written once no newer one
+//! has come for [`CHECKPOINT_MS`] (while other keys keep this collector
+//! writing) or when the collector closes; a collector that dies leaves rows
+//! up to [`CHECKPOINT_MS`] behind.
 //!
 //! The pace is the wall clock's, not the samples': agents replaying a spool
 //! send many seconds of samples a second, and neither their steady devices
@@ -23,100 +26,157 @@ use std::sync::Mutex;
 
 use crate::model::GpuSampleRow;
 
-/// A steady device's `gpu_latest` row trails its newest sample by at most
-/// this much wall-clock time.
+/// A steady row trails its newest value by at most this much wall-clock
+/// time.
 pub(super) const CHECKPOINT_MS: i64 = 5_000;
 
-/// How often, in wall-clock time, entries are scanned for quiet devices.
+/// How often, in wall-clock time, entries are scanned for quiet keys.
 const QUIET_SCAN_EVERY_MS: i64 = 1_000;
 
-/// Entries with no new sample for this long are forgotten (the device went
+/// Entries with no new value for this long are forgotten (the device went
 /// away or its agent moved to another collector).
 const FORGET_AFTER_MS: i64 = 10 * 60_000;
 
+/// A value whose row is checkpointed.
+pub(super) trait Checkpoint: Copy {
+    /// The row it goes to.
+    fn key(&self) -> i64;
+    /// When it was sampled: a row never goes back to an older value.
+    fn timestamp_ms(&self) -> i64;
+    /// True when it differs from `written`, what the row holds, enough that
+    /// a reader of the row alone should see it at once.
+    fn moved_from(&self, written: &Self) -> bool;
+}
+
+impl Checkpoint for GpuSampleRow {
+    fn key(&self) -> i64 {
+        self.device_id
+    }
+
+    fn timestamp_ms(&self) -> i64 {
+        self.timestamp_ms
+    }
+
+    /// Memory moved by 1 % of the device's total, or the device changed.
+    fn moved_from(&self, written: &Self) -> bool {
+        let step = self.total.max(written.total) / 100;
+        self.used_last.abs_diff(written.used_last) >= step.unsigned_abs()
+            || self.used_max.abs_diff(written.used_max) >= step.unsigned_abs()
+            || self.total != written.total
+            || self.reserved != written.reserved
+    }
+}
+
+/// A node's newest sample time: its `nodes.last_seen_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct NodeSeen {
+    pub(super) node_id: i64,
+    pub(super) timestamp_ms: i64,
+}
+
+impl Checkpoint for NodeSeen {
+    fn key(&self) -> i64 {
+        self.node_id
+    }
+
+    fn timestamp_ms(&self) -> i64 {
+        self.timestamp_ms
+    }
+
+    fn moved_from(&self, _written: &Self) -> bool {
+        false
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
-struct Known {
-    /// The newest committed sample.
-    newest: GpuSampleRow,
+struct Known<V> {
+    /// The newest committed value.
+    newest: V,
     /// When (wall clock) `newest` became the newest.
     newest_at_ms: i64,
     /// What the database row holds, as far as this collector wrote it.
-    checkpoint: GpuSampleRow,
+    checkpoint: V,
     /// When (wall clock) `checkpoint` was written.
     checkpoint_at_ms: i64,
 }
 
-#[derive(Debug, Default)]
-pub(super) struct LatestCache {
-    inner: Mutex<Inner>,
+#[derive(Debug)]
+pub(super) struct Checkpoints<V> {
+    inner: Mutex<Inner<V>>,
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    known: HashMap<i64, Known>,
-    /// When quiet devices were last looked for.
+/// The `gpu_latest` checkpoints.
+pub(super) type LatestCache = Checkpoints<GpuSampleRow>;
+/// The nodes' last-seen checkpoints.
+pub(super) type NodeCache = Checkpoints<NodeSeen>;
+
+impl<V> Default for Checkpoints<V> {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                known: HashMap::new(),
+                quiet_scan_ms: 0,
+                size_after_sweep: 0,
+            }),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner<V> {
+    known: HashMap<i64, Known<V>>,
+    /// When quiet keys were last looked for.
     quiet_scan_ms: i64,
     size_after_sweep: usize,
 }
 
-impl Known {
+impl<V: Checkpoint> Known<V> {
     fn unwritten(&self) -> bool {
-        self.newest.timestamp_ms > self.checkpoint.timestamp_ms
+        self.newest.timestamp_ms() > self.checkpoint.timestamp_ms()
     }
 }
 
-/// True when `sample` moved memory far enough from `written` that a reader
-/// of the row alone should see it now.
-fn moved(sample: &GpuSampleRow, written: &GpuSampleRow) -> bool {
-    let step = sample.total.max(written.total) / 100;
-    sample.used_last.abs_diff(written.used_last) >= step.unsigned_abs()
-        || sample.used_max.abs_diff(written.used_max) >= step.unsigned_abs()
-        || sample.total != written.total
-        || sample.reserved != written.reserved
-}
-
-impl LatestCache {
-    /// What this transaction writes to `gpu_latest` at wall-clock time
-    /// `now_ms`: the samples of `newest` (one per device, its newest in the
-    /// group) that are due, and about once a second the unwritten newest
-    /// samples of devices that went quiet. One row per device, in device
-    /// order.
-    pub(super) fn due(&self, newest: &[&GpuSampleRow], now_ms: i64) -> Vec<GpuSampleRow> {
+impl<V: Checkpoint> Checkpoints<V> {
+    /// What this transaction writes at wall-clock time `now_ms`: the values
+    /// of `newest` (one per key, its newest in the group) that are due,
+    /// and about once a second the unwritten newest values of keys that
+    /// went quiet. One per key, in key order.
+    pub(super) fn due(&self, newest: &[&V], now_ms: i64) -> Vec<V> {
         let Ok(mut inner) = self.inner.lock() else {
-            return newest.iter().map(|s| **s).collect();
+            return newest.iter().map(|v| **v).collect();
         };
-        let mut due: Vec<GpuSampleRow> = newest
+        let mut due: Vec<V> = newest
             .iter()
-            .filter(|sample| match inner.known.get(&sample.device_id) {
+            .filter(|value| match inner.known.get(&value.key()) {
                 None => true,
                 Some(known) => {
-                    sample.timestamp_ms > known.checkpoint.timestamp_ms
+                    value.timestamp_ms() > known.checkpoint.timestamp_ms()
                         && (now_ms >= known.checkpoint_at_ms + CHECKPOINT_MS
-                            || moved(sample, &known.checkpoint))
+                            || value.moved_from(&known.checkpoint))
                 }
             })
-            .map(|sample| **sample)
+            .map(|value| **value)
             .collect();
         if now_ms >= inner.quiet_scan_ms + QUIET_SCAN_EVERY_MS {
             inner.quiet_scan_ms = now_ms;
             let quiet_before = now_ms - CHECKPOINT_MS;
-            let in_group = |device: i64| newest.iter().any(|s| s.device_id == device);
+            let in_group = |key: i64| newest.iter().any(|v| v.key() == key);
             due.extend(
                 inner
                     .known
                     .values()
                     .filter(|k| k.unwritten() && k.newest_at_ms <= quiet_before)
-                    .filter(|k| !in_group(k.newest.device_id))
+                    .filter(|k| !in_group(k.newest.key()))
                     .map(|k| k.newest),
             );
-            due.sort_unstable_by_key(|s| s.device_id);
         }
+        due.sort_unstable_by_key(Checkpoint::key);
         due
     }
 
-    /// Every newest sample not yet in `gpu_latest`, for a collector that is
+    /// Every newest value not yet in its row, for a collector that is
     /// closing; they count as written from here on.
-    pub(super) fn take_unwritten(&self) -> Vec<GpuSampleRow> {
+    pub(super) fn take_unwritten(&self) -> Vec<V> {
         let Ok(mut inner) = self.inner.lock() else {
             return Vec::new();
         };
@@ -127,34 +187,34 @@ impl LatestCache {
                 known.checkpoint = known.newest;
             }
         }
-        unwritten.sort_unstable_by_key(|s| s.device_id);
+        unwritten.sort_unstable_by_key(Checkpoint::key);
         unwritten
     }
 
     /// After the commit at wall-clock time `now_ms`: `newest` were
-    /// committed, `written` (a subset) also went to `gpu_latest`.
-    pub(super) fn learn(&self, newest: &[&GpuSampleRow], written: &[GpuSampleRow], now_ms: i64) {
+    /// committed, `written` (a subset) also went to their rows.
+    pub(super) fn learn(&self, newest: &[&V], written: &[V], now_ms: i64) {
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };
-        for sample in newest {
-            match inner.known.get_mut(&sample.device_id) {
+        for value in newest {
+            match inner.known.get_mut(&value.key()) {
                 Some(known) => {
-                    if sample.timestamp_ms > known.newest.timestamp_ms {
-                        known.newest = **sample;
+                    if value.timestamp_ms() > known.newest.timestamp_ms() {
+                        known.newest = **value;
                         known.newest_at_ms = now_ms;
                     }
                 }
                 None => {
-                    // Only a sample written to the row may start an entry:
+                    // Only a value written to the row may start an entry:
                     // the checkpoint must be something the row holds.
-                    if written.iter().any(|w| w.device_id == sample.device_id) {
+                    if written.iter().any(|w| w.key() == value.key()) {
                         inner.known.insert(
-                            sample.device_id,
+                            value.key(),
                             Known {
-                                newest: **sample,
+                                newest: **value,
                                 newest_at_ms: now_ms,
-                                checkpoint: **sample,
+                                checkpoint: **value,
                                 checkpoint_at_ms: now_ms,
                             },
                         );
@@ -162,11 +222,11 @@ impl LatestCache {
                 }
             }
         }
-        for sample in written {
-            if let Some(known) = inner.known.get_mut(&sample.device_id)
-                && sample.timestamp_ms >= known.checkpoint.timestamp_ms
+        for value in written {
+            if let Some(known) = inner.known.get_mut(&value.key())
+                && value.timestamp_ms() >= known.checkpoint.timestamp_ms()
             {
-                known.checkpoint = *sample;
+                known.checkpoint = *value;
                 known.checkpoint_at_ms = now_ms;
             }
         }
@@ -177,28 +237,27 @@ impl LatestCache {
         }
     }
 
-    /// The newest committed sample of `device_id` if it is newer than
-    /// `row_ms`, the time of the sample its `gpu_latest` row holds.
-    pub(super) fn newer_than(&self, device_id: i64, row_ms: Option<i64>) -> Option<GpuSampleRow> {
+    /// The newest committed value of `key` if it is newer than `row_ms`,
+    /// the time of the value its row holds.
+    pub(super) fn newer_than(&self, key: i64, row_ms: Option<i64>) -> Option<V> {
         let inner = self.inner.lock().ok()?;
-        let known = inner.known.get(&device_id)?;
-        (row_ms.is_none_or(|ms| known.newest.timestamp_ms > ms)).then_some(known.newest)
+        let known = inner.known.get(&key)?;
+        (row_ms.is_none_or(|ms| known.newest.timestamp_ms() > ms)).then_some(known.newest)
     }
 }
 
-/// One sample per device: the newest of each in `samples`.
-pub(super) fn newest_per_device<'r>(samples: &[&'r GpuSampleRow]) -> Vec<&'r GpuSampleRow> {
-    let mut newest: HashMap<i64, &GpuSampleRow> = HashMap::with_capacity(samples.len());
-    for sample in samples {
-        let entry = newest.entry(sample.device_id).or_insert(sample);
-        if entry.timestamp_ms < sample.timestamp_ms {
-            *entry = sample;
+/// One value per key: the newest of each in `values`, in key order (two
+/// writers updating the same rows lock them in the same order).
+pub(super) fn newest_per_key<'r, V: Checkpoint>(values: &[&'r V]) -> Vec<&'r V> {
+    let mut newest: HashMap<i64, &V> = HashMap::with_capacity(values.len());
+    for value in values {
+        let entry = newest.entry(value.key()).or_insert(value);
+        if entry.timestamp_ms() < value.timestamp_ms() {
+            *entry = value;
         }
     }
-    // In device order: two writers updating the same rows lock them in the
-    // same order.
-    let mut newest: Vec<&GpuSampleRow> = newest.into_values().collect();
-    newest.sort_unstable_by_key(|s| s.device_id);
+    let mut newest: Vec<&V> = newest.into_values().collect();
+    newest.sort_unstable_by_key(|v| v.key());
     newest
 }
 
@@ -366,13 +425,13 @@ mod tests {
     }
 
     #[test]
-    fn newest_per_device_keeps_one_sample_each() {
+    fn newest_per_key_keeps_one_sample_each() {
         let a = sample(1_000, 1);
         let b = sample(3_000, 2);
         let c = sample(2_000, 3);
         let mut other = sample(500, 4);
         other.device_id = 9;
-        let mut newest = newest_per_device(&[&a, &b, &c, &other]);
+        let mut newest = newest_per_key(&[&a, &b, &c, &other]);
         newest.sort_by_key(|s| s.device_id);
         let picked: Vec<(i64, i64)> = newest.iter().map(|s| (s.device_id, s.used_last)).collect();
         assert_eq!(picked, vec![(3, 2), (9, 4)]);
