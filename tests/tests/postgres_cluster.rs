@@ -307,6 +307,67 @@ async fn a_node_is_seen_to_the_second_where_served_and_at_most_5_s_late_elsewher
     db.drop_database().await;
 }
 
+/// A steady process's last-seen time is a checkpoint paced by the wall
+/// clock: an agent replaying half a minute of its spool in an instant has
+/// the process listed current by the collector that serves it, and by
+/// another once it has been quiet for 10 s, or when the first one closes.
+#[tokio::test]
+async fn a_replayed_steady_process_is_seen_where_served_and_written_once_quiet() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let now = now_ms();
+    let clock = Clock::manual(now);
+    let serving = collector(&db).await.with_clock(clock.clone());
+    let other = collector(&db).await.with_clock(clock.clone());
+    let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
+    let start = now - 120_000;
+    let at = |i: u64| start + i as i64 * 1000;
+    let gib = 1u64 << 30;
+    let batch = |i: u64| {
+        let b = hop_batch(BOOT, i + 1, at(i), 40 * gib, 10 * gib, true);
+        rows_at(&session, &b, now)
+    };
+    let last_seen = |store: &PostgresStore| {
+        let store = store.clone();
+        async move {
+            let listed = store.processes(start).await.unwrap();
+            listed.iter().find(|p| p.pid == 777).map(|p| p.last_seen_ms)
+        }
+    };
+    for i in 0..30 {
+        serving.write_batches(&[batch(i)]).await.unwrap();
+    }
+    assert_eq!(last_seen(&serving).await, Some(at(29)));
+    assert_eq!(
+        last_seen(&other).await,
+        Some(at(0)),
+        "written once, at first sight"
+    );
+    // Ten seconds later the process is gone from the agent's batches.
+    clock.set_ms(now + 10_000);
+    let mut quiet = hop_batch(BOOT, 31, at(30), 40 * gib, 10 * gib, true);
+    quiet.process_samples.clear();
+    serving
+        .write_batches(&[rows_at(&session, &quiet, now)])
+        .await
+        .unwrap();
+    assert_eq!(
+        last_seen(&other).await,
+        Some(at(29)),
+        "its newest, once quiet"
+    );
+    // Back, and replayed again: closing writes its newest.
+    for i in 31..40 {
+        serving.write_batches(&[batch(i)]).await.unwrap();
+    }
+    assert_ne!(last_seen(&other).await, Some(at(39)));
+    serving.close().await;
+    assert_eq!(last_seen(&other).await, Some(at(39)));
+    other.close().await;
+    db.drop_database().await;
+}
+
 #[tokio::test]
 async fn late_samples_written_by_two_collectors_during_rollups_are_all_rolled_up() {
     let Some(db) = postgres::fresh_database().await else {
@@ -534,12 +595,17 @@ async fn a_process_whose_agent_hops_between_collectors_shows_its_current_memory(
     let Some(db) = postgres::fresh_database().await else {
         return;
     };
-    let a = collector(&db).await;
-    let b = collector(&db).await;
     let now = now_ms();
     let start = now - 120_000;
+    // The agent is live: each batch is written at the time it was sampled.
+    let clock = Clock::manual(start);
+    let a = collector(&db).await.with_clock(clock.clone());
+    let b = collector(&db).await.with_clock(clock.clone());
     let gib = 1u64 << 30;
-    let at = |s: i64| start + s * 1000;
+    let at = |s: i64| {
+        clock.set_ms(start + s * 1000);
+        start + s * 1000
+    };
     let memory = |store: &PostgresStore| {
         let store = store.clone();
         async move {

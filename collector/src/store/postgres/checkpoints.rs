@@ -1,20 +1,21 @@
 //! Rows that hold only the newest of something, rewritten as checkpoints:
-//! each device's `gpu_latest` row (what the fleet overview reads) and each
-//! node's last-seen time. For every key this remembers the newest value
-//! this collector committed and what it last wrote to the row.
+//! each device's `gpu_latest` row (what the fleet overview reads), each
+//! node's last-seen time, and each steady process's last-seen time and
+//! memory. For every key this remembers the newest value this collector
+//! committed and what it last wrote to the row.
 //!
 //! Rewriting such a row costs Postgres about as much as inserting the
 //! sample did, and every GPU sends one a second; so the row is a
 //! checkpoint, rewritten when the value moved far enough that a reader of
 //! the row alone should see it now (for a GPU, memory by 1 % of its total),
-//! or at least every [`CHECKPOINT_MS`] of wall-clock time. This collector's
-//! reads lay its newest committed values over the rows, so for the agents
-//! it serves they are current to the second; another collector on the same
-//! database sees a steady device or node at most [`CHECKPOINT_MS`] late. A
-//! key that stops reporting gets its last value written once no newer one
-//! has come for [`CHECKPOINT_MS`] (while other keys keep this collector
-//! writing) or when the collector closes; a collector that dies leaves rows
-//! up to [`CHECKPOINT_MS`] behind.
+//! or at least every [`Checkpoint::EVERY_MS`] of wall-clock time (5 s for
+//! devices and nodes, 10 s for processes). This collector's reads lay its
+//! newest committed values over the rows, so for the agents it serves they
+//! are current to the second; another collector on the same database sees
+//! a steady row at most that late. A key that stops reporting gets its last
+//! value written once no newer one has come for that long (while other keys
+//! keep this collector writing) or when the collector closes; a collector
+//! that dies leaves rows up to that far behind.
 //!
 //! The pace is the wall clock's, not the samples': agents replaying a spool
 //! send many seconds of samples a second, and neither their steady devices
@@ -26,8 +27,8 @@ use std::sync::Mutex;
 
 use crate::model::GpuSampleRow;
 
-/// A steady row trails its newest value by at most this much wall-clock
-/// time.
+/// A steady device's or node's row trails its newest value by at most this
+/// much wall-clock time.
 pub(super) const CHECKPOINT_MS: i64 = 5_000;
 
 /// How often, in wall-clock time, entries are scanned for quiet keys.
@@ -39,6 +40,8 @@ const FORGET_AFTER_MS: i64 = 10 * 60_000;
 
 /// A value whose row is checkpointed.
 pub(super) trait Checkpoint: Copy {
+    /// A steady row is rewritten at least this often (wall-clock time).
+    const EVERY_MS: i64 = CHECKPOINT_MS;
     /// The row it goes to.
     fn key(&self) -> i64;
     /// When it was sampled: a row never goes back to an older value.
@@ -88,6 +91,33 @@ impl Checkpoint for NodeSeen {
     }
 }
 
+/// A steady process's newest sample: its row's `last_seen_ms` and
+/// `memory_last`. (A process whose memory or attribution changed has its
+/// whole row upserted at once instead.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ProcessSeen {
+    pub(super) process_id: i64,
+    pub(super) timestamp_ms: i64,
+    pub(super) memory: i64,
+}
+
+impl Checkpoint for ProcessSeen {
+    /// The dashboard lists the processes seen in the last 30 s.
+    const EVERY_MS: i64 = 10_000;
+
+    fn key(&self) -> i64 {
+        self.process_id
+    }
+
+    fn timestamp_ms(&self) -> i64 {
+        self.timestamp_ms
+    }
+
+    fn moved_from(&self, _written: &Self) -> bool {
+        false
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Known<V> {
     /// The newest committed value.
@@ -109,6 +139,8 @@ pub(super) struct Checkpoints<V> {
 pub(super) type LatestCache = Checkpoints<GpuSampleRow>;
 /// The nodes' last-seen checkpoints.
 pub(super) type NodeCache = Checkpoints<NodeSeen>;
+/// The steady processes' last-seen checkpoints.
+pub(super) type ProcessSeenCache = Checkpoints<ProcessSeen>;
 
 impl<V> Default for Checkpoints<V> {
     fn default() -> Self {
@@ -151,7 +183,7 @@ impl<V: Checkpoint> Checkpoints<V> {
                 None => true,
                 Some(known) => {
                     value.timestamp_ms() > known.checkpoint.timestamp_ms()
-                        && (now_ms >= known.checkpoint_at_ms + CHECKPOINT_MS
+                        && (now_ms >= known.checkpoint_at_ms + V::EVERY_MS
                             || value.moved_from(&known.checkpoint))
                 }
             })
@@ -159,7 +191,7 @@ impl<V: Checkpoint> Checkpoints<V> {
             .collect();
         if now_ms >= inner.quiet_scan_ms + QUIET_SCAN_EVERY_MS {
             inner.quiet_scan_ms = now_ms;
-            let quiet_before = now_ms - CHECKPOINT_MS;
+            let quiet_before = now_ms - V::EVERY_MS;
             let in_group = |key: i64| newest.iter().any(|v| v.key() == key);
             due.extend(
                 inner
@@ -235,6 +267,20 @@ impl<V: Checkpoint> Checkpoints<V> {
             inner.known.retain(|_, k| k.newest_at_ms >= cutoff);
             inner.size_after_sweep = inner.known.len();
         }
+    }
+
+    /// The keys whose newest committed value is at `since_ms` or later
+    /// (their rows may hold an older one).
+    pub(super) fn seen_since(&self, since_ms: i64) -> Vec<i64> {
+        let Ok(inner) = self.inner.lock() else {
+            return Vec::new();
+        };
+        inner
+            .known
+            .iter()
+            .filter(|(_, k)| k.newest.timestamp_ms() >= since_ms)
+            .map(|(key, _)| *key)
+            .collect()
     }
 
     /// The newest committed value of `key` if it is newer than `row_ms`,

@@ -47,6 +47,7 @@ pub struct PostgresStore {
     process_cache: Arc<process_cache::ProcessCache>,
     latest_cache: Arc<checkpoints::LatestCache>,
     node_cache: Arc<checkpoints::NodeCache>,
+    process_seen: Arc<checkpoints::ProcessSeenCache>,
     /// Paces the checkpoint rows (`gpu_latest`, process last-seen times).
     clock: Clock,
     writers: Arc<write_connections::WriteConnections>,
@@ -76,6 +77,7 @@ impl PostgresStore {
             process_cache: Arc::default(),
             latest_cache: Arc::default(),
             node_cache: Arc::default(),
+            process_seen: Arc::default(),
             clock: Clock::System,
             writers: Arc::new(write_connections::WriteConnections::new(options)),
         };
@@ -103,6 +105,7 @@ impl PostgresStore {
                 process: &self.process_cache,
                 latest: &self.latest_cache,
                 nodes: &self.node_cache,
+                process_seen: &self.process_seen,
                 now_ms: self.clock.now_ms(),
             };
             let written = write::write_group(&mut conn, &caches, batches).await;
@@ -278,14 +281,17 @@ impl Store for PostgresStore {
         // were at their last checkpoint until their agents reconnect.
         let devices = self.latest_cache.take_unwritten();
         let nodes = self.node_cache.take_unwritten();
-        if !devices.is_empty() || !nodes.is_empty() {
+        let processes = self.process_seen.take_unwritten();
+        if !devices.is_empty() || !nodes.is_empty() || !processes.is_empty() {
             let written = match self.pool.acquire().await {
-                Ok(mut conn) => write::write_checkpoints(&mut conn, &devices, &nodes).await,
+                Ok(mut conn) => {
+                    write::write_checkpoints(&mut conn, &devices, &nodes, &processes).await
+                }
                 Err(e) => Err(e.into()),
             };
             if let Err(error) = written {
-                tracing::warn!(%error, devices = devices.len(), nodes = nodes.len(),
-                    "could not write the newest samples to gpu_latest and nodes on close");
+                tracing::warn!(%error, devices = devices.len(), nodes = nodes.len(), processes = processes.len(),
+                    "could not write the newest samples to gpu_latest, nodes and processes on close");
             }
         }
         self.leadership.resign().await;
@@ -458,15 +464,43 @@ impl Store for PostgresStore {
     }
 
     async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError> {
-        let rows = sqlx::query_as::<_, ProcessRow>(&format!(
-            "SELECT n.name AS node, d.uuid AS device_uuid, d.gpu_index::int8 AS gpu_index, {PROCESS_COLUMNS}
+        // A steady process's row is a checkpoint: this collector may have
+        // seen it since, though the row says otherwise.
+        let seen = self.process_seen.seen_since(since_ms);
+        let rows = sqlx::query_as::<_, ProcessIdRow>(&format!(
+            "SELECT p.id AS process_id, n.name AS node, d.uuid AS device_uuid, d.gpu_index::int8 AS gpu_index,
+                 {PROCESS_COLUMNS}
              FROM processes p JOIN devices d ON d.id = p.device_id JOIN nodes n ON n.id = d.node_id
-             WHERE p.last_seen_ms >= $1
-             ORDER BY p.memory_last DESC, n.name, p.pid"
+             WHERE p.last_seen_ms >= $1 OR p.id = ANY($2)"
         ))
         .bind(since_ms)
+        .bind(&seen)
         .fetch_all(&self.pool)
         .await?;
+        let mut rows: Vec<ProcessRow> = rows
+            .into_iter()
+            .map(
+                |ProcessIdRow {
+                     process_id,
+                     mut row,
+                 }| {
+                    if let Some(newer) = self
+                        .process_seen
+                        .newer_than(process_id, Some(row.last_seen_ms))
+                    {
+                        row.last_seen_ms = newer.timestamp_ms;
+                        row.memory_used_bytes = newer.memory;
+                    }
+                    row
+                },
+            )
+            .collect();
+        rows.sort_by(|a, b| {
+            b.memory_used_bytes
+                .cmp(&a.memory_used_bytes)
+                .then_with(|| a.node.cmp(&b.node))
+                .then_with(|| a.pid.cmp(&b.pid))
+        });
         Ok(rows.into_iter().map(ProcessView::from).collect())
     }
 
@@ -482,11 +516,12 @@ impl Store for PostgresStore {
         };
         let meta = sqlx::query_as::<_, ProcessMeta>(
             "SELECT id, pid, start_time_ms, name, user_name AS user, slurm_job_id, pod_uid FROM processes
-             WHERE device_id = $1 AND last_seen_ms >= $2 AND first_seen_ms <= $3",
+             WHERE device_id = $1 AND (last_seen_ms >= $2 OR id = ANY($4)) AND first_seen_ms <= $3",
         )
         .bind(device)
         .bind(from_ms)
         .bind(to_ms)
+        .bind(self.process_seen.seen_since(from_ms))
         .fetch_all(&self.pool)
         .await?;
         let ids: Vec<i64> = meta.iter().map(|m| m.id).collect();
@@ -598,6 +633,14 @@ impl Store for PostgresStore {
             points,
         }))
     }
+}
+
+/// A process as the store reads it, with the id its checkpoint is kept by.
+#[derive(sqlx::FromRow)]
+struct ProcessIdRow {
+    process_id: i64,
+    #[sqlx(flatten)]
+    row: ProcessRow,
 }
 
 /// A node as the store reads it, with the id its checkpoint is kept by.

@@ -1,26 +1,21 @@
-//! What this collector last wrote to each process's row, so that a steady
+//! What this collector knows of each process's row, so that a steady
 //! process's samples go straight into `process_samples` by id, without
 //! rewriting its row (a new row version and three index entries) and
-//! without looking its id up, every second. The database stays the truth:
-//! peaks and first-seen times here are ones the row already has or beats
-//! (peaks only grow, last-seen times only move forward), so a stale entry
-//! costs at worst a write that was not needed, never a lost peak. The
-//! last memory value is the exception (another collector may have written
-//! a different one since), so every refresh of a steady process's
-//! last-seen time writes its memory too: a wrong value lasts at most
-//! [`PROCESS_REFRESH_MS`].
+//! without looking its id up, every second. Its last-seen time and memory
+//! are then a checkpoint (`checkpoints::ProcessSeen`). The database stays
+//! the truth: peaks and first-seen times here are ones the row already has
+//! or beats (peaks only grow, last-seen times only move forward), so a
+//! stale entry costs at worst a write that was not needed, never a lost
+//! peak. The last memory value is the exception (another collector may
+//! have written a different one since), so every checkpoint of a steady
+//! process writes its memory too.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::model::ProcessSampleRow;
 
-/// A steady process's row is rewritten at most this often, so its
-/// `last_seen_ms` trails by at most this much (the dashboard lists the
-/// processes seen in the last 30 s).
-pub(super) const PROCESS_REFRESH_MS: i64 = 10_000;
-
-/// Entries not seen for this long are forgotten.
+/// Entries with no sample for this long (of sample time) are forgotten.
 const FORGET_AFTER_MS: i64 = 10 * 60_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -54,18 +49,18 @@ pub(super) enum RowState {
     /// Unknown here, or something on the row changed: upserted, which
     /// returns the row's id.
     Upsert,
-    /// Nothing to write: the sample goes in by the row's id.
+    /// Nothing but the last-seen time moves (a checkpoint): the sample goes
+    /// in by the row's id.
     Steady(i64),
-    /// Only the last-seen time is due: a narrow update by id of it and of
-    /// the memory, not an upsert of every column.
-    Refresh(i64),
 }
 
 #[derive(Debug, Clone)]
 struct Written {
     id: i64,
     first_seen_ms: i64,
+    /// The newest sample committed (the row may trail it: a checkpoint).
     last_seen_ms: i64,
+    /// The memory of that sample.
     memory_last: i64,
     memory_peak: i64,
     attribution: Attribution,
@@ -137,29 +132,25 @@ impl ProcessCache {
                 let same = row.used_max <= known.memory_peak
                     && row.timestamp_ms >= known.first_seen_ms
                     && known.attribution.matches(row);
-                if !same {
+                if !same
+                    || (row.timestamp_ms > known.last_seen_ms && row.used_last != known.memory_last)
+                {
                     RowState::Upsert
-                } else if row.timestamp_ms <= known.last_seen_ms {
-                    RowState::Steady(known.id)
-                } else if row.used_last != known.memory_last {
-                    RowState::Upsert
-                } else if row.timestamp_ms < known.last_seen_ms + PROCESS_REFRESH_MS {
-                    RowState::Steady(known.id)
                 } else {
-                    RowState::Refresh(known.id)
+                    RowState::Steady(known.id)
                 }
             })
             .collect()
     }
 
-    /// After the commit: what the rows written to `processes` now hold at
-    /// least. `written` are the samples that were upserted or refreshed,
-    /// with their row ids.
-    pub(super) fn learn(&self, written: &[(i64, &ProcessSampleRow)]) {
+    /// After the commit: every committed sample with its row id. An
+    /// upserted one is what its row now holds at least; a steady one moves
+    /// only the newest sample's time.
+    pub(super) fn learn(&self, committed: &[(i64, &ProcessSampleRow)]) {
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };
-        for (id, row) in written {
+        for (id, row) in committed {
             let entry = inner
                 .written
                 .entry(ProcessKey::of(row))
@@ -211,7 +202,7 @@ mod tests {
     }
 
     #[test]
-    fn a_steady_process_is_rewritten_only_when_due() {
+    fn only_a_change_rewrites_a_process_row() {
         let cache = ProcessCache::default();
         let first = sample(1_000, 100);
         assert_eq!(
@@ -222,11 +213,10 @@ mod tests {
         cache.learn(&[(7, &first)]);
         let same = sample(2_000, 100);
         assert_eq!(cache.states(&[&same]), vec![RowState::Steady(7)]);
-        let due = sample(1_000 + PROCESS_REFRESH_MS, 100);
         assert_eq!(
-            cache.states(&[&due]),
-            vec![RowState::Refresh(7)],
-            "last seen refresh"
+            cache.states(&[&sample(60_000, 100)]),
+            vec![RowState::Steady(7)],
+            "only its last-seen time moves, a checkpoint"
         );
         let grew = sample(3_000, 150);
         assert_eq!(cache.states(&[&grew]), vec![RowState::Upsert], "new peak");

@@ -14,12 +14,14 @@
 //! checkpoints, processes) belongs to one of those boots' nodes, so two
 //! writes that could meet on them meet on the boots first, and queue there.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use sqlx::postgres::PgConnection;
 use sqlx::{Connection, Postgres, Row, Transaction};
 
-use super::checkpoints::{LatestCache, NodeCache, NodeSeen, newest_per_key};
+use super::checkpoints::{
+    LatestCache, NodeCache, NodeSeen, ProcessSeen, ProcessSeenCache, newest_per_key,
+};
 use super::copy::{BinaryRows, copy_in};
 use super::process_cache::{ProcessCache, ProcessKey, RowState};
 use crate::model::{
@@ -50,6 +52,7 @@ pub(super) struct Caches<'c> {
     pub(super) process: &'c ProcessCache,
     pub(super) latest: &'c LatestCache,
     pub(super) nodes: &'c NodeCache,
+    pub(super) process_seen: &'c ProcessSeenCache,
     /// The wall clock, which paces the checkpoints.
     pub(super) now_ms: i64,
 }
@@ -86,6 +89,7 @@ async fn write_claimed(
     let seen_newest: Vec<&NodeSeen> = seen.iter().collect();
     let nodes = caches.nodes.due(&seen_newest, caches.now_ms);
     let processes_written = write_process_samples(&mut tx, caches.process, &processes).await?;
+    let refreshed = process_refreshes(caches, &processes_written);
     write_allocator_samples(&mut tx, &processes).await?;
     write_events(&mut tx, &events).await?;
     let timestamps = gpu
@@ -98,7 +102,7 @@ async fn write_claimed(
             boots: &claim.boots,
             nodes: &nodes,
             latest: &latest,
-            refreshed: &processes_written.refreshed,
+            refreshed: &refreshed,
             minutes: minutes_of(timestamps),
         },
     )
@@ -112,7 +116,15 @@ async fn write_claimed(
         )));
     }
     tx.commit().await?;
-    caches.process.learn(&processes_written.learned);
+    caches.process.learn(&processes_written.committed);
+    let mut seen = processes_written.steady;
+    seen.extend_from_slice(&processes_written.upserted);
+    let seen_refs: Vec<&ProcessSeen> = seen.iter().collect();
+    let mut written = refreshed;
+    written.extend_from_slice(&processes_written.upserted);
+    caches
+        .process_seen
+        .learn(&newest_per_key(&seen_refs), &written, caches.now_ms);
     caches.latest.learn(&newest, &latest, caches.now_ms);
     caches.nodes.learn(&seen_newest, &nodes, caches.now_ms);
     Ok(())
@@ -222,6 +234,20 @@ async fn claim_seqs<'b>(
     Ok(Claim::with_committed(batches, &committed))
 }
 
+/// The steady processes whose last-seen checkpoint is due: not those
+/// whose whole row this write upserts anyway.
+fn process_refreshes(caches: &Caches<'_>, written: &ProcessesWritten<'_>) -> Vec<ProcessSeen> {
+    let upserted: HashSet<i64> = written.upserted.iter().map(|u| u.process_id).collect();
+    let steady: Vec<&ProcessSeen> = written
+        .steady
+        .iter()
+        .filter(|s| !upserted.contains(&s.process_id))
+        .collect();
+    let mut due = caches.process_seen.due(&steady, caches.now_ms);
+    due.retain(|s| !upserted.contains(&s.process_id));
+    due
+}
+
 /// Each node's newest sample time in `batches`, in node order.
 fn newest_per_node(batches: &[&StoreBatch]) -> Vec<NodeSeen> {
     let mut newest: BTreeMap<i64, i64> = BTreeMap::new();
@@ -248,8 +274,8 @@ struct Books<'a> {
     nodes: &'a [NodeSeen],
     /// `gpu_latest` rows due, one per device, in device order.
     latest: &'a [GpuSampleRow],
-    /// Process id, newest sample time and memory, in id order.
-    refreshed: &'a [(i64, i64, i64)],
+    /// Steady processes' last-seen times and memory due, in id order.
+    refreshed: &'a [ProcessSeen],
     /// The distinct minutes of the samples; those before the minute
     /// rollup's watermark are marked for the rollup job to redo.
     minutes: Vec<i64>,
@@ -313,9 +339,9 @@ async fn keep_books(conn: &mut PgConnection, books: &Books<'_>) -> Result<usize,
     .bind(latest.iter().map(|r| r.utilization_pct).collect::<Vec<_>>())
     .bind(latest.iter().map(|r| r.pcie_tx_bytes_per_s).collect::<Vec<_>>())
     .bind(latest.iter().map(|r| r.pcie_rx_bytes_per_s).collect::<Vec<_>>())
-    .bind(books.refreshed.iter().map(|r| r.0).collect::<Vec<_>>())
-    .bind(books.refreshed.iter().map(|r| r.1).collect::<Vec<_>>())
-    .bind(books.refreshed.iter().map(|r| r.2).collect::<Vec<_>>())
+    .bind(books.refreshed.iter().map(|r| r.process_id).collect::<Vec<_>>())
+    .bind(books.refreshed.iter().map(|r| r.timestamp_ms).collect::<Vec<_>>())
+    .bind(books.refreshed.iter().map(|r| r.memory).collect::<Vec<_>>())
     .bind(MINUTE_MS)
     .bind(&books.minutes)
     .fetch_one(conn)
@@ -369,19 +395,22 @@ pub(super) fn process_sample_rows(
 }
 
 /// Moves each device's row in `gpu_latest` (what the fleet overview reads)
-/// to its sample in `latest` (one per device) and each node's last-seen
-/// time to `nodes`, unless a newer one is already there.
+/// to its sample in `latest` (one per device), each node's last-seen time
+/// to `nodes` and each process's to `processes`, unless a newer one is
+/// already there.
 pub(super) async fn write_checkpoints(
     conn: &mut PgConnection,
     latest: &[GpuSampleRow],
     nodes: &[NodeSeen],
+    processes: &[ProcessSeen],
 ) -> Result<(), StoreError> {
-    if !latest.is_empty() || !nodes.is_empty() {
+    if !latest.is_empty() || !nodes.is_empty() || !processes.is_empty() {
         keep_books(
             conn,
             &Books {
                 latest,
                 nodes,
+                refreshed: processes,
                 ..Books::default()
             },
         )
@@ -393,19 +422,20 @@ pub(super) async fn write_checkpoints(
 /// What a write did to the rows of `processes`.
 #[derive(Debug, Default)]
 struct ProcessesWritten<'r> {
-    /// Samples upserted or refreshed, with their row ids: what the cache
-    /// may learn once the transaction commits.
-    learned: Vec<(i64, &'r ProcessSampleRow)>,
-    /// Rows whose last-seen time and memory are due, for [`keep_books`]:
-    /// id, newest sample time and memory, in id order.
-    refreshed: Vec<(i64, i64, i64)>,
+    /// Every sample stored, with its row id, for the process cache to learn
+    /// once the transaction commits.
+    committed: Vec<(i64, &'r ProcessSampleRow)>,
+    /// Each steady process's newest sample: its row's last-seen checkpoint.
+    steady: Vec<ProcessSeen>,
+    /// Each upserted process's newest sample, which its row now holds.
+    upserted: Vec<ProcessSeen>,
 }
 
 /// Process samples, and the rows of the processes they belong to. A
 /// process this collector wrote recently and that has not changed (most,
 /// between allocator growth steps) keeps its row, but for its last-seen
-/// time and memory every few seconds (left to [`keep_books`]); its samples
-/// go in by the id the cache knows. The others are upserted, which returns
+/// time and memory, a checkpoint (left to [`keep_books`]); its samples go
+/// in by the id the cache knows. The others are upserted, which returns
 /// their ids.
 async fn write_process_samples<'r>(
     tx: &mut Transaction<'_, Postgres>,
@@ -415,35 +445,15 @@ async fn write_process_samples<'r>(
     if p.is_empty() {
         return Ok(ProcessesWritten::default());
     }
-    let states = cache.states(p);
-    let mut ids: Vec<Option<i64>> = states
-        .iter()
+    let steady_ids: Vec<Option<i64>> = cache
+        .states(p)
+        .into_iter()
         .map(|state| match state {
-            RowState::Steady(id) | RowState::Refresh(id) => Some(*id),
+            RowState::Steady(id) => Some(id),
             RowState::Upsert => None,
         })
         .collect();
-    let mut learned = Vec::new();
-    // Per row, the newest sample's time and memory; sorted by id so that
-    // two writers update rows in the same order.
-    let mut refreshed: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
-    for (row, state) in p.iter().zip(&states) {
-        if let RowState::Refresh(id) = *state {
-            let seen = refreshed
-                .entry(id)
-                .or_insert((row.timestamp_ms, row.used_last));
-            if row.timestamp_ms > seen.0 {
-                *seen = (row.timestamp_ms, row.used_last);
-            }
-            learned.push((id, *row));
-        }
-    }
-    // The memory too: another collector may have written the row since
-    // this one last did, with a value this sample's replaces.
-    let refreshed = refreshed
-        .into_iter()
-        .map(|(id, (ts, used))| (id, ts, used))
-        .collect();
+    let mut ids = steady_ids.clone();
     let changed: Vec<&ProcessSampleRow> = p
         .iter()
         .zip(&ids)
@@ -455,26 +465,43 @@ async fn write_process_samples<'r>(
         for (row, id) in p.iter().zip(ids.iter_mut()) {
             if id.is_none() {
                 *id = upserted.get(&ProcessKey::of(row)).copied();
-                if let Some(id) = *id {
-                    learned.push((id, *row));
-                }
             }
         }
     }
     // Every upserted key comes back; a sample without an id would be a bug,
     // and is left out rather than stored under another process.
-    let (rows, ids): (Vec<&ProcessSampleRow>, Vec<i64>) = p
+    let stored: Vec<(i64, &ProcessSampleRow, bool)> = p
         .iter()
-        .zip(ids)
-        .filter_map(|(row, id)| Some((*row, id?)))
-        .unzip();
+        .zip(&ids)
+        .zip(&steady_ids)
+        .filter_map(|((row, id), steady)| Some(((*id)?, *row, steady.is_some())))
+        .collect();
     let copy = process_sample_rows(
-        rows.iter()
-            .zip(ids)
-            .map(|(row, id)| (id, row.timestamp_ms, row.used_last, row.used_max)),
+        stored
+            .iter()
+            .map(|(id, row, _)| (*id, row.timestamp_ms, row.used_last, row.used_max)),
     );
     copy_in(tx, PROCESS_SAMPLES_COPY, copy).await?;
-    Ok(ProcessesWritten { learned, refreshed })
+    // The memory goes with the time: another collector may have written
+    // the row since this one last did, with a value this sample's replaces.
+    let newest = |steady: bool| -> Vec<ProcessSeen> {
+        let samples: Vec<ProcessSeen> = stored
+            .iter()
+            .filter(|(_, _, was_steady)| *was_steady == steady)
+            .map(|(id, row, _)| ProcessSeen {
+                process_id: *id,
+                timestamp_ms: row.timestamp_ms,
+                memory: row.used_last,
+            })
+            .collect();
+        let refs: Vec<&ProcessSeen> = samples.iter().collect();
+        newest_per_key(&refs).into_iter().copied().collect()
+    };
+    Ok(ProcessesWritten {
+        steady: newest(true),
+        upserted: newest(false),
+        committed: stored.iter().map(|(id, row, _)| (*id, *row)).collect(),
+    })
 }
 
 /// Inserts or updates the row of every process of `p` (one per process,
