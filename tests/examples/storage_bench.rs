@@ -278,14 +278,7 @@ struct IngestFigures {
 async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
     let db = postgres::fresh_database().await.expect("Postgres");
     let store = store::connect(&db.url).await.unwrap();
-    let mut config = headroom_collector::Collector::new(store.clone());
-    if let Ok(n) = std::env::var("BENCH_WRITERS") {
-        config.writers.writers = n.parse().unwrap();
-    }
-    if let Ok(n) = std::env::var("BENCH_MAX_BATCHES") {
-        config.writers.max_batches_per_write = n.parse().unwrap();
-    }
-    let collector = RunningCollector::start_collector(config).await;
+    let collector = RunningCollector::start(store.clone()).await;
     // Simulated time runs from two hours ago at one batch per second, as fast
     // as the collector acknowledges: well inside the 7-day acceptance window.
     let start_ms = (now_ms() - 2 * 3_600_000) / 1000 * 1000;

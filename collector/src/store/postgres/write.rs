@@ -198,7 +198,9 @@ impl<'b> Claim<'b> {
 
 /// Locks the boots of `batches` (in key order, so two collectors writing
 /// overlapping groups cannot deadlock) and decides which batches are new
-/// from their committed seqs.
+/// from their committed seqs. (The `= ANY` lets Postgres find the rows by
+/// index: the planned join would scan the whole table, whose rows each
+/// write updates.)
 async fn claim_seqs<'b>(
     tx: &mut Transaction<'_, Postgres>,
     batches: &'b [StoreBatch],
@@ -209,6 +211,7 @@ async fn claim_seqs<'b>(
         "SELECT b.node_id, b.boot_id, b.committed_seq
          FROM agent_boots b JOIN (SELECT DISTINCT * FROM UNNEST($1::int8[], $2::text[])) AS k(node_id, boot_id)
              ON b.node_id = k.node_id AND b.boot_id = k.boot_id
+         WHERE b.node_id = ANY($1)
          ORDER BY b.node_id, b.boot_id
          FOR UPDATE OF b",
     )
