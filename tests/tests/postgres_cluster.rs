@@ -24,6 +24,15 @@ async fn collector(db: &TestDatabase) -> PostgresStore {
         .unwrap()
 }
 
+/// Two collectors on one database, their checkpoints paced by one manual
+/// clock that starts at `start_ms`.
+async fn two_collectors(db: &TestDatabase, start_ms: i64) -> (PostgresStore, PostgresStore, Clock) {
+    let clock = Clock::manual(start_ms);
+    let first = collector(db).await.with_clock(clock.clone());
+    let second = collector(db).await.with_clock(clock.clone());
+    (first, second, clock)
+}
+
 async fn partitions(store: &PostgresStore) -> HashSet<String> {
     sqlx::query_scalar::<_, String>(
         "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid",
@@ -209,9 +218,7 @@ async fn the_serving_collector_shows_every_second_and_another_a_checkpoint_at_mo
     let now = now_ms();
     let start = now - 60_000;
     // The agent is live: each batch is written at the time it was sampled.
-    let clock = Clock::manual(start);
-    let serving = collector(&db).await.with_clock(clock.clone());
-    let other = collector(&db).await.with_clock(clock.clone());
+    let (serving, other, clock) = two_collectors(&db, start).await;
     let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
     let gib = 1i64 << 30;
     let write = |seq: u64, used: i64| {
@@ -276,9 +283,7 @@ async fn a_node_is_seen_to_the_second_where_served_and_at_most_5_s_late_elsewher
         return;
     };
     let now = now_ms();
-    let clock = Clock::manual(now);
-    let serving = collector(&db).await.with_clock(clock.clone());
-    let other = collector(&db).await.with_clock(clock.clone());
+    let (serving, other, clock) = two_collectors(&db, now).await;
     let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
     let last_seen = |store: &PostgresStore| {
         let store = store.clone();
@@ -317,9 +322,7 @@ async fn a_replayed_steady_process_is_seen_where_served_and_written_once_quiet()
         return;
     };
     let now = now_ms();
-    let clock = Clock::manual(now);
-    let serving = collector(&db).await.with_clock(clock.clone());
-    let other = collector(&db).await.with_clock(clock.clone());
+    let (serving, other, clock) = two_collectors(&db, now).await;
     let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
     let start = now - 120_000;
     let at = |i: u64| start + i as i64 * 1000;
@@ -523,9 +526,7 @@ async fn quiet_devices_and_a_closing_collector_leave_their_newest_sample_in_the_
     };
     let now = now_ms();
     let start = now - 60_000;
-    let clock = Clock::manual(start);
-    let serving = collector(&db).await.with_clock(clock.clone());
-    let other = collector(&db).await.with_clock(clock.clone());
+    let (serving, other, clock) = two_collectors(&db, start).await;
     let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
     let gib = 1u64 << 30;
     let at = |seq: u64| start + seq as i64 * 1000;
@@ -598,9 +599,7 @@ async fn a_process_whose_agent_hops_between_collectors_shows_its_current_memory(
     let now = now_ms();
     let start = now - 120_000;
     // The agent is live: each batch is written at the time it was sampled.
-    let clock = Clock::manual(start);
-    let a = collector(&db).await.with_clock(clock.clone());
-    let b = collector(&db).await.with_clock(clock.clone());
+    let (a, b, clock) = two_collectors(&db, start).await;
     let gib = 1u64 << 30;
     let at = |s: i64| {
         clock.set_ms(start + s * 1000);
