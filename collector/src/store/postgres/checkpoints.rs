@@ -47,8 +47,11 @@ pub(super) trait Checkpoint: Copy {
     /// When it was sampled: a row never goes back to an older value.
     fn timestamp_ms(&self) -> i64;
     /// True when it differs from `written`, what the row holds, enough that
-    /// a reader of the row alone should see it at once.
-    fn moved_from(&self, written: &Self) -> bool;
+    /// a reader of the row alone should see it at once. By default only
+    /// the pace rewrites a row.
+    fn moved_from(&self, _written: &Self) -> bool {
+        false
+    }
 }
 
 impl Checkpoint for GpuSampleRow {
@@ -85,10 +88,6 @@ impl Checkpoint for NodeSeen {
     fn timestamp_ms(&self) -> i64 {
         self.timestamp_ms
     }
-
-    fn moved_from(&self, _written: &Self) -> bool {
-        false
-    }
 }
 
 /// A steady process's newest sample: its row's `last_seen_ms` and
@@ -111,10 +110,6 @@ impl Checkpoint for ProcessSeen {
 
     fn timestamp_ms(&self) -> i64 {
         self.timestamp_ms
-    }
-
-    fn moved_from(&self, _written: &Self) -> bool {
-        false
     }
 }
 

@@ -220,19 +220,11 @@ async fn claim_seqs<'b>(
     .fetch_all(&mut **tx)
     .await?;
     let mut committed: HashMap<(i64, &str), i64> = HashMap::with_capacity(rows.len());
-    for row in rows {
-        let node_id: i64 = row.try_get("node_id")?;
-        let boot_id: &str = row.try_get("boot_id")?;
-        // Keyed by the batch's own string, which outlives the rows.
-        if let Some(batch) = batches
-            .iter()
-            .find(|b| b.node_id == node_id && b.boot_id == boot_id)
-        {
-            committed.insert(
-                (node_id, batch.boot_id.as_str()),
-                row.try_get("committed_seq")?,
-            );
-        }
+    for row in &rows {
+        committed.insert(
+            (row.try_get("node_id")?, row.try_get("boot_id")?),
+            row.try_get("committed_seq")?,
+        );
     }
     Ok(Claim::with_committed(batches, &committed))
 }
@@ -319,7 +311,7 @@ async fn keep_books(conn: &mut PgConnection, books: &Books<'_>) -> Result<usize,
              UPDATE processes p SET
                  memory_last = CASE WHEN v.ts >= p.last_seen_ms THEN v.last ELSE p.memory_last END,
                  last_seen_ms = GREATEST(p.last_seen_ms, v.ts)
-             FROM UNNEST($17::int8[], $18::int8[], $19::int8[]) AS v(id, ts, last) WHERE p.id = v.id),
+             FROM UNNEST($17::int8[], $18::int8[], $19::int8[]) AS v(id, ts, last) WHERE p.id = ANY($17) AND p.id = v.id),
          marked AS (
              INSERT INTO rollup_pending (step_ms, bucket_ms)
              SELECT $20, m FROM UNNEST($21::int8[]) AS m
