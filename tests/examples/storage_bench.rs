@@ -9,6 +9,8 @@
 //!
 //! PHASES (default `ingest,storage`; queries need the storage phase's data)
 //! picks what runs: `ingest` alone is the quick A/B of a write-path change.
+//! `BENCH_WRITERS=N` sets the collector's `[ingest] writers` (default 0: 2
+//! on Postgres).
 //!
 //! 1. Ingest: AGENTS (default 200) simulated 8-GPU agents register over real
 //!    gRPC on loopback with a collector on Postgres and stream one batch per
@@ -41,6 +43,7 @@ use std::time::{Duration, Instant};
 
 use headroom_collector::ingest::validate::{self, Limits};
 use headroom_collector::model::{NodeSession, StoreBatch};
+use headroom_collector::server::Collector;
 use headroom_collector::store::rollup::{DAY_MS, HOUR_MS, StorageConfig, bucket_start};
 use headroom_collector::store::{self, PostgresStore, Store};
 use headroom_proto::v1 as pb;
@@ -272,13 +275,77 @@ struct IngestFigures {
     process_rows: u64,
     seconds: f64,
     batches_per_write: f64,
+    cpu: CpuSpent,
 }
+
+/// CPU seconds over a timed window, by who spent them.
+#[derive(Debug, Clone, Copy, Default)]
+struct CpuSpent {
+    /// The Postgres server, every process of it; `None` when it is not on
+    /// this machine.
+    postgres: Option<f64>,
+    /// This process's threads but the simulated agents': the collector, or
+    /// the `COPY` client that formats the rows.
+    client: f64,
+    /// The simulated agents' threads.
+    agents: f64,
+}
+
+/// Reads the CPU counters at the start of a window; `spent` at its end.
+#[derive(Debug, Clone, Copy)]
+struct CpuMark {
+    postmaster: Option<u32>,
+    at: CpuSpent,
+}
+
+impl CpuMark {
+    fn now(postmaster: Option<u32>) -> Self {
+        let (agents, client) = headroom_tests::cpu::own_seconds_split(AGENT_THREAD);
+        Self {
+            postmaster,
+            at: CpuSpent {
+                postgres: postmaster.and_then(headroom_tests::cpu::postgres_seconds),
+                client,
+                agents,
+            },
+        }
+    }
+
+    fn spent(&self) -> CpuSpent {
+        let end = Self::now(self.postmaster).at;
+        CpuSpent {
+            postgres: end.postgres.zip(self.at.postgres).map(|(b, a)| b - a),
+            client: end.client - self.at.client,
+            agents: end.agents - self.at.agents,
+        }
+    }
+}
+
+/// The postmaster of the server `conn` talks to, when it runs here.
+async fn postmaster_of(conn: &mut PgConnection) -> Option<u32> {
+    let (backend, database): (i32, String) =
+        sqlx::query_as("SELECT pg_backend_pid(), current_database()")
+            .fetch_one(conn)
+            .await
+            .ok()?;
+    headroom_tests::cpu::postmaster_of_backend(u32::try_from(backend).ok()?, &database)
+}
+
+const AGENT_THREAD: &str = "bench-agents";
 
 /// Phase 1a: agents over gRPC into a collector on Postgres.
 async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
     let db = postgres::fresh_database().await.expect("Postgres");
     let store = store::connect(&db.url).await.unwrap();
-    let collector = RunningCollector::start(store.clone()).await;
+    let postmaster = postmaster_of(&mut PgConnection::connect(&db.url).await.unwrap()).await;
+    let mut config = Collector::new(store.clone());
+    if let Some(writers) = std::env::var("BENCH_WRITERS")
+        .ok()
+        .and_then(|w| w.parse().ok())
+    {
+        config.writers.writers = writers;
+    }
+    let collector = RunningCollector::start_collector(config).await;
     // Simulated time runs from two hours ago at one batch per second, as fast
     // as the collector acknowledges: well inside the 7-day acceptance window.
     let start_ms = (now_ms() - 2 * 3_600_000) / 1000 * 1000;
@@ -288,7 +355,7 @@ async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
     // ahead of its writers.
     let agent_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .thread_name("bench-agents")
+        .thread_name(AGENT_THREAD)
         .enable_all()
         .build()
         .unwrap();
@@ -347,8 +414,10 @@ async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
     .await;
     let writes0 = metric(&collector, "headroom_collector_write_groups_total").await;
     let batches0 = metric(&collector, "headroom_collector_write_group_batches_total").await;
+    let cpu = CpuMark::now(postmaster);
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let cpu = cpu.spent();
     let gpu1 = metric(&collector, "headroom_collector_samples_total{kind=\"gpu\"}").await;
     let proc1 = metric(
         &collector,
@@ -371,17 +440,20 @@ async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
         process_rows: (proc1 - proc0) as u64,
         seconds: elapsed,
         batches_per_write: (batches1 - batches0) / (writes1 - writes0).max(1.0),
+        cpu,
     }
 }
 
 /// Phase 1b: the same rows into the same tables with COPY, the limit.
-async fn copy_limit(gpu_rows: u64, process_rows: u64, agents: usize) -> f64 {
+async fn copy_limit(gpu_rows: u64, process_rows: u64, agents: usize) -> (f64, CpuSpent) {
     let db = postgres::fresh_database().await.expect("Postgres");
     let store = store::connect(&db.url).await.unwrap();
     store.close().await;
     let mut conn = PgConnection::connect(&db.url).await.unwrap();
+    let postmaster = postmaster_of(&mut conn).await;
     let start_ms = (now_ms() - 2 * 3_600_000) / 1000 * 1000;
     let seconds_of_data = gpu_rows / (agents * GPUS_PER_NODE) as u64 + 1;
+    let cpu = CpuMark::now(postmaster);
     let started = Instant::now();
     let mut copy = conn
         .copy_in_raw(
@@ -444,9 +516,10 @@ async fn copy_limit(gpu_rows: u64, process_rows: u64, agents: usize) -> f64 {
     copy.send(text.as_bytes()).await.unwrap();
     copy.finish().await.unwrap();
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu = cpu.spent();
     conn.close().await.unwrap();
     db.drop_database().await;
-    elapsed
+    (elapsed, cpu)
 }
 
 /// Phase 2: a day of history through the store's write path, then rollups.
@@ -645,9 +718,16 @@ async fn ingest_rounds(agents: usize, seconds: u64, rounds: usize) {
     println!("| round | path | GPU samples/s | process samples/s | rows/s | ratio to COPY |");
     println!("|---|---|---|---|---|---|");
     let mut ratios = Vec::new();
+    let mut cpu_rows = Vec::new();
     for round in 1..=rounds {
         let ingest = ingest_over_grpc(agents, seconds).await;
-        let copy_s = copy_limit(ingest.gpu_rows, ingest.process_rows, agents).await;
+        let (copy_s, copy_cpu) = copy_limit(ingest.gpu_rows, ingest.process_rows, agents).await;
+        cpu_rows.push((
+            round,
+            ingest.cpu,
+            copy_cpu,
+            ingest.gpu_rows + ingest.process_rows,
+        ));
         let rows = (ingest.gpu_rows + ingest.process_rows) as f64;
         let ingest_rate = rows / ingest.seconds;
         let copy_rate = rows / copy_s;
@@ -668,6 +748,39 @@ async fn ingest_rounds(agents: usize, seconds: u64, rounds: usize) {
     }
     ratios.sort_by(f64::total_cmp);
     println!("median ratio to COPY: {:.2}", percentile(&ratios, 0.5));
+    println!();
+    // Rates on two shared cores move with the load generator and the
+    // machine; what each path costs the database per row does not.
+    println!("CPU per 1,000 rows stored, by process (ms):");
+    println!("| round | path | Postgres | collector or COPY client | simulated agents |");
+    println!("|---|---|---|---|---|");
+    let per_k = |seconds: f64, rows: u64| seconds * 1e6 / rows.max(1) as f64;
+    let shown =
+        |s: Option<f64>, rows| s.map_or("n/a".to_string(), |s| format!("{:.3}", per_k(s, rows)));
+    let mut postgres_ratios = Vec::new();
+    for (round, ingest, copy, rows) in cpu_rows {
+        println!(
+            "| {round} | collector | {} | {:.3} | {:.3} |",
+            shown(ingest.postgres, rows),
+            per_k(ingest.client, rows),
+            per_k(ingest.agents, rows)
+        );
+        println!(
+            "| {round} | COPY | {} | {:.3} | |",
+            shown(copy.postgres, rows),
+            per_k(copy.client, rows)
+        );
+        if let (Some(i), Some(c)) = (ingest.postgres, copy.postgres) {
+            postgres_ratios.push(c / i);
+        }
+    }
+    if !postgres_ratios.is_empty() {
+        postgres_ratios.sort_by(f64::total_cmp);
+        println!(
+            "median Postgres CPU per row, COPY over collector: {:.2}",
+            percentile(&postgres_ratios, 0.5)
+        );
+    }
     println!();
 }
 

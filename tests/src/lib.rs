@@ -2,6 +2,7 @@
 //! collector, and fixtures.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod cpu;
 pub mod fake_nvml;
 pub mod fixtures;
 pub mod harness;
