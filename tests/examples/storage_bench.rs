@@ -19,7 +19,11 @@
 //!    fast as the acks come back, for SECONDS (default 20). Then the same number of rows,
 //!    generated the same way, go into the same tables with one `COPY` each:
 //!    the most this Postgres takes. Same process, same machine, one run;
-//!    ROUNDS (default 3) rounds of both, and the median ratio.
+//!    ROUNDS (default 3) rounds of both, and the median ratio. Beside the
+//!    rates, the CPU each path cost per 1,000 rows over its timed window:
+//!    the Postgres server's (when it runs on this machine), the simulated
+//!    agents' threads and the rest of this process (collector or `COPY`
+//!    client).
 //! 2. Storage: HISTORY_NODES (default 8) nodes of 8 GPUs, each GPU with two
 //!    processes, write one whole UTC day (the last that ended more than a day
 //!    ago) at one sample per second through the store's own write path, then
