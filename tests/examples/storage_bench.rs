@@ -337,6 +337,33 @@ async fn postmaster_of(conn: &mut PgConnection) -> Option<u32> {
 
 const AGENT_THREAD: &str = "bench-agents";
 
+/// Connects and registers `node` as an agent does, again after a short
+/// pause when it fails: 1,250 agents connecting at once overflow the
+/// collector's accept queue, and a few connections are reset.
+async fn connect_and_register(url: &str, node: usize) -> tonic::transport::Channel {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let registered = async {
+            let channel = tonic::transport::Endpoint::from_shared(url.to_string())?
+                .connect()
+                .await?;
+            IngestClient::new(channel.clone())
+                .register(register_request(node, "bench"))
+                .await?;
+            anyhow::Ok(channel)
+        };
+        match registered.await {
+            Ok(channel) => return channel,
+            Err(error) if attempt < 20 => {
+                eprintln!("agent {node}: {error:#}; trying again");
+                tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+            }
+            Err(error) => panic!("agent {node} could not register: {error:#}"),
+        }
+    }
+}
+
 /// Phase 1a: agents over gRPC into a collector on Postgres.
 async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
     let db = postgres::fresh_database().await.expect("Postgres");
@@ -368,15 +395,7 @@ async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
         let url = collector.grpc_url();
         let stop = stop.clone();
         tasks.push(agent_runtime.spawn(async move {
-            let channel = tonic::transport::Endpoint::from_shared(url)
-                .unwrap()
-                .connect()
-                .await
-                .unwrap();
-            IngestClient::new(channel.clone())
-                .register(register_request(node, "bench"))
-                .await
-                .unwrap();
+            let channel = connect_and_register(&url, node).await;
             let (tx, rx) = tokio::sync::mpsc::channel(8);
             let producer = tokio::spawn(async move {
                 let mut next = batch(node, "bench", 1, start_ms + 1000);
