@@ -283,7 +283,7 @@ struct IngestFigures {
 }
 
 /// CPU seconds over a timed window, by who spent them.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct CpuSpent {
     /// The Postgres server, every process of it; `None` when it is not on
     /// this machine.

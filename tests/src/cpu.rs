@@ -4,7 +4,7 @@
 //! Rates on a shared two-core machine move with whatever else runs; CPU
 //! seconds per row say which side of a write path the time went to.
 
-use std::sync::OnceLock;
+use headroom_agent::attribution::process::USER_HZ;
 
 /// The parent pid and the CPU clock ticks (user and system) in a
 /// `/proc/<pid>/stat` line, with the children it has waited for when
@@ -22,19 +22,6 @@ fn stat_cpu_ticks(stat: &str, with_reaped: bool) -> Option<(u32, u64)> {
         ticks += field(16)? + field(17)?;
     }
     Some((ppid, ticks))
-}
-
-fn ticks_per_second() -> f64 {
-    static TICKS: OnceLock<f64> = OnceLock::new();
-    *TICKS.get_or_init(|| {
-        std::process::Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(100.0)
-    })
 }
 
 /// CPU seconds of the Postgres server whose postmaster is `postmaster`:
@@ -64,7 +51,7 @@ pub fn postgres_seconds(postmaster: u32) -> Option<f64> {
             ticks += child;
         }
     }
-    Some(ticks as f64 / ticks_per_second())
+    Some(ticks as f64 / USER_HZ as f64)
 }
 
 /// The postmaster of backend `pid` (what `pg_backend_pid()` answered),
@@ -101,7 +88,7 @@ pub fn own_seconds_split(prefix: &str) -> (f64, f64) {
             }
         }
     }
-    let hz = ticks_per_second();
+    let hz = USER_HZ as f64;
     (
         matching as f64 / hz,
         total.saturating_sub(matching) as f64 / hz,
