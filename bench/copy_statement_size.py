@@ -5,7 +5,7 @@ the statement carries.
 The collector writes each group of batches with one binary COPY per sample
 table, so a statement carries as many rows as the group has; the reference
 that storage_bench compares it with is one COPY of every row. This loads the
-same process-sample rows into Headroom's schema (migrations/postgres) in
+same process-sample rows into Headroom's schema (store/migrations/postgres) in
 statements of several sizes, alternated, and prints the backend's CPU time
 per row, read from /proc (so Postgres must run on this machine).
 
@@ -31,7 +31,7 @@ import psycopg
 
 DATABASE = "headroom_copy_bench"
 PROCESSES = 3200  # 200 nodes × 8 GPUs × 2 processes, as in storage_bench
-MIGRATIONS = pathlib.Path(__file__).resolve().parent.parent / "migrations" / "postgres"
+MIGRATIONS = pathlib.Path(__file__).resolve().parent.parent / "store" / "migrations" / "postgres"
 # How each round loads the rows: the statement and the rows per statement.
 # A big group of storage_bench (49 batches × 16 process samples), the same
 # as one INSERT from arrays, a 256-batch group (the cap), every row at once.

@@ -12,7 +12,10 @@ fi
 packages=(headroom-agent headroom-collector)
 dpkg -P "${packages[@]}" >/dev/null 2>&1 || true
 
-cargo build --release --locked --quiet -p headroom-agent -p headroom-collector
+# The collector without its `demo` feature: the production binary links no
+# NVML and no simulator, and `headroom-collector demo` says so.
+cargo build --release --locked --quiet -p headroom-agent
+cargo build --release --locked --quiet -p headroom-collector --no-default-features
 out=target/debian
 rm -rf "$out"
 for p in "${packages[@]}"; do
@@ -32,6 +35,10 @@ for p in "${packages[@]}"; do
   [ "$(version "$p")" = "0.1.0-1" ] || fail "$p version $(version "$p")"
 done
 [ -f /etc/headroom/agent.toml ] && [ -f /etc/headroom/collector.toml ] || fail "configuration missing"
+if demo_out=$(/usr/bin/headroom-collector demo 2>&1); then
+  fail "the packaged collector runs the demo: it was built with the simulated fleet"
+fi
+grep -q "without the simulated fleet" <<<"$demo_out" || fail "headroom-collector demo: $demo_out"
 for p in "${packages[@]}"; do
   [ -L "/etc/systemd/system/multi-user.target.wants/$p.service" ] || fail "$p.service not enabled on install"
 done

@@ -11,7 +11,6 @@ pub mod identity;
 pub mod metrics;
 pub mod outbox;
 pub mod sampler;
-pub mod service;
 pub mod source;
 pub mod time;
 pub mod tls;

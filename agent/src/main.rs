@@ -7,7 +7,8 @@ use clap::Parser;
 use headroom_agent::allocator::listener::ListenerConfig;
 use headroom_agent::config::{AgentConfig, Overrides, SourceKind};
 use headroom_agent::source::{GpuSource, NvmlOptions, NvmlSource, SimSource};
-use headroom_agent::{AgentSettings, AgentToken, identity, service};
+use headroom_agent::{AgentSettings, AgentToken, identity};
+use headroom_common::service;
 use headroom_sim::Scenario;
 
 /// Headroom's per-node agent: polls GPU memory and streams it to a collector.

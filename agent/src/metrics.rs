@@ -3,7 +3,6 @@
 //! Gauges show the newest poll, so a scrape never returns a stale cache.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -13,6 +12,8 @@ use axum::Router;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
+
+use headroom_common::exposition::write_family;
 
 use crate::outbox::LogStats;
 use crate::source::{EventKind, Inventory, Poll};
@@ -404,31 +405,6 @@ impl AgentMetrics {
             )],
         );
         out
-    }
-}
-
-/// Appends one metric family in the Prometheus text format: HELP, TYPE,
-/// then one line per (labels, value); empty labels print the bare name.
-/// Shared with the collector's endpoint.
-pub fn write_family<L, V>(
-    out: &mut String,
-    name: &str,
-    kind: &str,
-    help: &str,
-    rows: impl IntoIterator<Item = (L, V)>,
-) where
-    L: AsRef<str>,
-    V: std::fmt::Display,
-{
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-    for (labels, value) in rows {
-        let labels = labels.as_ref();
-        if labels.is_empty() {
-            let _ = writeln!(out, "{name} {value}");
-        } else {
-            let _ = writeln!(out, "{name}{{{labels}}} {value}");
-        }
     }
 }
 

@@ -2,39 +2,11 @@
 //! a collector that requires mutual TLS. Files are read once at start, and a
 //! missing or unreadable one is an error that names it.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    #[error("cannot read {what} {path}: {source}")]
-    Read {
-        what: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path} ({what}) holds no PEM block")]
-    NotPem { what: &'static str, path: PathBuf },
-    #[error("{0}")]
-    Invalid(String),
-}
-
-/// Reads a PEM file, checking that it is one.
-pub fn read_pem(path: &Path, what: &'static str) -> Result<Vec<u8>, TlsError> {
-    let bytes = std::fs::read(path).map_err(|source| TlsError::Read {
-        what,
-        path: path.to_owned(),
-        source,
-    })?;
-    if !bytes.windows(11).any(|w| w == b"-----BEGIN ") {
-        return Err(TlsError::NotPem {
-            what,
-            path: path.to_owned(),
-        });
-    }
-    Ok(bytes)
-}
+pub use headroom_common::tls::{TlsError, read_pem};
 
 /// Where the agent's TLS material is.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

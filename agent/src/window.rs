@@ -218,7 +218,6 @@ fn update(last: &mut ProcessReading, p: &ProcessReading) {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::source::{DeviceReading, ProcessOwner};

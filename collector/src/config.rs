@@ -4,14 +4,14 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use headroom_agent::tls::{TlsError, read_pem};
+use headroom_common::tls::{TlsError, read_pem};
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 use crate::http::auth::{HttpAuthConfig, HttpAuthMode};
 use crate::ingest::WriterConfig;
 use crate::ingest::validate::Limits;
-use crate::store::rollup::StorageConfig;
+use headroom_store::rollup::StorageConfig;
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -184,7 +184,6 @@ impl CollectorConfig {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -8,9 +8,7 @@ use anyhow::Context;
 use headroom_agent::AgentSettings;
 use headroom_agent::source::SimSource;
 use headroom_collector::Collector;
-use headroom_collector::clock::Clock;
-use headroom_collector::rules::config::RulesConfig;
-use headroom_collector::store;
+use headroom_rules::config::RulesConfig;
 use headroom_sim::Scenario;
 use tokio::net::TcpListener;
 
@@ -39,7 +37,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .with_context(|| format!("creating data folder {}", args.data_dir.display()))?;
     let db = args.data_dir.join("headroom.db");
     let url = format!("sqlite://{}", db.display());
-    let store = store::connect(&url)
+    let store = headroom_store::connect(&url)
         .await
         .with_context(|| format!("opening {url}"))?;
 
@@ -55,8 +53,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     })?;
     let http_addr = http.local_addr()?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let collector =
-        Collector::with_rules(store.clone(), RulesConfig::default(), Clock::System).await?;
+    let collector = Collector::builder(store.clone())
+        .rules(RulesConfig::default())
+        .build()
+        .await?;
     let collector = tokio::spawn(collector.serve(grpc, http, async move {
         let _ = stopped.await;
     }));

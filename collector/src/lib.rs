@@ -3,16 +3,11 @@
 
 pub mod alerts;
 pub mod auth;
-pub mod backtest;
-pub mod clock;
 pub mod config;
 pub mod http;
 pub mod ingest;
 pub mod metrics;
-pub mod model;
-pub mod rules;
 pub mod server;
-pub mod store;
 pub mod token_admin;
 
-pub use server::Collector;
+pub use server::{Collector, CollectorBuilder};

@@ -1,3 +1,4 @@
+#[cfg(feature = "demo")]
 mod demo;
 mod status;
 
@@ -9,12 +10,12 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use headroom_collector::Collector;
 use headroom_collector::alerts::Alerting;
-use headroom_collector::clock::Clock;
 use headroom_collector::config::{CollectorConfig, Overrides};
 use headroom_collector::http::auth::HttpAuthMode;
-use headroom_collector::rules::config::RulesConfig;
-use headroom_collector::store::{self, redact_url};
 use headroom_collector::token_admin::{self, TokenAction};
+use headroom_common::Clock;
+use headroom_rules::config::RulesConfig;
+use headroom_store::redact_url;
 use tokio::net::TcpListener;
 
 /// glibc's malloc walks and merges its small free chunks each time a large
@@ -81,7 +82,16 @@ enum Command {
     },
     /// Run the whole system on this machine: the collector on SQLite and one
     /// simulated agent per node of a scenario, streaming over gRPC on loopback.
+    #[cfg(feature = "demo")]
     Demo(demo::DemoArgs),
+    /// Production builds leave the simulated agents out; say so rather than
+    /// answer "unrecognized subcommand".
+    #[cfg(not(feature = "demo"))]
+    #[command(hide = true, disable_help_flag = true)]
+    Demo {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Print the built-in defaults of `serve` as a configuration file.
     PrintDefaultConfig,
     /// Enrol, list and revoke the tokens agents present (`[agents]
@@ -144,7 +154,13 @@ fn main() -> ExitCode {
             }
             Command::Backtest { rules, trace } => backtest(rules.as_deref(), &trace),
             Command::Status { url, token } => status::run(&url, token.as_deref()).await,
+            #[cfg(feature = "demo")]
             Command::Demo(args) => demo::run(args).await,
+            #[cfg(not(feature = "demo"))]
+            Command::Demo { .. } => anyhow::bail!(
+                "this collector was built without the simulated fleet (cargo feature `demo`); \
+                 run `cargo run --release -- demo` from the source tree"
+            ),
             Command::Token {
                 config,
                 database_url,
@@ -157,7 +173,7 @@ fn main() -> ExitCode {
                         ..Overrides::default()
                     },
                 )?;
-                let store = store::connect(&config.database_url)
+                let store = headroom_store::connect(&config.database_url)
                     .await
                     .with_context(|| format!("opening {}", redact_url(&config.database_url)))?;
                 let result = token_admin::run(
@@ -205,7 +221,7 @@ fn backtest(rules: Option<&std::path::Path>, trace: &std::path::Path) -> anyhow:
     let rules = load_rules(rules)?;
     let file = std::fs::File::open(trace)
         .with_context(|| format!("cannot open trace {}", trace.display()))?;
-    let (alerts, errors) = headroom_collector::backtest::run(rules, std::io::BufReader::new(file));
+    let (alerts, errors) = headroom_rules::backtest::run(rules, std::io::BufReader::new(file));
     for alert in &alerts {
         println!("{}", serde_json::to_string(alert)?);
     }
@@ -224,7 +240,7 @@ fn backtest(rules: Option<&std::path::Path>, trace: &std::path::Path) -> anyhow:
 
 async fn serve(config: CollectorConfig, rules_path: Option<PathBuf>) -> anyhow::Result<()> {
     let rules = load_rules(rules_path.as_deref())?;
-    let store = store::connect_with(&config.database_url, config.storage.clone())
+    let store = headroom_store::connect_with(&config.database_url, config.storage.clone())
         .await
         .with_context(|| format!("opening {}", redact_url(&config.database_url)))?;
     let grpc = TcpListener::bind(config.grpc_listen)
@@ -235,14 +251,12 @@ async fn serve(config: CollectorConfig, rules_path: Option<PathBuf>) -> anyhow::
         .with_context(|| format!("binding HTTP to {}", config.http_listen))?;
     tracing::info!(grpc = %config.grpc_listen, http = %config.http_listen,
         database = %redact_url(&config.database_url), "collector listening");
-    let mut collector = Collector::with_rules(store.clone(), rules, Clock::System).await?;
-    collector.writers = config.ingest.clone();
-    collector.storage = config.storage.clone();
-    collector.require_agent_tokens = config.agents.require_token;
-    collector.http_auth = config.http_auth.clone();
-    collector.limits = config.limits.clone();
-    collector.tls = config.tls.server_config()?;
-    if collector.tls.is_none() && !config.grpc_listen.ip().is_loopback() {
+    let collector = Collector::builder(store.clone())
+        .config(&config)?
+        .rules(rules)
+        .build()
+        .await?;
+    if !collector.serves_tls() && !config.grpc_listen.ip().is_loopback() {
         tracing::warn!(grpc = %config.grpc_listen,
             "gRPC is plaintext ([tls] cert_file unset): samples and agent tokens cross the network in the clear");
     }
@@ -254,20 +268,20 @@ async fn serve(config: CollectorConfig, rules_path: Option<PathBuf>) -> anyhow::
         tracing::warn!(http = %config.http_listen,
             "the dashboard needs no sign-in ([http_auth] mode = \"none\"): anyone who reaches this port can read and acknowledge or silence alerts");
     }
-    if let (Some(alerting), Some(path)) = (collector.alerting.clone(), rules_path) {
+    if let (Some(alerting), Some(path)) = (collector.alerting().cloned(), rules_path) {
         tokio::spawn(reload_on_sighup(alerting, path));
     }
-    headroom_agent::service::ready("serving");
+    headroom_common::service::ready("serving");
     // Progress is the runtime scheduling the watchdog's own task: a wedged
     // runtime stops pinging.
     let ticks = std::sync::atomic::AtomicU64::new(0);
-    let watchdog = headroom_agent::service::spawn_watchdog(move || {
+    let watchdog = headroom_common::service::spawn_watchdog(move || {
         ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     });
     let served = collector
         .serve(grpc, http, async {
             shutdown_signal().await;
-            headroom_agent::service::stopping();
+            headroom_common::service::stopping();
         })
         .await;
     if let Some(watchdog) = watchdog {

@@ -8,8 +8,8 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::store::alerts::ActiveAlertCounts;
-use crate::store::rollup::MaintenanceReport;
+use headroom_store::alerts::ActiveAlertCounts;
+use headroom_store::rollup::MaintenanceReport;
 
 /// Upper bounds (seconds) of the batch-write histogram: a commit on a
 /// healthy database takes milliseconds; seconds mean trouble.
@@ -375,7 +375,7 @@ impl CollectorMetrics {
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str, rows: &[(&str, String)]) {
-    headroom_agent::metrics::write_family(out, name, kind, help, rows.iter().cloned());
+    headroom_common::exposition::write_family(out, name, kind, help, rows.iter().cloned());
 }
 
 #[cfg(test)]

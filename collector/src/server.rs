@@ -12,15 +12,17 @@ use tonic::transport::ServerTlsConfig;
 
 use crate::alerts::{Alerting, AlertingError};
 use crate::auth::cache::TokenCache;
-use crate::clock::Clock;
+use crate::config::CollectorConfig;
 use crate::http::auth::{HttpAuth, HttpAuthConfig};
 use crate::http::{self, AppState};
 use crate::ingest::validate::Limits;
 use crate::ingest::{AgentAuth, Coalescer, IngestService, WriterConfig};
 use crate::metrics::CollectorMetrics;
-use crate::rules::config::RulesConfig;
-use crate::store::Store;
-use crate::store::rollup::StorageConfig;
+use headroom_common::Clock;
+use headroom_common::tls::TlsError;
+use headroom_rules::config::RulesConfig;
+use headroom_store::Store;
+use headroom_store::rollup::StorageConfig;
 
 /// Largest gRPC message accepted: a batch of a 16-GPU node with hundreds of
 /// processes is well under 1 MiB.
@@ -34,33 +36,47 @@ pub enum ServeError {
     Http(#[from] std::io::Error),
 }
 
+/// A configured collector, ready to [`serve`](Collector::serve). Built with
+/// [`Collector::builder`], from the configuration file or piece by piece.
 #[derive(Debug, Clone)]
 pub struct Collector {
-    pub store: Arc<dyn Store>,
-    pub limits: Limits,
-    pub clock: Clock,
+    store: Arc<dyn Store>,
+    limits: Limits,
+    clock: Clock,
     /// Rules and notifications; `None` stores samples without judging them.
-    pub alerting: Option<Arc<Alerting>>,
-    /// How the batches of many agents are written together.
-    pub writers: WriterConfig,
+    alerting: Option<Arc<Alerting>>,
+    writers: WriterConfig,
     /// How often maintenance runs (the store holds the retention it applies).
-    pub storage: StorageConfig,
-    /// Refuse agents without an enrolled token.
-    pub require_agent_tokens: bool,
-    /// Who may read the dashboard and API, and who may act.
-    pub http_auth: HttpAuthConfig,
-    /// Serve gRPC over TLS (mutual when it names a client CA).
-    pub tls: Option<ServerTlsConfig>,
+    storage: StorageConfig,
+    require_agent_tokens: bool,
+    http_auth: HttpAuthConfig,
+    tls: Option<ServerTlsConfig>,
+}
+
+/// Collects a collector's settings; every one has the default `serve` uses
+/// when the configuration file leaves it out.
+#[derive(Debug)]
+pub struct CollectorBuilder {
+    store: Arc<dyn Store>,
+    rules: Option<RulesConfig>,
+    clock: Clock,
+    limits: Limits,
+    writers: WriterConfig,
+    storage: StorageConfig,
+    require_agent_tokens: bool,
+    http_auth: HttpAuthConfig,
+    tls: Option<ServerTlsConfig>,
 }
 
 impl Collector {
-    /// A collector that stores samples and runs no rules.
-    pub fn new(store: Arc<dyn Store>) -> Self {
-        Self {
+    /// A collector on `store` that stores samples and, until told otherwise,
+    /// runs no rules, asks agents for no token and serves plaintext gRPC.
+    pub fn builder(store: Arc<dyn Store>) -> CollectorBuilder {
+        CollectorBuilder {
             store,
-            limits: Limits::default(),
+            rules: None,
             clock: Clock::System,
-            alerting: None,
+            limits: Limits::default(),
             writers: WriterConfig::default(),
             storage: StorageConfig::default(),
             require_agent_tokens: false,
@@ -69,24 +85,14 @@ impl Collector {
         }
     }
 
-    /// A collector that runs `rules` on every batch it stores.
-    pub async fn with_rules(
-        store: Arc<dyn Store>,
-        rules: RulesConfig,
-        clock: Clock,
-    ) -> Result<Self, AlertingError> {
-        let alerting = Alerting::new(store.clone(), rules, clock.clone()).await?;
-        Ok(Self {
-            store,
-            limits: Limits::default(),
-            clock,
-            alerting: Some(alerting),
-            writers: WriterConfig::default(),
-            storage: StorageConfig::default(),
-            require_agent_tokens: false,
-            http_auth: HttpAuthConfig::default(),
-            tls: None,
-        })
+    /// The rules and notifications, for a reload of the rules file.
+    pub fn alerting(&self) -> Option<&Arc<Alerting>> {
+        self.alerting.as_ref()
+    }
+
+    /// Whether gRPC is served over TLS.
+    pub fn serves_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// Serves until `shutdown` resolves, then drains both servers.
@@ -161,6 +167,87 @@ impl Collector {
             async { http_server.await.map_err(ServeError::from) },
         )?;
         Ok(())
+    }
+}
+
+impl CollectorBuilder {
+    /// Everything `serve` takes from the configuration file: ingest writers,
+    /// storage, agent tokens, dashboard sign-in, limits and TLS. Fails on a
+    /// TLS file that cannot be read, naming it.
+    pub fn config(self, config: &CollectorConfig) -> Result<Self, TlsError> {
+        Ok(Self {
+            writers: config.ingest.clone(),
+            storage: config.storage.clone(),
+            require_agent_tokens: config.agents.require_token,
+            http_auth: config.http_auth.clone(),
+            limits: config.limits.clone(),
+            tls: config.tls.server_config()?,
+            ..self
+        })
+    }
+
+    /// Runs `rules` on every batch stored, and delivers their alerts.
+    pub fn rules(self, rules: RulesConfig) -> Self {
+        Self {
+            rules: Some(rules),
+            ..self
+        }
+    }
+
+    pub fn clock(self, clock: Clock) -> Self {
+        Self { clock, ..self }
+    }
+
+    /// What a batch may hold before it is refused.
+    pub fn limits(self, limits: Limits) -> Self {
+        Self { limits, ..self }
+    }
+
+    /// How the batches of many agents are written together.
+    pub fn writers(self, writers: WriterConfig) -> Self {
+        Self { writers, ..self }
+    }
+
+    /// Refuse agents without an enrolled token.
+    pub fn require_agent_tokens(self, require: bool) -> Self {
+        Self {
+            require_agent_tokens: require,
+            ..self
+        }
+    }
+
+    /// Who may read the dashboard and API, and who may act.
+    pub fn http_auth(self, http_auth: HttpAuthConfig) -> Self {
+        Self { http_auth, ..self }
+    }
+
+    /// Serve gRPC over TLS (mutual when it names a client CA).
+    pub fn tls(self, tls: ServerTlsConfig) -> Self {
+        Self {
+            tls: Some(tls),
+            ..self
+        }
+    }
+
+    /// Restores the rules' open alerts from the store when rules are set.
+    pub async fn build(self) -> Result<Collector, AlertingError> {
+        let alerting = match self.rules {
+            Some(rules) => {
+                Some(Alerting::new(self.store.clone(), rules, self.clock.clone()).await?)
+            }
+            None => None,
+        };
+        Ok(Collector {
+            store: self.store,
+            limits: self.limits,
+            clock: self.clock,
+            alerting,
+            writers: self.writers,
+            storage: self.storage,
+            require_agent_tokens: self.require_agent_tokens,
+            http_auth: self.http_auth,
+            tls: self.tls,
+        })
     }
 }
 

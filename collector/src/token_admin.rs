@@ -5,8 +5,8 @@
 use std::io::Write;
 
 use crate::auth::issue_token;
-use crate::store::tokens::{NewToken, TokenRole};
-use crate::store::{Store, StoreError};
+use headroom_store::tokens::{NewToken, TokenRole};
+use headroom_store::{Store, StoreError};
 
 /// The roles a person's token may have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -10,12 +10,12 @@
 use std::collections::HashMap;
 use std::io::Cursor;
 
-use headroom_collector::backtest;
 use headroom_collector::config::{CollectorConfig, Overrides};
 use headroom_collector::ingest::validate::{self, Limits};
-use headroom_collector::model::{DeviceMeta, NodeSession};
-use headroom_collector::rules::config::RulesConfig;
 use headroom_proto::v1 as pb;
+use headroom_rules::backtest;
+use headroom_rules::config::RulesConfig;
+use headroom_store::model::{DeviceMeta, NodeSession};
 use proptest::prelude::*;
 
 const NOW: i64 = 1_800_000_000_000;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use headroom_collector::Collector;
 use headroom_collector::ingest::validate::{self, Limits};
-use headroom_collector::store::Store;
 use headroom_proto::v1 as pb;
+use headroom_store::Store;
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -19,7 +19,7 @@ fn now_ms() -> i64 {
 async fn status_prints_the_fullest_gpu_first() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("s.db").display());
-    let store: Arc<dyn Store> = headroom_collector::store::connect(&url).await.unwrap();
+    let store: Arc<dyn Store> = headroom_store::connect(&url).await.unwrap();
     let gib = 1u64 << 30;
     let gpu = |uuid: &str, index| pb::Gpu {
         uuid: uuid.into(),
@@ -74,9 +74,13 @@ async fn status_prints_the_fullest_gpu_first() {
     let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http_addr = http.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(Collector::new(store).serve(grpc, http, async move {
-        let _ = stopped.await;
-    }));
+    let server = tokio::spawn(Collector::builder(store).build().await.unwrap().serve(
+        grpc,
+        http,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
 
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(env!("CARGO_BIN_EXE_headroom-collector"))

@@ -337,7 +337,6 @@ pub(crate) fn one_line(message: &str) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

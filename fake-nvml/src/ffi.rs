@@ -171,18 +171,14 @@ mod tests {
     fn copy_str_needs_room_for_the_nul() {
         let mut buffer = [0x55 as c_char; 4];
         // SAFETY: a local 4-byte buffer.
-        assert_eq!(
-            unsafe { copy_str(buffer.as_mut_ptr(), 4, "abcd") },
-            Err(INSUFFICIENT_SIZE)
-        );
+        let too_long = unsafe { copy_str(buffer.as_mut_ptr(), 4, "abcd") };
+        assert_eq!(too_long, Err(INSUFFICIENT_SIZE));
         // SAFETY: as above.
         assert_eq!(unsafe { copy_str(buffer.as_mut_ptr(), 4, "abc") }, Ok(()));
         assert_eq!(buffer, [b'a' as c_char, b'b' as c_char, b'c' as c_char, 0]);
         // SAFETY: null is allowed and rejected.
-        assert_eq!(
-            unsafe { copy_str(std::ptr::null_mut(), 4, "a") },
-            Err(INVALID_ARGUMENT)
-        );
+        let null = unsafe { copy_str(std::ptr::null_mut(), 4, "a") };
+        assert_eq!(null, Err(INVALID_ARGUMENT));
     }
 
     #[test]

@@ -202,7 +202,6 @@ fn reconfigure(state: &mut GpuState, instances: &[MigInstance]) {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use headroom_sim::Scenario;

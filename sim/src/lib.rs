@@ -16,7 +16,6 @@
 //! assert_eq!(now, node.state_at(90.0));
 //! ```
 
-mod bytes;
 mod fleet;
 mod ids;
 mod model;
@@ -26,7 +25,7 @@ mod spec;
 mod state;
 mod validate;
 
-pub use bytes::{ByteSize, HumanBytes};
+pub use headroom_common::bytes::{ByteSize, HumanBytes};
 pub use model::NodeSpec;
 pub use scenario::{Scenario, ScenarioError};
 pub use state::{AllocatorSnapshot, GpuInfo, GpuState, MigInfo, MigState, ProcessState};

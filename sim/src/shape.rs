@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use crate::bytes::{ByteSize, HumanBytes};
+use headroom_common::bytes::{ByteSize, HumanBytes};
 
 fn default_restart_after_s() -> f64 {
     120.0
@@ -297,7 +297,6 @@ fn ramp_to_oom(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -4,8 +4,8 @@
 
 use serde::Deserialize;
 
-use crate::bytes::{ByteRate, ByteSize};
 use crate::shape::MemoryShape;
+use headroom_common::bytes::{ByteRate, ByteSize};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -4,10 +4,10 @@
 
 use std::collections::HashMap;
 
-use crate::bytes::HumanBytes;
 use crate::ids::{gpu_uuid, mig_uuid};
 use crate::model::{AllocatorModel, Gpu, MigInstance, NodeSpec, Process};
 use crate::spec::{GpuFile, MigFile, NodeFile, ProcessFile, ScenarioFile};
+use headroom_common::bytes::HumanBytes;
 
 pub(crate) const DEFAULT_DRIVER_VERSION: &str = "550.54.15";
 /// Kubernetes' limit for node names (a DNS subdomain).

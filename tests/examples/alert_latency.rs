@@ -33,10 +33,9 @@ use axum::routing::post;
 use headroom_agent::AgentSettings;
 use headroom_agent::source::SimSource;
 use headroom_collector::Collector;
-use headroom_collector::clock::Clock;
-use headroom_collector::rules::config::RulesConfig;
-use headroom_collector::store::{self, Store};
+use headroom_rules::config::RulesConfig;
 use headroom_sim::Scenario;
+use headroom_store::Store;
 use headroom_tests::fixtures::now_ms;
 use headroom_tests::harness::RunningCollector;
 
@@ -230,13 +229,10 @@ async fn main() {
 
     let dir = tempfile::tempdir().unwrap();
     let (store, backend): (Arc<dyn Store>, &str) = match std::env::var("DATABASE_URL") {
-        Ok(url) if !url.is_empty() => (store::connect(&url).await.unwrap(), "postgres"),
+        Ok(url) if !url.is_empty() => (headroom_store::connect(&url).await.unwrap(), "postgres"),
         _ => {
             let url = format!("sqlite://{}", dir.path().join("bench.db").display());
-            (
-                headroom_collector::store::connect(&url).await.unwrap(),
-                "sqlite",
-            )
+            (headroom_store::connect(&url).await.unwrap(), "sqlite")
         }
     };
     let rules = RulesConfig::parse(
@@ -245,7 +241,9 @@ async fn main() {
     )
     .unwrap();
     let collector = RunningCollector::start_collector(
-        Collector::with_rules(store, rules, Clock::System)
+        Collector::builder(store)
+            .rules(rules)
+            .build()
             .await
             .unwrap(),
     )

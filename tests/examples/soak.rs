@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use headroom_agent::source::SimSource;
 use headroom_agent::{AgentHandle, AgentSettings};
-use headroom_collector::store::redact_url;
 use headroom_sim::Scenario;
+use headroom_store::redact_url;
 use headroom_tests::fixtures::now_ms;
 use headroom_tests::postgres;
 use sqlx::Connection;

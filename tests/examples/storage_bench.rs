@@ -45,13 +45,14 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use headroom_collector::ingest::WriterConfig;
 use headroom_collector::ingest::validate::{self, Limits};
-use headroom_collector::model::{NodeSession, StoreBatch};
 use headroom_collector::server::Collector;
-use headroom_collector::store::rollup::{DAY_MS, HOUR_MS, StorageConfig, bucket_start};
-use headroom_collector::store::{self, PostgresStore, Store};
 use headroom_proto::v1 as pb;
 use headroom_proto::v1::ingest_client::IngestClient;
+use headroom_store::model::{NodeSession, StoreBatch};
+use headroom_store::rollup::{DAY_MS, HOUR_MS, StorageConfig, bucket_start};
+use headroom_store::{PostgresStore, Store};
 use headroom_tests::fixtures::now_ms;
 use headroom_tests::harness::RunningCollector;
 use headroom_tests::postgres;
@@ -367,15 +368,20 @@ async fn connect_and_register(url: &str, node: usize) -> tonic::transport::Chann
 /// Phase 1a: agents over gRPC into a collector on Postgres.
 async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
     let db = postgres::fresh_database().await.expect("Postgres");
-    let store = store::connect(&db.url).await.unwrap();
+    let store = headroom_store::connect(&db.url).await.unwrap();
     let postmaster = postmaster_of(&mut PgConnection::connect(&db.url).await.unwrap()).await;
-    let mut config = Collector::new(store.clone());
-    if let Some(writers) = std::env::var("BENCH_WRITERS")
+    let mut writers = WriterConfig::default();
+    if let Some(count) = std::env::var("BENCH_WRITERS")
         .ok()
         .and_then(|w| w.parse().ok())
     {
-        config.writers.writers = writers;
+        writers.writers = count;
     }
+    let config = Collector::builder(store.clone())
+        .writers(writers)
+        .build()
+        .await
+        .unwrap();
     let collector = RunningCollector::start_collector(config).await;
     // Simulated time runs from two hours ago at one batch per second, as fast
     // as the collector acknowledges: well inside the 7-day acceptance window.
@@ -470,7 +476,7 @@ async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
 /// Phase 1b: the same rows into the same tables with COPY, the limit.
 async fn copy_limit(gpu_rows: u64, process_rows: u64, agents: usize) -> (f64, CpuSpent) {
     let db = postgres::fresh_database().await.expect("Postgres");
-    let store = store::connect(&db.url).await.unwrap();
+    let store = headroom_store::connect(&db.url).await.unwrap();
     store.close().await;
     let mut conn = PgConnection::connect(&db.url).await.unwrap();
     let postmaster = postmaster_of(&mut conn).await;

@@ -141,15 +141,15 @@ pub fn other_node_batch(seq: u64, ts: i64) -> pb::Batch {
 /// Enrols a token in `store` as `headroom-collector token create` would and
 /// returns its id and the token itself.
 pub async fn enrol_token(
-    store: &dyn headroom_collector::store::Store,
-    role: headroom_collector::store::tokens::TokenRole,
+    store: &dyn headroom_store::Store,
+    role: headroom_store::tokens::TokenRole,
     node: Option<&str>,
     name: Option<&str>,
 ) -> (i64, String) {
     let issued = headroom_collector::auth::issue_token(role);
     let id = store
         .create_token(
-            &headroom_collector::store::tokens::NewToken {
+            &headroom_store::tokens::NewToken {
                 role,
                 node,
                 name,

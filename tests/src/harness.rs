@@ -5,10 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use headroom_collector::Collector;
-use headroom_collector::clock::Clock;
-use headroom_collector::rules::config::RulesConfig;
 use headroom_collector::server::ServeError;
-use headroom_collector::store::Store;
+use headroom_rules::config::RulesConfig;
+use headroom_store::Store;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -29,15 +28,17 @@ impl RunningCollector {
 
     /// Starts on an already bound gRPC listener (to come up on a known port).
     pub async fn start_on(store: Arc<dyn Store>, grpc: TcpListener) -> Self {
-        Self::run(Collector::new(store), grpc).await
+        Self::run(Collector::builder(store).build().await.unwrap(), grpc).await
     }
 
     /// A collector on a fresh SQLite file in `dir`, running the built-in
     /// rules with no notification channels.
     pub async fn start_sqlite_with_default_rules(dir: &std::path::Path) -> Self {
         let url = format!("sqlite://{}", dir.join("headroom.db").display());
-        let store: Arc<dyn Store> = headroom_collector::store::connect(&url).await.unwrap();
-        let collector = Collector::with_rules(store, RulesConfig::default(), Clock::System)
+        let store: Arc<dyn Store> = headroom_store::connect(&url).await.unwrap();
+        let collector = Collector::builder(store)
+            .rules(RulesConfig::default())
+            .build()
             .await
             .unwrap();
         Self::start_collector(collector).await

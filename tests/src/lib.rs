@@ -1,10 +1,13 @@
 //! Helpers shared by the cross-crate tests: real databases, an in-process
 //! collector, and fixtures.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // helpers of tests: they fail loudly by design
 
+pub mod ci;
 pub mod cpu;
 pub mod fake_nvml;
 pub mod fixtures;
 pub mod harness;
 pub mod postgres;
+
+pub use ci::skip_or_fail_under_ci;
 pub mod receiver;

@@ -367,7 +367,6 @@ fn start_time_of(pid: u32, procfs_root: &Path) -> Option<i64> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use std::io::Write;
 

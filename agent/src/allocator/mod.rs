@@ -147,7 +147,6 @@ impl AllocatorReports {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use std::sync::Arc;
 

@@ -169,7 +169,6 @@ fn clamp(value: u64) -> u64 {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -1,5 +1,4 @@
 //! The [`Attributor`] against procfs trees built in a temporary directory.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fs;
 use std::path::{Path, PathBuf};

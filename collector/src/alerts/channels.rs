@@ -6,8 +6,8 @@ use std::time::Duration;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::rules::config::{NotifyConfig, Severity};
-use crate::store::alerts::OutboxItem;
+use headroom_rules::config::{NotifyConfig, Severity};
+use headroom_store::alerts::OutboxItem;
 
 #[derive(Clone)]
 pub enum Target {

@@ -12,17 +12,17 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 
-use crate::clock::Clock;
-use crate::model::{NodeSession, StoreBatch};
-use crate::rules::allocator::AllocatorObservation;
-use crate::rules::config::{RulesConfig, Severity};
-use crate::rules::engine::{
+use channels::{Channel, Sender};
+use headroom_common::Clock;
+use headroom_rules::allocator::AllocatorObservation;
+use headroom_rules::config::{RulesConfig, Severity};
+use headroom_rules::engine::{
     AlertChange, DeviceObservation, Engine, EventObservation, ProcessObservation, RestoredAlert,
 };
-use crate::rules::lifecycle::Transition;
-use crate::store::alerts::{AlertFilter, AlertUpdate, NewNotification, UpdateKind};
-use crate::store::{Store, StoreError};
-use channels::{Channel, Sender};
+use headroom_rules::lifecycle::Transition;
+use headroom_store::alerts::{AlertFilter, AlertUpdate, NewNotification, UpdateKind};
+use headroom_store::model::{NodeSession, StoreBatch};
+use headroom_store::{Store, StoreError};
 
 /// How long a Slack notification waits for companions from the same node.
 const SLACK_GROUP_WAIT_MS: i64 = 2_000;

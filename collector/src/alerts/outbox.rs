@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::Alerting;
-use crate::store::alerts::OutboxItem;
+use headroom_store::alerts::OutboxItem;
 
 /// How long a claimed notification is ours before another collector may
 /// retry it: longer than one delivery attempt can take.

@@ -13,11 +13,11 @@
 
 use serde_json::{Value, json};
 
-use crate::rules::engine::AlertChange;
+use headroom_rules::engine::AlertChange;
 
 /// `firing` or `resolved`, as the receiver sees it.
 pub fn status(change: &AlertChange) -> &'static str {
-    use crate::rules::lifecycle::Transition;
+    use headroom_rules::lifecycle::Transition;
     match change.transition {
         Transition::Resolved | Transition::Withdrawn => "resolved",
         Transition::Pending { .. } | Transition::Firing { .. } => "firing",

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::store::tokens::TokenRole;
-use crate::store::{Store, StoreError};
+use headroom_store::tokens::TokenRole;
+use headroom_store::{Store, StoreError};
 
 pub const REFRESH: Duration = Duration::from_secs(10);
 /// An unknown token reloads the list at most this often: a flood of bad

@@ -8,7 +8,7 @@ pub mod lockout;
 use rand::Rng;
 use sha2::{Digest, Sha256};
 
-use crate::store::tokens::TokenRole;
+use headroom_store::tokens::TokenRole;
 
 /// Every token starts with a prefix naming its kind, so a leaked one is
 /// recognisable (secret scanners) and a token pasted in the wrong place (an
@@ -52,7 +52,6 @@ pub fn token_sha256(token: &str) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::api::ApiError;
 use super::auth::Identity;
-use crate::store::alerts::{AlertFilter, AlertView, NewSilence, SilenceView};
+use headroom_store::alerts::{AlertFilter, AlertView, NewSilence, SilenceView};
 
 const MAX_TEXT: usize = 1024;
 

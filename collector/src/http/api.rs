@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
-use crate::store::{
+use headroom_store::{
     AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, NodeView, ProcessSeries,
     ProcessView, SeriesPoint, StoreError,
 };

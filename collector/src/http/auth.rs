@@ -30,7 +30,7 @@ use crate::auth::cache::{Grant, TokenCache};
 use crate::auth::lockout::Lockout;
 use crate::auth::token_sha256;
 use crate::metrics::CollectorMetrics;
-use crate::store::tokens::TokenRole;
+use headroom_store::tokens::TokenRole;
 
 /// The sign-in cookie; it holds the dashboard token itself, readable by no
 /// script (`HttpOnly`) and sent on no request from another site (`SameSite`).
@@ -521,7 +521,6 @@ pub async fn authorize(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -18,9 +18,9 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::timeout::TimeoutLayer;
 
-use crate::clock::Clock;
 use crate::metrics::{CollectorMetrics, StoreFigures};
-use crate::store::Store;
+use headroom_common::Clock;
+use headroom_store::Store;
 
 #[derive(Debug, Clone)]
 pub struct AppState {

@@ -16,8 +16,8 @@ use serde::Serialize;
 
 use super::AppState;
 use super::auth::Identity;
-use crate::store::alerts::ActiveAlertCounts;
-use crate::store::{DeviceView, NodeView};
+use headroom_store::alerts::ActiveAlertCounts;
+use headroom_store::{DeviceView, NodeView};
 
 const PERIOD: Duration = Duration::from_secs(1);
 

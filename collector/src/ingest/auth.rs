@@ -19,8 +19,8 @@ use crate::auth::lockout::Lockout;
 pub use crate::auth::lockout::{FAILURE_WINDOW, MAX_FAILURES};
 use crate::auth::token_sha256;
 use crate::metrics::CollectorMetrics;
-use crate::store::StoreError;
-use crate::store::tokens::TokenRole;
+use headroom_store::StoreError;
+use headroom_store::tokens::TokenRole;
 
 /// Who a call was authenticated as.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use crate::metrics::CollectorMetrics;
-use crate::model::{StoreBatch, WriteOutcome};
-use crate::store::{Store, StoreError};
+use headroom_store::model::{StoreBatch, WriteOutcome};
+use headroom_store::{Store, StoreError};
 
 /// How the writers share the database.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]

@@ -21,10 +21,10 @@ use super::auth::{AgentAuth, Caller};
 use super::coalesce::{Coalescer, WriteError, Written};
 use super::validate::{self, Limits};
 use crate::alerts::Alerting;
-use crate::clock::Clock;
 use crate::metrics::{BatchOutcome, CollectorMetrics};
-use crate::model::{NodeSession, WriteOutcome};
-use crate::store::Store;
+use headroom_common::Clock;
+use headroom_store::Store;
+use headroom_store::model::{NodeSession, WriteOutcome};
 
 /// Sessions by node, then by boot: looked up by borrowed names, with no
 /// key built per batch.

@@ -7,7 +7,7 @@ use std::fmt;
 
 use headroom_proto::v1 as pb;
 
-use crate::model::{
+use headroom_store::model::{
     AllocatorRow, DeviceInfo, EventRow, GpuSampleRow, MigPlacement, NodeSession, ProcessSampleRow,
     Registration, StoreBatch,
 };

@@ -1,0 +1,580 @@
+//! The rules file (TOML): which rules run, their thresholds, and where alerts
+//! go. Every value is checked when the file is read, and a mistake is
+//! reported with the key that holds it.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use headroom_common::ByteSize;
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
+
+use crate::leak::LeakConfig;
+use crate::oom::OomConfig;
+
+/// A duration written as `"30s"`, `"5m"`, `"2h"`, `"1d"` or `"250ms"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Span(pub i64);
+
+impl Span {
+    pub fn ms(self) -> i64 {
+        self.0
+    }
+}
+
+pub fn parse_span(text: &str) -> Result<Span, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: i64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as \"30s\", \"5m\" or \"2h\""))?;
+    let unit_ms = match unit.trim() {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        other => {
+            return Err(format!(
+                "{text:?} has unknown unit {other:?} (use ms, s, m, h or d)"
+            ));
+        }
+    };
+    value
+        .checked_mul(unit_ms)
+        .map(Span)
+        .ok_or_else(|| format!("{text:?} is too long"))
+}
+
+impl<'de> Deserialize<'de> for Span {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SpanVisitor;
+        impl Visitor<'_> for SpanVisitor {
+            type Value = Span;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration such as \"30s\", \"5m\" or \"2h\"")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Span, E> {
+                parse_span(v).map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_str(SpanVisitor)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Info => "info",
+            Self::Warning => "warning",
+            Self::Critical => "critical",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WatermarkRule {
+    pub enabled: bool,
+    /// Fractions of total memory (used + reserved over total).
+    pub warning: f64,
+    pub critical: f64,
+    /// An alert clears only below this fraction, so memory hovering at the
+    /// threshold does not flap.
+    pub clear_below: f64,
+    /// How long the level must hold before the alert fires.
+    #[serde(rename = "for")]
+    pub for_: Span,
+    /// Optional per-process limit in bytes (warning severity).
+    pub process_bytes: Option<ByteSize>,
+}
+
+impl Default for WatermarkRule {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            warning: 0.90,
+            critical: 0.95,
+            clear_below: 0.85,
+            for_: Span(0),
+            process_bytes: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimeToOomRule {
+    pub enabled: bool,
+    pub window: Span,
+    pub min_history: Span,
+    pub horizon: Span,
+}
+
+impl Default for TimeToOomRule {
+    fn default() -> Self {
+        let d = OomConfig::default();
+        Self {
+            enabled: true,
+            window: Span(d.window_ms),
+            min_history: Span(d.min_history_ms),
+            horizon: Span(d.horizon_ms),
+        }
+    }
+}
+
+impl TimeToOomRule {
+    pub fn oom_config(&self) -> OomConfig {
+        OomConfig {
+            window_ms: self.window.ms(),
+            min_history_ms: self.min_history.ms(),
+            horizon_ms: self.horizon.ms(),
+            ..OomConfig::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LeakRule {
+    pub enabled: bool,
+    pub window: Span,
+    pub warmup: Span,
+    pub min_rate_per_min: ByteSize,
+    pub max_p_value: f64,
+}
+
+impl Default for LeakRule {
+    fn default() -> Self {
+        let d = LeakConfig::default();
+        Self {
+            enabled: true,
+            window: Span(d.window_ms),
+            warmup: Span(d.warmup_ms),
+            min_rate_per_min: ByteSize(d.min_rate_bytes_per_min as u64),
+            max_p_value: d.max_p_value,
+        }
+    }
+}
+
+impl LeakRule {
+    pub fn leak_config(&self) -> LeakConfig {
+        LeakConfig {
+            window_ms: self.window.ms(),
+            warmup_ms: self.warmup.ms(),
+            min_rate_bytes_per_min: self.min_rate_per_min.0 as f64,
+            max_p_value: self.max_p_value,
+            ..LeakConfig::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UnattributedRule {
+    pub enabled: bool,
+    pub threshold: ByteSize,
+    #[serde(rename = "for")]
+    pub for_: Span,
+}
+
+impl Default for UnattributedRule {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            threshold: ByteSize(2 << 30),
+            for_: Span(120_000),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentSilentRule {
+    pub enabled: bool,
+    /// Sample intervals without a batch before the node counts as silent.
+    pub intervals: u32,
+}
+
+impl Default for AgentSilentRule {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            intervals: 10,
+        }
+    }
+}
+
+/// Memory a process's allocator holds in no live tensor (reserved −
+/// allocated), from allocator reports.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FragmentationRule {
+    pub enabled: bool,
+    /// At least this much held in no tensor…
+    pub min_waste: ByteSize,
+    /// …and at least this share of what the allocator reserved.
+    pub min_ratio: f64,
+    #[serde(rename = "for")]
+    pub for_: Span,
+}
+
+impl Default for FragmentationRule {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            min_waste: ByteSize(4 << 30),
+            min_ratio: 0.30,
+            for_: Span(5 * 60_000),
+        }
+    }
+}
+
+/// The allocator freeing its cache and retrying `cudaMalloc`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AllocRetriesRule {
+    pub enabled: bool,
+    /// Fires on `min_retries` new retries within `window`; resolves after a
+    /// `window` without one.
+    pub window: Span,
+    pub min_retries: u32,
+}
+
+impl Default for AllocRetriesRule {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            window: Span(10 * 60_000),
+            min_retries: 3,
+        }
+    }
+}
+
+/// Out-of-memory errors the allocator raised (a job that catches them and
+/// carries on still counts).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AllocatorOomRule {
+    pub enabled: bool,
+    /// Resolves once no new OOM came for this long.
+    pub resolve_after: Span,
+}
+
+impl Default for AllocatorOomRule {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            resolve_after: Span(30 * 60_000),
+        }
+    }
+}
+
+/// Events the agent reports: XID errors, lost GPUs, hung NVML calls.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventsRule {
+    pub enabled: bool,
+    /// An XID alert resolves once its code has not recurred on that GPU for this long.
+    pub xid_resolve_after: Span,
+}
+
+impl Default for EventsRule {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            xid_resolve_after: Span(30 * 60_000),
+        }
+    }
+}
+
+/// A generic JSON webhook, signed with HMAC-SHA256.
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookChannel {
+    pub name: String,
+    pub url: String,
+    /// Shared secret for the signature; prefer `secret_file`.
+    pub secret: Option<String>,
+    pub secret_file: Option<PathBuf>,
+    #[serde(default = "default_min_severity")]
+    pub min_severity: Severity,
+}
+
+/// A Slack incoming webhook.
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlackChannel {
+    pub name: String,
+    /// The incoming-webhook URL is itself the secret; prefer `webhook_url_file`.
+    pub webhook_url: Option<String>,
+    pub webhook_url_file: Option<PathBuf>,
+    #[serde(default = "default_min_severity")]
+    pub min_severity: Severity,
+}
+
+// Secrets never reach logs or the API through Debug.
+impl fmt::Debug for WebhookChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WebhookChannel")
+            .field("name", &self.name)
+            .field("url", &"<redacted>")
+            .field("min_severity", &self.min_severity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for SlackChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlackChannel")
+            .field("name", &self.name)
+            .field("min_severity", &self.min_severity)
+            .finish_non_exhaustive()
+    }
+}
+
+fn default_min_severity() -> Severity {
+    Severity::Warning
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NotifyConfig {
+    /// Base URL of the dashboard, for links in notifications.
+    pub dashboard_url: Option<String>,
+    pub webhook: Vec<WebhookChannel>,
+    pub slack: Vec<SlackChannel>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RulesConfig {
+    pub watermark: WatermarkRule,
+    pub time_to_oom: TimeToOomRule,
+    pub leak: LeakRule,
+    pub unattributed: UnattributedRule,
+    pub agent_silent: AgentSilentRule,
+    pub events: EventsRule,
+    pub fragmentation: FragmentationRule,
+    pub alloc_retries: AllocRetriesRule,
+    pub allocator_oom: AllocatorOomRule,
+    pub notify: NotifyConfig,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RulesError {
+    #[error("cannot read rules file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("rules file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("rules file {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+impl RulesConfig {
+    pub fn load(path: &Path) -> Result<Self, RulesError> {
+        let text = std::fs::read_to_string(path).map_err(|source| RulesError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Self, RulesError> {
+        let config: Self = toml::from_str(text).map_err(|e| RulesError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        config.validate().map_err(|message| RulesError::Invalid {
+            path: path.to_owned(),
+            message,
+        })?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        let w = &self.watermark;
+        for (key, v) in [
+            ("watermark.warning", w.warning),
+            ("watermark.critical", w.critical),
+            ("watermark.clear_below", w.clear_below),
+        ] {
+            if !(v > 0.0 && v <= 1.0) {
+                return Err(format!(
+                    "{key} = {v} is outside (0, 1]: it is a fraction of total memory"
+                ));
+            }
+        }
+        if w.critical < w.warning {
+            return Err(format!(
+                "watermark.critical ({}) is below watermark.warning ({})",
+                w.critical, w.warning
+            ));
+        }
+        if w.clear_below > w.warning {
+            return Err(format!(
+                "watermark.clear_below ({}) is above watermark.warning ({}): alerts could never clear",
+                w.clear_below, w.warning
+            ));
+        }
+        let spans = [
+            ("watermark.for", w.for_),
+            ("time_to_oom.window", self.time_to_oom.window),
+            ("time_to_oom.min_history", self.time_to_oom.min_history),
+            ("time_to_oom.horizon", self.time_to_oom.horizon),
+            ("leak.window", self.leak.window),
+            ("leak.warmup", self.leak.warmup),
+            ("unattributed.for", self.unattributed.for_),
+            ("events.xid_resolve_after", self.events.xid_resolve_after),
+            ("fragmentation.for", self.fragmentation.for_),
+            ("alloc_retries.window", self.alloc_retries.window),
+            (
+                "allocator_oom.resolve_after",
+                self.allocator_oom.resolve_after,
+            ),
+        ];
+        for (key, span) in spans {
+            if span.ms() < 0 || span.ms() > 30 * 86_400_000 {
+                return Err(format!("{key} = {} ms is outside 0..30 days", span.ms()));
+            }
+        }
+        if self.time_to_oom.window.ms() < 60_000 {
+            return Err("time_to_oom.window must be at least 1m".into());
+        }
+        if self.time_to_oom.min_history > self.time_to_oom.window {
+            return Err("time_to_oom.min_history is longer than time_to_oom.window".into());
+        }
+        if self.leak.window.ms() < 10 * 60_000 {
+            return Err(
+                "leak.window must be at least 10m: shorter windows mistake noise for leaks".into(),
+            );
+        }
+        if !(self.leak.max_p_value > 0.0 && self.leak.max_p_value < 0.5) {
+            return Err(format!(
+                "leak.max_p_value = {} is outside (0, 0.5)",
+                self.leak.max_p_value
+            ));
+        }
+        if !(self.fragmentation.min_ratio > 0.0 && self.fragmentation.min_ratio < 1.0) {
+            return Err(format!(
+                "fragmentation.min_ratio = {} is outside (0, 1): it is a share of reserved memory",
+                self.fragmentation.min_ratio
+            ));
+        }
+        if self.alloc_retries.min_retries == 0 {
+            return Err("alloc_retries.min_retries must be at least 1".into());
+        }
+        if self.alloc_retries.window.ms() < 1000 || self.allocator_oom.resolve_after.ms() < 1000 {
+            return Err(
+                "alloc_retries.window and allocator_oom.resolve_after must be at least 1s".into(),
+            );
+        }
+        if self.agent_silent.intervals == 0 {
+            return Err("agent_silent.intervals must be at least 1".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        for w in &self.notify.webhook {
+            if !names.insert(w.name.as_str()) {
+                return Err(format!("notify channel name {:?} is used twice", w.name));
+            }
+            if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
+                return Err(format!(
+                    "notify.webhook {:?}: url must start with http:// or https://",
+                    w.name
+                ));
+            }
+            if w.secret.is_some() == w.secret_file.is_some() {
+                return Err(format!(
+                    "notify.webhook {:?}: set exactly one of secret and secret_file",
+                    w.name
+                ));
+            }
+        }
+        for s in &self.notify.slack {
+            if !names.insert(s.name.as_str()) {
+                return Err(format!("notify channel name {:?} is used twice", s.name));
+            }
+            if s.webhook_url.is_some() == s.webhook_url_file.is_some() {
+                return Err(format!(
+                    "notify.slack {:?}: set exactly one of webhook_url and webhook_url_file",
+                    s.name
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<RulesConfig, String> {
+        RulesConfig::parse(text, Path::new("rules.toml")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn empty_file_gives_the_documented_defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c.watermark.warning, 0.90);
+        assert_eq!(c.watermark.critical, 0.95);
+        assert!(c.leak.enabled && c.time_to_oom.enabled);
+    }
+
+    #[test]
+    fn example_rules_file_in_deploy_parses() {
+        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rules.toml"));
+        let c = RulesConfig::load(path).unwrap();
+        assert_eq!(c.watermark.for_, Span(30_000));
+        assert_eq!(c.notify.webhook.len(), 1);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let e = parse("[watermark]\nwarnng = 0.5\n").unwrap_err();
+        assert!(e.contains("warnng") && e.contains("rules.toml"), "{e}");
+        let e = parse("[watermark]\nwarning = 1.5\n").unwrap_err();
+        assert!(e.contains("watermark.warning = 1.5"), "{e}");
+        let e = parse("[watermark]\nfor = \"5 parsecs\"\n").unwrap_err();
+        assert!(e.contains("parsecs"), "{e}");
+        let e = parse("[watermark]\nclear_below = 0.97\n").unwrap_err();
+        assert!(e.contains("could never clear"), "{e}");
+        let e = parse("[[notify.webhook]]\nname = \"a\"\nurl = \"https://x\"\n").unwrap_err();
+        assert!(e.contains("exactly one of secret"), "{e}");
+    }
+
+    #[test]
+    fn spans_parse_every_unit() {
+        assert_eq!(parse_span("250ms"), Ok(Span(250)));
+        assert_eq!(parse_span("30s"), Ok(Span(30_000)));
+        assert_eq!(parse_span("5m"), Ok(Span(300_000)));
+        assert_eq!(parse_span("2h"), Ok(Span(7_200_000)));
+        assert_eq!(parse_span("1d"), Ok(Span(86_400_000)));
+        assert!(parse_span("5").is_err());
+        assert!(parse_span("-5s").is_err());
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug_output() {
+        let c = parse("[[notify.webhook]]\nname = \"ops\"\nurl = \"https://hooks.example/abc\"\nsecret = \"hunter2\"\n").unwrap();
+        let debug = format!("{c:?}");
+        assert!(
+            !debug.contains("hunter2") && !debug.contains("hooks.example/abc"),
+            "{debug}"
+        );
+    }
+}

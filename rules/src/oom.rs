@@ -1,0 +1,574 @@
+//! Time-to-OOM prediction for a device (GPU or MIG instance) or a process.
+//!
+//! A naive linear extrapolation of the last few minutes warns on every
+//! allocator warm-up, every evaluation loop and every checkpoint spike. This
+//! one works on the upper envelope of max-filtered buckets (only new peaks
+//! count as growth) and demands agreement: the whole window and its recent
+//! half must both project OOM within the horizon, the raw peaks must trend up
+//! significantly, and the most recent quarter, on its own, must project OOM
+//! within the horizon too.
+
+use crate::trend::{
+    Bucket, BucketRing, Extreme, downsample_max, mann_kendall, median, slope_quantiles, theil_sen,
+};
+
+/// Mann–Kendall p-value the window's peaks must reach.
+const MAX_P_VALUE: f64 = 0.05;
+/// Quantiles of the pairwise slopes taken as the slow and fast rates.
+const BAND: (f64, f64) = (0.1, 0.9);
+/// How many typical within-bucket swings below the peak the newest reading
+/// must fall to count as memory released.
+const RELEASE_SWINGS: f64 = 2.0;
+/// Fewest points in any segment that gets its own fit.
+const MIN_SEGMENT_POINTS: usize = 4;
+
+/// Thresholds of the time-to-OOM rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OomConfig {
+    /// The evidence window.
+    pub window_ms: i64,
+    /// No prediction before this much data has been seen in the window.
+    pub min_history_ms: i64,
+    /// Width of the max-filter buckets.
+    pub bucket_ms: i64,
+    /// Warn when OOM is predicted sooner than this.
+    pub horizon_ms: i64,
+}
+
+impl Default for OomConfig {
+    fn default() -> Self {
+        Self {
+            window_ms: 10 * 60_000,
+            min_history_ms: 5 * 60_000,
+            bucket_ms: 10_000,
+            horizon_ms: 30 * 60_000,
+        }
+    }
+}
+
+impl OomConfig {
+    fn is_valid(&self) -> bool {
+        self.window_ms > 0 && self.bucket_ms > 0 && self.horizon_ms > 0 && self.min_history_ms >= 0
+    }
+}
+
+/// An OOM expected within the horizon.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OomPrediction {
+    /// Central estimate: the current level extended at the window's
+    /// Theil–Sen rate.
+    pub predicted_oom_at_ms: i64,
+    /// At the fast end of the slope band (90th percentile pairwise slope).
+    pub earliest_ms: i64,
+    /// At the slow end (10th percentile); `i64::MAX` when that slope is not
+    /// positive, i.e. the data are also consistent with no OOM at all.
+    pub latest_ms: i64,
+    /// Theil–Sen growth rate of the peaks over the window.
+    pub growth_bytes_per_s: f64,
+    /// One minus the Mann–Kendall p-value of the peaks over the window: how
+    /// unlikely so steady a climb would be if memory were not trending up.
+    /// It rates the trend, not the predicted time, and is 1 when the limit is
+    /// already reached.
+    pub confidence: f64,
+}
+
+/// Time-to-OOM state for one series, fed one sample at a time. Holds
+/// per-bucket maxima for one window, never raw samples.
+#[derive(Debug, Clone)]
+pub struct OomPredictor {
+    ring: BucketRing,
+}
+
+impl Default for OomPredictor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl OomPredictor {
+    /// A predictor retaining buckets for [`OomConfig::default`]. Use
+    /// [`OomPredictor::with_config`] when evaluating with a longer window:
+    /// evidence older than the retained window is gone, so such a predictor
+    /// would never see enough history.
+    pub fn new() -> Self {
+        Self::with_config(&OomConfig::default())
+    }
+
+    /// A predictor whose buckets and retention follow `config`.
+    pub fn with_config(config: &OomConfig) -> Self {
+        Self {
+            ring: BucketRing::new(config.bucket_ms, config.window_ms, Extreme::Max),
+        }
+    }
+
+    /// Folds in one reading. Out-of-order and duplicate timestamps are
+    /// ignored.
+    pub fn observe(&mut self, ts_ms: i64, used_bytes: u64) {
+        self.ring.push(ts_ms, used_bytes);
+    }
+
+    /// `limit_bytes` = total − reserved (what can be allocated); `now_ms` the
+    /// evaluation time. `Some` only when OOM is predicted within the horizon,
+    /// or the newest reading is already at the limit.
+    pub fn evaluate(
+        &self,
+        config: &OomConfig,
+        limit_bytes: u64,
+        now_ms: i64,
+    ) -> Option<OomPrediction> {
+        // A zero limit means the capacity is unknown, not that it is full.
+        if !config.is_valid() || limit_bytes == 0 {
+            return None;
+        }
+        let window_start = now_ms.saturating_sub(config.window_ms);
+        let (last_ts, last_used) = self.ring.last()?;
+        if last_used >= limit_bytes && last_ts >= window_start {
+            return Some(OomPrediction {
+                predicted_oom_at_ms: now_ms,
+                earliest_ms: now_ms,
+                latest_ms: now_ms,
+                growth_bytes_per_s: 0.0,
+                confidence: 1.0,
+            });
+        }
+
+        let bucket_ms = self.ring.bucket_ms();
+        let newest_index = last_ts.div_euclid(bucket_ms);
+        // The newest bucket can still receive samples until it ends, so its
+        // maximum is understated; older ones are final because late samples
+        // are dropped.
+        let buckets: Vec<&Bucket> = self
+            .ring
+            .buckets()
+            .filter(|b| {
+                let start = self.ring.start_of(b);
+                let done = b.index != newest_index || start.saturating_add(bucket_ms) <= now_ms;
+                done && start >= window_start && start < now_ms
+            })
+            .collect();
+        let complete: Vec<(i64, u64)> = buckets.iter().map(|b| (b.value_ts, b.value)).collect();
+        let covered_ms = (complete.len() as f64) * (bucket_ms as f64);
+        if covered_ms < config.min_history_ms as f64 {
+            return None;
+        }
+        let series = downsample_max(&complete, config.bucket_ms);
+        if series.len() < 2 * MIN_SEGMENT_POINTS {
+            return None;
+        }
+
+        // Seconds relative to now, so the fits' intercepts are levels now.
+        let peaks: Vec<(f64, f64)> = series
+            .iter()
+            .map(|&(ts, v)| ((ts - now_ms) as f64 / 1000.0, v as f64))
+            .collect();
+        let values: Vec<f64> = peaks.iter().map(|&(_, y)| y).collect();
+        let mk = mann_kendall(&values)?;
+        if mk.s <= 0 || mk.p_value > MAX_P_VALUE {
+            return None;
+        }
+
+        // Only new highs count: an eval loop or a checkpoint that frees its
+        // memory again shows up in the raw peaks as a climb, but its envelope
+        // goes flat once the first cycle's peak is in the window.
+        let mut high = f64::NEG_INFINITY;
+        let envelope: Vec<(f64, f64)> = peaks
+            .iter()
+            .map(|&(x, y)| {
+                high = high.max(y);
+                (x, high)
+            })
+            .collect();
+        let n = envelope.len();
+        let whole = theil_sen(&envelope)?;
+        let recent = theil_sen(&envelope[n / 2..])?;
+        let latest = theil_sen(&envelope[n - (n / 4).max(MIN_SEGMENT_POINTS)..])?;
+        if !(whole.slope > 0.0 && recent.slope > 0.0 && latest.slope > 0.0) {
+            return None;
+        }
+
+        // Memory given back since the peak, by more than readings normally
+        // swing within a bucket, means the climb was a cycle (an eval loop
+        // whose period is about the minimum history), not a march to OOM.
+        let mut swings: Vec<f64> = buckets
+            .iter()
+            .map(|b| b.value.abs_diff(b.opposite) as f64)
+            .collect();
+        let swing = median(&mut swings)?;
+        let (_, peak) = *envelope.last()?;
+        if peak - last_used as f64 > RELEASE_SWINGS * swing {
+            return None;
+        }
+
+        let limit = limit_bytes as f64;
+        let level_now = recent.at(0.0);
+        let remaining = limit - level_now;
+        let horizon_s = config.horizon_ms as f64 / 1000.0;
+        let (slow, fast) = slope_quantiles(&envelope, BAND.0, BAND.1)?;
+        let confidence = (1.0 - mk.p_value).clamp(0.0, 1.0);
+        if remaining <= 0.0 {
+            return Some(OomPrediction {
+                predicted_oom_at_ms: now_ms,
+                earliest_ms: now_ms,
+                latest_ms: now_ms,
+                growth_bytes_per_s: whole.slope,
+                confidence,
+            });
+        }
+        let whole_s = remaining / whole.slope;
+        let recent_s = remaining / recent.slope;
+        // The last quarter has to agree as well: a warm-up that has reached
+        // its plateau still has a steep recent half, but its last quarter
+        // only climbs by the odd jitter record.
+        let latest_s = remaining / latest.slope;
+        if !(whole_s <= horizon_s && recent_s <= horizon_s && latest_s <= horizon_s) {
+            return None;
+        }
+        let latest_ms = if slow > 0.0 {
+            after(now_ms, remaining / slow)
+        } else {
+            i64::MAX
+        };
+        Some(OomPrediction {
+            predicted_oom_at_ms: after(now_ms, whole_s),
+            earliest_ms: after(now_ms, remaining / fast),
+            latest_ms,
+            growth_bytes_per_s: whole.slope,
+            confidence,
+        })
+    }
+}
+
+/// `now_ms` plus `seconds`, saturating at `i64::MAX` (never OOM, in effect).
+fn after(now_ms: i64, seconds: f64) -> i64 {
+    let ms = (seconds * 1000.0).round();
+    if !ms.is_finite() || ms >= (i64::MAX - now_ms.max(0)) as f64 {
+        return i64::MAX;
+    }
+    now_ms.saturating_add((ms as i64).max(0))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::trace_fixtures::{GIB, MIB, bytes, jitter};
+
+    const EPOCH: i64 = 1_700_000_000_000;
+
+    /// Feeds `trace(t_s)` once a second for `duration_s` (stopping at the
+    /// limit, as the process would die there) and evaluates every `every_s`
+    /// with `now` = the sample just observed, as ingest does. Returns
+    /// `(t_s, prediction)` with times relative to the start.
+    fn run(
+        config: &OomConfig,
+        limit: f64,
+        duration_s: i64,
+        every_s: i64,
+        trace: impl Fn(i64) -> f64,
+    ) -> Vec<(i64, Option<OomPrediction>)> {
+        let mut predictor = OomPredictor::with_config(config);
+        let mut out = Vec::new();
+        for t in 0..=duration_s {
+            let now = EPOCH + t * 1000;
+            predictor.observe(now, bytes(trace(t)));
+            if t % every_s == 0 {
+                let p = predictor.evaluate(config, bytes(limit), now).map(|mut p| {
+                    p.predicted_oom_at_ms -= EPOCH;
+                    p.earliest_ms -= EPOCH;
+                    if p.latest_ms != i64::MAX {
+                        p.latest_ms -= EPOCH;
+                    }
+                    p
+                });
+                out.push((t, p));
+            }
+        }
+        out
+    }
+
+    fn assert_quiet(results: &[(i64, Option<OomPrediction>)]) {
+        let warned: Vec<_> = results.iter().filter(|(_, p)| p.is_some()).collect();
+        assert!(warned.is_empty(), "unexpected warnings: {warned:?}");
+    }
+
+    /// Every evaluation from `from_s` until shortly before the limit is hit
+    /// warns, within `tolerance` of the true time to OOM.
+    fn assert_predicts(
+        results: &[(i64, Option<OomPrediction>)],
+        from_s: i64,
+        until_s: i64,
+        oom_at_s: f64,
+        tolerance: f64,
+    ) {
+        let checked: Vec<_> = results
+            .iter()
+            .filter(|(t, _)| (from_s..=until_s).contains(t))
+            .collect();
+        assert!(!checked.is_empty());
+        for (t, p) in checked {
+            let p = p
+                .as_ref()
+                .unwrap_or_else(|| panic!("no prediction at t = {t} s"));
+            let predicted_s = p.predicted_oom_at_ms as f64 / 1000.0;
+            let error = (predicted_s - oom_at_s).abs() / (oom_at_s - *t as f64);
+            assert!(
+                error <= tolerance,
+                "at t = {t} s predicted OOM at {predicted_s:.0} s, truth {oom_at_s:.0} s"
+            );
+            assert!(
+                p.earliest_ms <= p.predicted_oom_at_ms && p.predicted_oom_at_ms <= p.latest_ms,
+                "{p:?}"
+            );
+            assert!(p.confidence > 0.95 && p.confidence <= 1.0, "{p:?}");
+            assert!(p.growth_bytes_per_s > 0.0);
+        }
+    }
+
+    #[test]
+    fn predicts_a_linear_ramp() {
+        // 4 GiB/min from 60 GiB fills 80 GiB in five minutes, so the
+        // evidence has to be shorter than the defaults'.
+        let config = OomConfig {
+            window_ms: 180_000,
+            min_history_ms: 90_000,
+            ..OomConfig::default()
+        };
+        let rate = 4.0 * GIB / 60.0;
+        let results = run(&config, 80.0 * GIB, 299, 10, |t| {
+            60.0 * GIB + rate * t as f64
+        });
+        assert_quiet(&results[..9]);
+        assert_predicts(&results, 100, 270, 300.0, 0.15);
+    }
+
+    #[test]
+    fn predicts_a_ramp_with_default_config() {
+        let config = OomConfig::default();
+        let rate = 2.0 * GIB / 60.0;
+        let results = run(&config, 80.0 * GIB, 899, 10, |t| {
+            50.0 * GIB + rate * t as f64 + jitter(1, t, 128.0 * MIB)
+        });
+        assert_quiet(&results[..30]);
+        assert_predicts(&results, 310, 870, 900.0, 0.15);
+    }
+
+    #[test]
+    fn a_slow_leak_warns_only_within_a_long_horizon() {
+        // 64 MiB/min from 50 GiB fills 80 GiB in 8 hours.
+        let rate = 64.0 * MIB / 60.0;
+        let trace = |t: i64| 50.0 * GIB + rate * t as f64 + jitter(2, t, 32.0 * MIB);
+        let short = OomConfig::default();
+        assert_quiet(&run(&short, 80.0 * GIB, 3600, 10, trace));
+        let long = OomConfig {
+            horizon_ms: 10 * 3600 * 1000,
+            ..OomConfig::default()
+        };
+        let results = run(&long, 80.0 * GIB, 3600, 10, trace);
+        let oom_at_s = 30.0 * GIB / rate;
+        assert_predicts(&results, 310, 3600, oom_at_s, 0.15);
+    }
+
+    #[test]
+    fn warmup_plateau_never_warns_after_min_history() {
+        let config = OomConfig::default();
+        for (seed, amplitude) in [(0, 0.0), (4, 64.0 * MIB)] {
+            let results = run(&config, 80.0 * GIB, 3600, 10, |t| {
+                let x = (t as f64 / 240.0).min(1.0);
+                2.0 * GIB + 69.0 * GIB * (1.0 - (1.0 - x) * (1.0 - x)) + jitter(seed, t, amplitude)
+            });
+            assert_quiet(&results);
+        }
+    }
+
+    #[test]
+    fn sawtooth_never_warns() {
+        let config = OomConfig::default();
+        // Periods shorter than the minimum history, and about as long: the
+        // first cycle of those is a ramp until memory is released.
+        for (period_s, offset_s) in [(120, 0), (180, 40), (296, 4), (300, 0), (300, 150)] {
+            let results = run(&config, 80.0 * GIB, 3600, 10, |t| {
+                let phase = ((t + offset_s) % period_s) as f64 / period_s as f64;
+                40.0 * GIB + 30.0 * GIB * phase + jitter(6, t, 64.0 * MIB)
+            });
+            assert_quiet(&results);
+        }
+    }
+
+    #[test]
+    fn checkpoint_spikes_never_warn() {
+        let config = OomConfig::default();
+        for offset_s in [0, 333] {
+            let results = run(&config, 80.0 * GIB, 3 * 3600, 10, |t| {
+                let t = t + offset_s;
+                let base = 55.0 * GIB + jitter(8, t, 64.0 * MIB);
+                if t >= 900 && t % 900 < 60 {
+                    base + 10.0 * GIB
+                } else {
+                    base
+                }
+            });
+            assert_quiet(&results);
+        }
+    }
+
+    #[test]
+    fn a_single_step_up_never_warns() {
+        let config = OomConfig::default();
+        for (seed, amplitude) in [(0, 0.0), (9, 64.0 * MIB), (10, 256.0 * MIB)] {
+            let results = run(&config, 80.0 * GIB, 3600, 10, |t| {
+                let step = if t >= 1200 { 8.0 * GIB } else { 0.0 };
+                60.0 * GIB + step + jitter(seed, t, amplitude)
+            });
+            assert_quiet(&results);
+        }
+    }
+
+    #[test]
+    fn no_prediction_before_min_history() {
+        let config = OomConfig::default();
+        let rate = 4.0 * GIB / 60.0;
+        let results = run(&config, 80.0 * GIB, 290, 1, |t| {
+            20.0 * GIB + rate * t as f64
+        });
+        assert_quiet(&results);
+    }
+
+    #[test]
+    fn out_of_order_samples_are_ignored() {
+        let config = OomConfig::default();
+        let rate = 2.0 * GIB / 60.0;
+        let mut clean = OomPredictor::new();
+        let mut noisy = OomPredictor::new();
+        for t in 0..600 {
+            let ts = EPOCH + t * 1000;
+            let used = bytes(50.0 * GIB + rate * t as f64);
+            clean.observe(ts, used);
+            noisy.observe(ts, used);
+            // Late resends would otherwise raise old buckets' peaks.
+            noisy.observe(ts - 30_000, bytes(79.0 * GIB));
+            noisy.observe(ts, bytes(79.0 * GIB));
+        }
+        let now = EPOCH + 599_000;
+        let limit = bytes(80.0 * GIB);
+        let expected = clean.evaluate(&config, limit, now);
+        assert!(expected.is_some());
+        assert_eq!(noisy.evaluate(&config, limit, now), expected);
+    }
+
+    #[test]
+    fn at_the_limit_is_predicted_now() {
+        let config = OomConfig::default();
+        let mut predictor = OomPredictor::new();
+        predictor.observe(EPOCH, bytes(80.0 * GIB));
+        let p = predictor
+            .evaluate(&config, bytes(80.0 * GIB), EPOCH + 1000)
+            .unwrap();
+        assert_eq!(p.predicted_oom_at_ms, EPOCH + 1000);
+        assert_eq!(p.earliest_ms, EPOCH + 1000);
+        assert_eq!(p.latest_ms, EPOCH + 1000);
+        assert_eq!(p.confidence, 1.0);
+        // A reading older than the window says nothing about now.
+        assert_eq!(
+            predictor.evaluate(&config, bytes(80.0 * GIB), EPOCH + 3_600_000),
+            None
+        );
+    }
+
+    #[test]
+    fn degenerate_inputs_predict_nothing() {
+        let config = OomConfig::default();
+        let empty = OomPredictor::default();
+        assert_eq!(empty.evaluate(&config, 1 << 30, EPOCH), None);
+        let mut predictor = OomPredictor::new();
+        let rate = 4.0 * GIB / 60.0;
+        for t in 0..600 {
+            predictor.observe(EPOCH + t * 1000, bytes(20.0 * GIB + rate * t as f64));
+        }
+        let now = EPOCH + 599_000;
+        assert!(
+            predictor
+                .evaluate(&config, bytes(80.0 * GIB), now)
+                .is_some()
+        );
+        assert_eq!(predictor.evaluate(&config, 0, now), None);
+        for broken in [
+            OomConfig {
+                window_ms: 0,
+                ..OomConfig::default()
+            },
+            OomConfig {
+                bucket_ms: 0,
+                ..OomConfig::default()
+            },
+            OomConfig {
+                horizon_ms: 0,
+                ..OomConfig::default()
+            },
+            OomConfig {
+                min_history_ms: -1,
+                ..OomConfig::default()
+            },
+        ] {
+            assert_eq!(
+                predictor.evaluate(&broken, bytes(80.0 * GIB), now),
+                None,
+                "{broken:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn history_stays_bounded() {
+        let config = OomConfig::default();
+        let mut predictor = OomPredictor::new();
+        for t in 0..3 * 3600 {
+            predictor.observe(EPOCH + t * 1000, 1 << 30);
+        }
+        assert!(predictor.ring.len() <= (config.window_ms / config.bucket_ms) as usize + 1);
+    }
+
+    #[test]
+    fn simulated_ramp_to_oom_warns_and_warmup_does_not() {
+        let scenario = headroom_sim::Scenario::from_toml_str(
+            r#"
+            [[node]]
+            name = "n1"
+            [[node.gpu]]
+            model = "NVIDIA H100 80GB HBM3"
+            memory_total = "80GiB"
+            reserved = "512MiB"
+            [[node.gpu.process]]
+            pid = 1
+            name = "ramp"
+            memory = { shape = "ramp_to_oom", start = "10GiB", rate_per_min = "3GiB" }
+            [[node.gpu]]
+            model = "NVIDIA H100 80GB HBM3"
+            memory_total = "80GiB"
+            reserved = "512MiB"
+            [[node.gpu.process]]
+            pid = 2
+            name = "warm"
+            memory = { shape = "warmup_plateau", start = "2GiB", plateau = "71GiB", warmup_s = 240, jitter = "64MiB" }
+            "#,
+        )
+        .unwrap();
+        let node = &scenario.nodes()[0];
+        let config = OomConfig::default();
+        let mut predictors = [OomPredictor::new(), OomPredictor::new()];
+        let mut warned = [Vec::new(), Vec::new()];
+        for t in 0..1800 {
+            let now = EPOCH + t * 1000;
+            for (i, gpu) in node.state_at(t as f64).iter().enumerate() {
+                predictors[i].observe(now, gpu.memory_used);
+                if t % 10 == 0 {
+                    let limit = gpu.memory_total - gpu.memory_reserved;
+                    if predictors[i].evaluate(&config, limit, now).is_some() {
+                        warned[i].push(t);
+                    }
+                }
+            }
+        }
+        assert!(!warned[0].is_empty());
+        assert!(warned[1].is_empty(), "{:?}", warned[1]);
+    }
+}

@@ -1,0 +1,28 @@
+//! Storage behind one trait, with a Postgres implementation for production and
+//! a SQLite one for a single machine and the demo. Both pass one conformance
+//! suite (`tests/tests/suite/store_conformance.rs`). The schema history of each
+//! lives beside it, in `migrations/`.
+
+pub mod alerts;
+mod connection;
+mod error;
+pub mod model;
+mod postgres;
+pub mod rollup;
+mod rows;
+mod sqlite;
+mod store;
+pub mod tokens;
+pub mod views;
+
+pub use alerts::AlertStore;
+pub use connection::{connect, connect_with, redact_url};
+pub use error::StoreError;
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
+pub use store::Store;
+pub use tokens::TokenStore;
+pub use views::{
+    AllocatorLatest, AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView,
+    LatestSample, MAX_PROCESSES_PER_SERIES, NodeView, ProcessSeries, ProcessView, SeriesPoint,
+};

@@ -1,0 +1,670 @@
+//! Postgres: the production store. Time-series tables are partitioned by
+//! day (week for hourly rollups) and expire by dropping partitions. A group
+//! of batches is one transaction whose first statement claims their seqs,
+//! and whose inserts send whole columns as arrays (`UNNEST`), one round trip
+//! per table rather than one per row.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Postgres, Row, Transaction};
+
+mod alerts;
+mod checkpoints;
+mod copy;
+mod fold;
+mod maintenance;
+mod packed;
+mod packing;
+
+use packed::ProcessPoint;
+mod process_cache;
+mod write;
+mod write_connections;
+
+use crate::model::{GpuSampleRow, NodeSession, Registration, StoreBatch, WriteOutcome};
+use crate::rollup::{
+    self, MaintenanceReport, StorageConfig, Watermarks, resolution_for, source_bounds,
+};
+use crate::rows::{
+    DeviceRow, PROCESS_COLUMNS, ProcessBucket, ProcessKey, ProcessMeta, ProcessRow, SessionDevice,
+    bucket_width_ms, process_series_from, session_from,
+};
+use crate::{
+    AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, NodeView,
+    ProcessSeries, ProcessView, SeriesPoint, Store, StoreError,
+};
+use headroom_common::Clock;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    storage: StorageConfig,
+    leadership: Arc<maintenance::Leadership>,
+    process_cache: Arc<process_cache::ProcessCache>,
+    latest_cache: Arc<checkpoints::LatestCache>,
+    node_cache: Arc<checkpoints::NodeCache>,
+    process_seen: Arc<checkpoints::ProcessSeenCache>,
+    /// Paces the checkpoint rows (`gpu_latest`, process last-seen times).
+    clock: Clock,
+    writers: Arc<write_connections::WriteConnections>,
+}
+
+impl PostgresStore {
+    /// The store's id of device `uuid`, for the reads that take a UUID.
+    async fn device_id(&self, uuid: &str) -> Result<Option<i32>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT id FROM devices WHERE uuid = $1")
+            .bind(uuid)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    pub async fn connect(url: &str, storage: StorageConfig) -> Result<Self, StoreError> {
+        let options: PgConnectOptions = url.parse()?;
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options.clone())
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        let store = Self {
+            pool,
+            storage,
+            leadership: Arc::new(maintenance::Leadership::new(options.clone())),
+            process_cache: Arc::default(),
+            latest_cache: Arc::default(),
+            node_cache: Arc::default(),
+            process_seen: Arc::default(),
+            clock: Clock::System,
+            writers: Arc::new(write_connections::WriteConnections::new(options)),
+        };
+        // Today's partitions exist before the first batch, whoever leads.
+        let now = Clock::System.now_ms();
+        maintenance::ensure_partitions(
+            &store.pool,
+            now - store.storage.raw_retention_ms(),
+            now + rollup::DAY_MS,
+        )
+        .await?;
+        Ok(store)
+    }
+
+    /// Writes a group, creating the partitions it needs if a partition was
+    /// missing (maintenance makes them ahead of time; this covers a
+    /// collector that was down across a day boundary).
+    async fn write_group_creating_partitions(
+        &self,
+        batches: &[StoreBatch],
+    ) -> Result<Vec<WriteOutcome>, StoreError> {
+        let write = || async {
+            let mut conn = self.writers.take().await?;
+            let caches = write::Caches {
+                process: &self.process_cache,
+                latest: &self.latest_cache,
+                nodes: &self.node_cache,
+                process_seen: &self.process_seen,
+                now_ms: self.clock.now_ms(),
+            };
+            let written = write::write_group(&mut conn, &caches, batches).await;
+            if written.is_ok() {
+                self.writers.give_back(conn);
+            }
+            written
+        };
+        match write().await {
+            Err(StoreError::Database(e)) if is_missing_partition(&e) => {
+                if let Some((from, to)) = write::time_span(batches) {
+                    tracing::warn!(from, to, "a write met a missing partition; creating it");
+                    maintenance::ensure_partitions(&self.pool, from, to).await?;
+                }
+                write().await
+            }
+            other => other,
+        }
+    }
+
+    /// Paces checkpoints by `clock` instead of the system's (tests move
+    /// time by hand).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+/// Every device the node ever registered, present or not: a batch sampled
+/// before a MIG reconfiguration may arrive after it and still names the old
+/// instances.
+async fn load_session(
+    tx: &mut Transaction<'_, Postgres>,
+    node_id: i64,
+    node: &str,
+    boot_id: &str,
+    committed_seq: i64,
+) -> Result<NodeSession, StoreError> {
+    let rows = sqlx::query_as::<_, SessionDevice>(
+        "SELECT id::int8 AS id, uuid, gpu_index::int8 AS gpu_index, mig_profile, parent_id::int8 AS parent_id
+             FROM devices WHERE node_id = $1",
+    )
+    .bind(node_id)
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(session_from(node_id, node, boot_id, committed_seq, rows))
+}
+
+crate::tokens::impl_token_store!(PostgresStore);
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn register(&self, reg: &Registration, now_ms: i64) -> Result<NodeSession, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let node_id: i64 = sqlx::query_scalar(
+            "INSERT INTO nodes (name, boot_id, agent_version, driver_version, sample_interval_ms, registered_at_ms, last_seen_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $6)
+             ON CONFLICT (name) DO UPDATE SET boot_id = EXCLUDED.boot_id, agent_version = EXCLUDED.agent_version,
+                 driver_version = EXCLUDED.driver_version, sample_interval_ms = EXCLUDED.sample_interval_ms,
+                 registered_at_ms = EXCLUDED.registered_at_ms, last_seen_ms = GREATEST(nodes.last_seen_ms, EXCLUDED.last_seen_ms)
+             RETURNING id",
+        )
+        .bind(&reg.node)
+        .bind(&reg.boot_id)
+        .bind(&reg.agent_version)
+        .bind(&reg.driver_version)
+        .bind(i32::try_from(reg.sample_interval_ms).unwrap_or(i32::MAX))
+        .bind(now_ms)
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO agent_boots (node_id, boot_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        )
+        .bind(node_id)
+        .bind(&reg.boot_id)
+        .execute(&mut *tx)
+        .await?;
+        let committed: i64 = sqlx::query_scalar(
+            "SELECT committed_seq FROM agent_boots WHERE node_id = $1 AND boot_id = $2",
+        )
+        .bind(node_id)
+        .bind(&reg.boot_id)
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE devices SET present = FALSE WHERE node_id = $1")
+            .bind(node_id)
+            .execute(&mut *tx)
+            .await?;
+        let mut ids: HashMap<&str, i32> = HashMap::new();
+        for d in &reg.devices {
+            let parent_id = d.parent_uuid.as_deref().and_then(|p| ids.get(p).copied());
+            let mig = d.mig.as_ref();
+            let id: i32 = sqlx::query_scalar(
+                "INSERT INTO devices (uuid, node_id, parent_id, gpu_index, name, memory_total, pcie_generation, pcie_width,
+                     mig_gpu_instance_id, mig_compute_instance_id, mig_profile, present)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, TRUE)
+                 ON CONFLICT (uuid) DO UPDATE SET node_id = EXCLUDED.node_id, parent_id = EXCLUDED.parent_id,
+                     gpu_index = EXCLUDED.gpu_index, name = EXCLUDED.name, memory_total = EXCLUDED.memory_total,
+                     pcie_generation = EXCLUDED.pcie_generation, pcie_width = EXCLUDED.pcie_width,
+                     mig_gpu_instance_id = EXCLUDED.mig_gpu_instance_id,
+                     mig_compute_instance_id = EXCLUDED.mig_compute_instance_id,
+                     mig_profile = EXCLUDED.mig_profile, present = TRUE
+                 RETURNING id",
+            )
+            .bind(&d.uuid)
+            .bind(node_id)
+            .bind(parent_id)
+            .bind(i32::try_from(d.index).unwrap_or(i32::MAX))
+            .bind(&d.name)
+            .bind(d.memory_total)
+            .bind(i32::try_from(d.pcie_generation).unwrap_or(0))
+            .bind(i32::try_from(d.pcie_width).unwrap_or(0))
+            .bind(mig.map(|m| i32::try_from(m.gpu_instance_id).unwrap_or(i32::MAX)))
+            .bind(mig.map(|m| i32::try_from(m.compute_instance_id).unwrap_or(i32::MAX)))
+            .bind(mig.map(|m| m.profile.as_str()))
+            .fetch_one(&mut *tx)
+            .await?;
+            ids.insert(&d.uuid, id);
+        }
+        let session = load_session(&mut tx, node_id, &reg.node, &reg.boot_id, committed).await?;
+        tx.commit().await?;
+        Ok(session)
+    }
+
+    async fn session(&self, node: &str, boot_id: &str) -> Result<Option<NodeSession>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "SELECT n.id, b.committed_seq FROM nodes n JOIN agent_boots b ON b.node_id = n.id
+             WHERE n.name = $1 AND b.boot_id = $2",
+        )
+        .bind(node)
+        .bind(boot_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let session = load_session(
+            &mut tx,
+            row.try_get("id")?,
+            node,
+            boot_id,
+            row.try_get("committed_seq")?,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Some(session))
+    }
+
+    async fn write_batches(&self, batches: &[StoreBatch]) -> Result<Vec<WriteOutcome>, StoreError> {
+        if batches.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.write_group_creating_partitions(batches).await
+    }
+
+    async fn maintain(&self, now_ms: i64) -> Result<MaintenanceReport, StoreError> {
+        maintenance::run(&self.pool, &self.leadership, &self.storage, now_ms).await
+    }
+
+    async fn watermarks(&self) -> Result<Watermarks, StoreError> {
+        maintenance::watermarks(&self.pool).await
+    }
+
+    fn parallel_writes(&self) -> bool {
+        true
+    }
+
+    async fn close(&self) {
+        // Another collector would otherwise show this one's devices as they
+        // were at their last checkpoint until their agents reconnect.
+        let devices = self.latest_cache.take_unwritten();
+        let nodes = self.node_cache.take_unwritten();
+        let processes = self.process_seen.take_unwritten();
+        if !devices.is_empty() || !nodes.is_empty() || !processes.is_empty() {
+            let written = match self.pool.acquire().await {
+                Ok(mut conn) => {
+                    write::write_checkpoints(&mut conn, &devices, &nodes, &processes).await
+                }
+                Err(e) => Err(e.into()),
+            };
+            if let Err(error) = written {
+                tracing::warn!(%error, devices = devices.len(), nodes = nodes.len(), processes = processes.len(),
+                    "could not write the newest samples to gpu_latest, nodes and processes on close");
+            }
+        }
+        self.leadership.resign().await;
+        self.writers.close().await;
+        self.pool.close().await;
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeView>, StoreError> {
+        let rows = sqlx::query_as::<_, NodeRow>(
+            "SELECT n.id, n.name, n.boot_id, n.agent_version, n.driver_version,
+                 n.sample_interval_ms::int8 AS sample_interval_ms, n.registered_at_ms, n.last_seen_ms,
+                 COUNT(d.id) FILTER (WHERE d.parent_id IS NULL) AS gpu_count,
+                 COUNT(d.id) FILTER (WHERE d.parent_id IS NOT NULL) AS mig_instance_count
+             FROM nodes n LEFT JOIN devices d ON d.node_id = n.id AND d.present
+             GROUP BY n.id ORDER BY n.name",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|NodeRow { id, mut view }| {
+                // The row is a checkpoint: this collector may know newer.
+                if let Some(seen) = self.node_cache.newer_than(id, Some(view.last_seen_ms)) {
+                    view.last_seen_ms = seen.timestamp_ms;
+                }
+                view
+            })
+            .collect())
+    }
+
+    async fn latest_devices(&self) -> Result<Vec<DeviceView>, StoreError> {
+        let rows = sqlx::query_as::<_, DeviceRow>(
+            "SELECT d.id::int8 AS device_id, d.uuid, n.name AS node, p.uuid AS parent_uuid, d.gpu_index::int8 AS gpu_index, d.name,
+                 d.mig_profile, d.mig_gpu_instance_id::int8 AS mig_gpu_instance_id,
+                 d.mig_compute_instance_id::int8 AS mig_compute_instance_id, d.memory_total,
+                 l.ts_ms, l.used_last, l.used_min, l.used_max, l.reserved, l.total, l.utilization::int8 AS utilization,
+                 l.pcie_tx, l.pcie_rx
+             FROM devices d JOIN nodes n ON n.id = d.node_id
+             LEFT JOIN devices p ON p.id = d.parent_id
+             LEFT JOIN gpu_latest l ON l.device_id = d.id
+             WHERE d.present
+             ORDER BY n.name, d.gpu_index, d.parent_id NULLS FIRST, d.mig_gpu_instance_id, d.mig_compute_instance_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|mut row| {
+                row.overlay_newer(|device, row_ms| self.latest_cache.newer_than(device, row_ms));
+                DeviceView::from(row)
+            })
+            .collect())
+    }
+
+    async fn device_series(
+        &self,
+        uuid: &str,
+        from_ms: i64,
+        to_ms: i64,
+        max_points: u32,
+    ) -> Result<Option<Vec<SeriesPoint>>, StoreError> {
+        let Some(device) = self.device_id(uuid).await? else {
+            return Ok(None);
+        };
+        let width = bucket_width_ms(from_ms, to_ms, max_points);
+        let marks = maintenance::watermarks(&self.pool).await?;
+        let bounds = source_bounds(
+            resolution_for(from_ms, width, marks, &self.storage),
+            from_ms,
+            to_ms,
+            marks,
+        );
+        // Raw samples of days already packed come out of their chunks, read
+        // in the snapshot of the query below: a pack or unpack committing
+        // in between neither hides samples nor counts them twice.
+        let mut tx = chart_transaction(&self.pool).await?;
+        let packed = fold::gpu_buckets(
+            &packing::samples_between::<GpuSampleRow>(
+                &mut tx,
+                &[i64::from(device)],
+                bounds.minute_end_ms,
+                to_ms,
+            )
+            .await?,
+            from_ms,
+            width,
+        );
+        let column = |f: fn(&fold::GpuBucket) -> i64| packed.iter().map(f).collect::<Vec<i64>>();
+        // 128-bit sums travel as text, for Postgres to read as numeric.
+        let sum = |f: fn(&fold::GpuBucket) -> fold::Sum| {
+            let sums: Vec<fold::Sum> = packed.iter().map(f).collect();
+            (
+                sums.iter()
+                    .map(|s| s.total().map(|t| t.to_string()))
+                    .collect::<Vec<_>>(),
+                sums.iter().map(|s| s.samples).collect::<Vec<_>>(),
+            )
+        };
+        let used_sum: Vec<String> = packed.iter().map(|b| b.used_sum.to_string()).collect();
+        let (util_sum, util_samples) = sum(|b| b.utilization);
+        let (tx_sum, tx_samples) = sum(|b| b.pcie_tx);
+        let (rx_sum, rx_samples) = sum(|b| b.pcie_rx);
+        // Every source as sums over its samples (a rollup row is `samples`
+        // samples of its mean; an optional figure counts only the samples
+        // that have it), so a bucket mixing sources or packed and raw
+        // samples still averages per sample.
+        let points = sqlx::query_as::<_, SeriesPoint>(
+            "WITH src AS (
+                 SELECT ts_ms AS at, last_ts_ms AS ts, samples::int8 AS samples,
+                     used_avg::numeric * samples AS used_sum, used_min, used_max, reserved, total,
+                     utilization::float8 * samples AS util_sum,
+                     CASE WHEN utilization IS NULL THEN 0 ELSE samples END::int8 AS util_samples,
+                     pcie_tx::numeric * samples AS tx_sum,
+                     CASE WHEN pcie_tx IS NULL THEN 0 ELSE samples END::int8 AS tx_samples,
+                     pcie_rx::numeric * samples AS rx_sum,
+                     CASE WHEN pcie_rx IS NULL THEN 0 ELSE samples END::int8 AS rx_samples
+                 FROM gpu_samples_1h WHERE device_id = $1 AND ts_ms >= $2 AND ts_ms < $5
+                 UNION ALL
+                 SELECT ts_ms, last_ts_ms, samples, used_avg::numeric * samples, used_min, used_max, reserved, total,
+                     utilization::float8 * samples, CASE WHEN utilization IS NULL THEN 0 ELSE samples END,
+                     pcie_tx::numeric * samples, CASE WHEN pcie_tx IS NULL THEN 0 ELSE samples END,
+                     pcie_rx::numeric * samples, CASE WHEN pcie_rx IS NULL THEN 0 ELSE samples END
+                 FROM gpu_samples_1m WHERE device_id = $1 AND ts_ms >= $5 AND ts_ms < $6
+                 UNION ALL
+                 SELECT ts_ms, ts_ms, 1, used_last, used_min, used_max, reserved, total,
+                     utilization, CASE WHEN utilization IS NULL THEN 0 ELSE 1 END,
+                     pcie_tx, CASE WHEN pcie_tx IS NULL THEN 0 ELSE 1 END,
+                     pcie_rx, CASE WHEN pcie_rx IS NULL THEN 0 ELSE 1 END
+                 FROM gpu_samples WHERE device_id = $1 AND ts_ms >= $6 AND ts_ms <= $3
+                 UNION ALL
+                 SELECT ts, ts, samples, used_sum::numeric, used_min, used_max, reserved, total,
+                     util_sum::float8, util_samples, tx_sum::numeric, tx_samples, rx_sum::numeric, rx_samples
+                 FROM UNNEST($7::int8[], $8::int8[], $9::text[], $10::int8[], $11::int8[], $12::int8[],
+                     $13::int8[], $14::text[], $15::int8[], $16::text[], $17::int8[], $18::text[],
+                     $19::int8[])
+                     AS packed (ts, samples, used_sum, used_min, used_max, reserved, total, util_sum,
+                         util_samples, tx_sum, tx_samples, rx_sum, rx_samples))
+             SELECT MAX(ts) AS timestamp_ms, SUM(samples)::int8 AS samples,
+                 ROUND(SUM(used_sum) / SUM(samples))::int8 AS memory_used_bytes,
+                 MIN(used_min) AS memory_used_min_bytes, MAX(used_max) AS memory_used_max_bytes,
+                 MAX(reserved) AS memory_reserved_bytes, MAX(total) AS memory_total_bytes,
+                 SUM(util_sum) / NULLIF(SUM(util_samples), 0) AS utilization_pct,
+                 ROUND(SUM(tx_sum) / NULLIF(SUM(tx_samples), 0))::int8 AS pcie_tx_bytes_per_s,
+                 ROUND(SUM(rx_sum) / NULLIF(SUM(rx_samples), 0))::int8 AS pcie_rx_bytes_per_s
+             FROM src GROUP BY (at - $2) / $4 ORDER BY 1",
+        )
+        .bind(device)
+        .bind(from_ms)
+        .bind(to_ms)
+        .bind(width)
+        .bind(bounds.hour_end_ms)
+        .bind(bounds.minute_end_ms)
+        .bind(column(|b| b.newest_ms))
+        .bind(column(|b| b.samples))
+        .bind(&used_sum)
+        .bind(column(|b| b.used_min))
+        .bind(column(|b| b.used_max))
+        .bind(column(|b| b.reserved))
+        .bind(column(|b| b.total))
+        .bind(&util_sum)
+        .bind(&util_samples)
+        .bind(&tx_sum)
+        .bind(&tx_samples)
+        .bind(&rx_sum)
+        .bind(&rx_samples)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(points))
+    }
+
+    async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError> {
+        // A steady process's row is a checkpoint: this collector may have
+        // seen it since, though the row says otherwise.
+        let seen = self.process_seen.seen_since(since_ms);
+        let rows = sqlx::query_as::<_, ProcessIdRow>(&format!(
+            "SELECT p.id AS process_id, n.name AS node, d.uuid AS device_uuid, d.gpu_index::int8 AS gpu_index,
+                 {PROCESS_COLUMNS}
+             FROM processes p JOIN devices d ON d.id = p.device_id JOIN nodes n ON n.id = d.node_id
+             WHERE p.last_seen_ms >= $1 OR p.id = ANY($2)"
+        ))
+        .bind(since_ms)
+        .bind(&seen)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut rows: Vec<ProcessRow> = rows
+            .into_iter()
+            .map(
+                |ProcessIdRow {
+                     process_id,
+                     mut row,
+                 }| {
+                    if let Some(newer) = self
+                        .process_seen
+                        .newer_than(process_id, Some(row.last_seen_ms))
+                    {
+                        row.last_seen_ms = newer.timestamp_ms;
+                        row.memory_used_bytes = newer.memory;
+                    }
+                    row
+                },
+            )
+            .collect();
+        rows.sort_by(|a, b| {
+            b.memory_used_bytes
+                .cmp(&a.memory_used_bytes)
+                .then_with(|| a.node.cmp(&b.node))
+                .then_with(|| a.pid.cmp(&b.pid))
+        });
+        Ok(rows.into_iter().map(ProcessView::from).collect())
+    }
+
+    async fn process_series(
+        &self,
+        uuid: &str,
+        from_ms: i64,
+        to_ms: i64,
+        max_points: u32,
+    ) -> Result<Option<Vec<ProcessSeries>>, StoreError> {
+        let Some(device) = self.device_id(uuid).await? else {
+            return Ok(None);
+        };
+        let meta = sqlx::query_as::<_, ProcessMeta>(
+            "SELECT id, pid, start_time_ms, name, user_name AS user, slurm_job_id, pod_uid FROM processes
+             WHERE device_id = $1 AND (last_seen_ms >= $2 OR id = ANY($4)) AND first_seen_ms <= $3",
+        )
+        .bind(device)
+        .bind(from_ms)
+        .bind(to_ms)
+        .bind(self.process_seen.seen_since(from_ms))
+        .fetch_all(&self.pool)
+        .await?;
+        let ids: Vec<i64> = meta.iter().map(|m| m.id).collect();
+        let width = bucket_width_ms(from_ms, to_ms, max_points);
+        let marks = maintenance::watermarks(&self.pool).await?;
+        let bounds = source_bounds(
+            resolution_for(from_ms, width, marks, &self.storage),
+            from_ms,
+            to_ms,
+            marks,
+        );
+        let mut tx = chart_transaction(&self.pool).await?;
+        let packed = fold::process_peaks(
+            packing::samples_between::<ProcessPoint>(&mut tx, &ids, bounds.minute_end_ms, to_ms)
+                .await?,
+            from_ms,
+            width,
+        );
+        let buckets = sqlx::query_as::<_, ProcessBucket>(
+            "WITH src AS (
+                 SELECT process_id, ts_ms AS at, used_max FROM process_samples_1h
+                 WHERE process_id = ANY($1) AND ts_ms >= $2 AND ts_ms < $5
+                 UNION ALL
+                 SELECT process_id, ts_ms, used_max FROM process_samples_1m
+                 WHERE process_id = ANY($1) AND ts_ms >= $5 AND ts_ms < $6
+                 UNION ALL
+                 SELECT process_id, ts_ms, used_max FROM process_samples
+                 WHERE process_id = ANY($1) AND ts_ms >= $6 AND ts_ms <= $3
+                 UNION ALL
+                 SELECT * FROM UNNEST($7::int8[], $8::int8[], $9::int8[]))
+             SELECT process_id, LEAST($3, $2 + ((at - $2) / $4 + 1) * $4 - 1) AS timestamp_ms, MAX(used_max) AS used
+             FROM src GROUP BY process_id, (at - $2) / $4",
+        )
+        .bind(&ids)
+        .bind(from_ms)
+        .bind(to_ms)
+        .bind(width)
+        .bind(bounds.hour_end_ms)
+        .bind(bounds.minute_end_ms)
+        .bind(packed.iter().map(|r| r.process_id).collect::<Vec<_>>())
+        .bind(packed.iter().map(|r| r.timestamp_ms).collect::<Vec<_>>())
+        .bind(packed.iter().map(|r| r.used_max).collect::<Vec<_>>())
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(process_series_from(meta, buckets)))
+    }
+
+    async fn device_events(
+        &self,
+        uuid: &str,
+        from_ms: i64,
+        to_ms: i64,
+        limit: i64,
+    ) -> Result<Option<Vec<EventView>>, StoreError> {
+        let Some(device) = self.device_id(uuid).await? else {
+            return Ok(None);
+        };
+        Ok(Some(
+            sqlx::query_as::<_, EventView>(
+                "SELECT ts_ms AS timestamp_ms, kind, code, pid, detail FROM events
+                 WHERE device_id = $1 AND ts_ms BETWEEN $2 AND $3
+                 ORDER BY ts_ms DESC LIMIT $4",
+            )
+            .bind(device)
+            .bind(from_ms)
+            .bind(to_ms)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?,
+        ))
+    }
+
+    async fn allocator_series(
+        &self,
+        q: &AllocatorSeriesQuery<'_>,
+    ) -> Result<Option<AllocatorSeries>, StoreError> {
+        let process = sqlx::query_as::<_, ProcessKey>(
+            "SELECT p.id, p.start_time_ms FROM processes p JOIN devices d ON d.id = p.device_id
+             WHERE d.uuid = $1 AND p.pid = $2 AND ($3::int8 IS NULL OR p.start_time_ms = $3)
+             ORDER BY p.start_time_ms DESC LIMIT 1",
+        )
+        .bind(q.device_uuid)
+        .bind(q.pid)
+        .bind(q.start_time_ms)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(process) = process else {
+            return Ok(None);
+        };
+        let points = sqlx::query_as::<_, AllocatorPoint>(
+            "SELECT MAX(ts_ms) AS timestamp_ms, COUNT(*) AS reports, MAX(allocated) AS allocated_bytes,
+                 MAX(reserved) AS reserved_bytes, MAX(reserved - allocated) AS fragmentation_bytes,
+                 MAX(inactive_split) AS inactive_split_bytes, MAX(peak_allocated) AS peak_allocated_bytes,
+                 MAX(alloc_retries) AS alloc_retries, MAX(ooms) AS ooms
+             FROM allocator_samples WHERE process_id = $1 AND ts_ms BETWEEN $2 AND $3
+             GROUP BY (ts_ms - $2) / $4 ORDER BY 1",
+        )
+        .bind(process.id)
+        .bind(q.from_ms)
+        .bind(q.to_ms)
+        .bind(bucket_width_ms(q.from_ms, q.to_ms, q.max_points))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(Some(AllocatorSeries {
+            device_uuid: q.device_uuid.to_owned(),
+            pid: q.pid,
+            start_time_ms: process.start_time_ms,
+            points,
+        }))
+    }
+}
+
+/// A process as the store reads it, with the id its checkpoint is kept by.
+#[derive(sqlx::FromRow)]
+struct ProcessIdRow {
+    process_id: i64,
+    #[sqlx(flatten)]
+    row: ProcessRow,
+}
+
+/// A node as the store reads it, with the id its checkpoint is kept by.
+#[derive(sqlx::FromRow)]
+struct NodeRow {
+    id: i64,
+    #[sqlx(flatten)]
+    view: NodeView,
+}
+
+/// "no partition of relation … found for row" (a check violation).
+fn is_missing_partition(error: &sqlx::Error) -> bool {
+    error.as_database_error().is_some_and(|e| {
+        e.code().as_deref() == Some("23514") && e.message().contains("no partition")
+    })
+}
+
+/// A read-only transaction with one snapshot for all of a chart's reads.
+async fn chart_transaction(pool: &PgPool) -> Result<Transaction<'static, Postgres>, StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}

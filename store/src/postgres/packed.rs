@@ -1,0 +1,626 @@
+//! Cold raw samples packed into one compressed chunk per series (a GPU, a
+//! process) and hour. A raw GPU row costs about 140 bytes on disk (tuple
+//! header, ten 8-byte columns, index entries), a process row about 90; a
+//! day-old sample is only read again for a zoomed-in chart, so maintenance
+//! moves whole days of them into chunks of a few bytes per sample
+//! (store/postgres/packing.rs) and queries decode them on the way out.
+//!
+//! A chunk is columnar: each column's values in time order, as zigzag
+//! varints of what changes (delta of delta for timestamps, delta for
+//! memory, the spread of min and max around the last value), then zstd over
+//! the lot. Steady columns shrink to almost nothing; noisy ones keep about
+//! their entropy.
+
+use crate::model::GpuSampleRow;
+use crate::rollup::{HOUR_MS, bucket_start};
+
+/// First byte of every chunk: the layout below.
+const FORMAT_V1: u8 = 1;
+/// Samples in one chunk at most: an hour at 10 Hz is 36,000. A larger count
+/// is a damaged chunk, not a long hour.
+const MAX_SAMPLES: u64 = 1 << 20;
+/// Encoded bytes per sample at most: eleven varints of ten bytes.
+const MAX_SAMPLE_BYTES: u64 = 11 * 10;
+const ZSTD_LEVEL: i32 = 3;
+
+/// A chunk that cannot be read back. Chunks are only written by this
+/// module, so each of these means damage on disk or a newer format.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ChunkError {
+    #[error("unknown chunk format {0}")]
+    Format(u8),
+    #[error("chunk is empty")]
+    Empty,
+    #[error("chunk claims {0} samples")]
+    TooLarge(u64),
+    #[error("chunk does not decompress: {0}")]
+    Compression(String),
+    #[error("chunk ends inside its {0} column")]
+    Truncated(&'static str),
+    #[error("chunk's {0} column holds a value out of range")]
+    OutOfRange(&'static str),
+    #[error("chunk has {0} bytes after its last column")]
+    Trailing(usize),
+    #[error("chunk's samples do not match its row (count or hour)")]
+    Mismatch,
+}
+
+/// A kind of stored sample that packs: its timestamp is the chunk's first
+/// column; the rest are its own.
+pub(super) trait Packable: Sized {
+    fn timestamp_ms(&self) -> i64;
+    /// Every column but the timestamp, in time order.
+    fn put_columns(rows: &[Self], out: &mut Vec<u8>);
+    /// The samples of series `key` at `timestamps`, their other columns
+    /// read from `r`.
+    fn read_columns(
+        key: i64,
+        timestamps: Vec<i64>,
+        r: &mut Reader<'_>,
+    ) -> Result<Vec<Self>, ChunkError>;
+}
+
+/// One series' samples of one hour, ready for a `*_packed` table. The key
+/// is the device id or the process id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Chunk {
+    pub key: i64,
+    pub hour_ms: i64,
+    pub first_ts_ms: i64,
+    pub last_ts_ms: i64,
+    pub samples: i32,
+    pub data: Vec<u8>,
+}
+
+/// Groups one series' samples (any order) into a chunk per hour.
+pub(super) fn chunks_by_hour<T: Packable>(
+    key: i64,
+    mut rows: Vec<T>,
+) -> Result<Vec<Chunk>, ChunkError> {
+    rows.sort_unstable_by_key(T::timestamp_ms);
+    let mut chunks = Vec::new();
+    // An hour of more than MAX_SAMPLES samples (faster than 290 Hz) goes
+    // into several chunks: one the decoder would refuse is never written.
+    for hour in rows
+        .chunk_by(|a, b| {
+            bucket_start(a.timestamp_ms(), HOUR_MS) == bucket_start(b.timestamp_ms(), HOUR_MS)
+        })
+        .flat_map(|hour| hour.chunks(MAX_SAMPLES as usize))
+    {
+        let (Some(first), Some(last)) = (hour.first(), hour.last()) else {
+            continue;
+        };
+        chunks.push(Chunk {
+            key,
+            hour_ms: bucket_start(first.timestamp_ms(), HOUR_MS),
+            first_ts_ms: first.timestamp_ms(),
+            last_ts_ms: last.timestamp_ms(),
+            samples: i32::try_from(hour.len())
+                .map_err(|_| ChunkError::TooLarge(hour.len() as u64))?,
+            data: encode(hour)?,
+        });
+    }
+    Ok(chunks)
+}
+
+/// Packs samples, in time order, into a chunk.
+pub(super) fn encode<T: Packable>(rows: &[T]) -> Result<Vec<u8>, ChunkError> {
+    let mut raw = Vec::with_capacity(rows.len() * 16 + 10);
+    put_varint(&mut raw, rows.len() as u64);
+    let mut prev_ts = 0i64;
+    let mut prev_step = 0i64;
+    for r in rows {
+        let step = r.timestamp_ms().wrapping_sub(prev_ts);
+        put_signed(&mut raw, step.wrapping_sub(prev_step));
+        (prev_ts, prev_step) = (r.timestamp_ms(), step);
+    }
+    T::put_columns(rows, &mut raw);
+
+    let mut chunk = vec![FORMAT_V1];
+    put_varint(&mut chunk, raw.len() as u64);
+    let packed = zstd::bulk::compress(&raw, ZSTD_LEVEL)
+        .map_err(|e| ChunkError::Compression(e.to_string()))?;
+    chunk.extend_from_slice(&packed);
+    Ok(chunk)
+}
+
+/// [`decode`], then checks the samples against what the chunk's row says
+/// of them: bit rot that still decompresses is caught here.
+pub(super) fn decode_checked<T: Packable>(chunk: &Chunk) -> Result<Vec<T>, ChunkError> {
+    let rows: Vec<T> = decode(chunk.key, &chunk.data)?;
+    let hour = chunk.hour_ms..chunk.hour_ms.saturating_add(HOUR_MS);
+    let in_range = |r: &T| {
+        hour.contains(&r.timestamp_ms())
+            && (chunk.first_ts_ms..=chunk.last_ts_ms).contains(&r.timestamp_ms())
+    };
+    if rows.len() != usize::try_from(chunk.samples).unwrap_or(usize::MAX)
+        || !rows.iter().all(in_range)
+    {
+        return Err(ChunkError::Mismatch);
+    }
+    Ok(rows)
+}
+
+/// Reads a chunk back into the samples of series `key` it holds, in time
+/// order.
+pub(super) fn decode<T: Packable>(key: i64, chunk: &[u8]) -> Result<Vec<T>, ChunkError> {
+    let (&format, rest) = chunk.split_first().ok_or(ChunkError::Empty)?;
+    if format != FORMAT_V1 {
+        return Err(ChunkError::Format(format));
+    }
+    let mut header = Reader { bytes: rest };
+    let raw_len = header.varint("header")?;
+    if raw_len > MAX_SAMPLES * MAX_SAMPLE_BYTES + 10 {
+        return Err(ChunkError::TooLarge(raw_len));
+    }
+    let raw = zstd::bulk::decompress(header.bytes, raw_len as usize)
+        .map_err(|e| ChunkError::Compression(e.to_string()))?;
+    if raw.len() as u64 != raw_len {
+        return Err(ChunkError::Compression(format!(
+            "{} bytes where the header says {raw_len}",
+            raw.len()
+        )));
+    }
+    let mut r = Reader { bytes: &raw };
+    let count = r.varint("count")?;
+    if count > MAX_SAMPLES {
+        return Err(ChunkError::TooLarge(count));
+    }
+    let (mut ts, mut step) = (0i64, 0i64);
+    let timestamps = (0..count)
+        .map(|_| {
+            step = step.wrapping_add(r.signed("timestamp")?);
+            ts = ts.wrapping_add(step);
+            Ok(ts)
+        })
+        .collect::<Result<Vec<i64>, ChunkError>>()?;
+    let rows = T::read_columns(key, timestamps, &mut r)?;
+    if !r.bytes.is_empty() {
+        return Err(ChunkError::Trailing(r.bytes.len()));
+    }
+    Ok(rows)
+}
+
+impl Packable for GpuSampleRow {
+    fn timestamp_ms(&self) -> i64 {
+        self.timestamp_ms
+    }
+
+    fn put_columns(rows: &[Self], out: &mut Vec<u8>) {
+        put_deltas(out, rows.iter().map(|r| i64::from(r.interval_ms)));
+        put_deltas(out, rows.iter().map(|r| i64::from(r.poll_count)));
+        put_deltas(out, rows.iter().map(|r| r.used_last));
+        put_scaled(
+            out,
+            rows.iter().map(|r| r.used_last.wrapping_sub(r.used_min)),
+        );
+        put_scaled(
+            out,
+            rows.iter().map(|r| r.used_max.wrapping_sub(r.used_last)),
+        );
+        put_deltas(out, rows.iter().map(|r| r.reserved));
+        put_deltas(out, rows.iter().map(|r| r.total));
+        put_optional_deltas(out, rows.iter().map(|r| r.utilization_pct.map(i64::from)));
+        put_optional_deltas(out, rows.iter().map(|r| r.pcie_tx_bytes_per_s));
+        put_optional_deltas(out, rows.iter().map(|r| r.pcie_rx_bytes_per_s));
+    }
+
+    fn read_columns(
+        key: i64,
+        timestamps: Vec<i64>,
+        r: &mut Reader<'_>,
+    ) -> Result<Vec<Self>, ChunkError> {
+        let n = timestamps.len();
+        let mut rows: Vec<Self> = timestamps
+            .into_iter()
+            .map(|timestamp_ms| GpuSampleRow {
+                device_id: key,
+                timestamp_ms,
+                ..GpuSampleRow::default()
+            })
+            .collect();
+        for (row, v) in rows.iter_mut().zip(r.deltas("interval", n)?) {
+            row.interval_ms = i32::try_from(v).map_err(|_| ChunkError::OutOfRange("interval"))?;
+        }
+        for (row, v) in rows.iter_mut().zip(r.deltas("poll count", n)?) {
+            row.poll_count = i32::try_from(v).map_err(|_| ChunkError::OutOfRange("poll count"))?;
+        }
+        for (row, v) in rows.iter_mut().zip(r.deltas("used", n)?) {
+            row.used_last = v;
+        }
+        for (row, v) in rows.iter_mut().zip(r.scaled("used min", n)?) {
+            row.used_min = row.used_last.wrapping_sub(v);
+        }
+        for (row, v) in rows.iter_mut().zip(r.scaled("used max", n)?) {
+            row.used_max = row.used_last.wrapping_add(v);
+        }
+        for (row, v) in rows.iter_mut().zip(r.deltas("reserved", n)?) {
+            row.reserved = v;
+        }
+        for (row, v) in rows.iter_mut().zip(r.deltas("total", n)?) {
+            row.total = v;
+        }
+        for (row, v) in rows.iter_mut().zip(r.optional_deltas("utilization", n)?) {
+            row.utilization_pct = v
+                .map(|v| i16::try_from(v).map_err(|_| ChunkError::OutOfRange("utilization")))
+                .transpose()?;
+        }
+        for (row, v) in rows.iter_mut().zip(r.optional_deltas("pcie tx", n)?) {
+            row.pcie_tx_bytes_per_s = v;
+        }
+        for (row, v) in rows.iter_mut().zip(r.optional_deltas("pcie rx", n)?) {
+            row.pcie_rx_bytes_per_s = v;
+        }
+        Ok(rows)
+    }
+}
+
+/// A row of `process_samples` as stored: the process by its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct ProcessPoint {
+    pub process_id: i64,
+    pub timestamp_ms: i64,
+    pub used_last: i64,
+    pub used_max: i64,
+}
+
+impl Packable for ProcessPoint {
+    fn timestamp_ms(&self) -> i64 {
+        self.timestamp_ms
+    }
+
+    fn put_columns(rows: &[Self], out: &mut Vec<u8>) {
+        put_deltas(out, rows.iter().map(|r| r.used_last));
+        put_scaled(
+            out,
+            rows.iter().map(|r| r.used_max.wrapping_sub(r.used_last)),
+        );
+    }
+
+    fn read_columns(
+        key: i64,
+        timestamps: Vec<i64>,
+        r: &mut Reader<'_>,
+    ) -> Result<Vec<Self>, ChunkError> {
+        let n = timestamps.len();
+        let used = r.deltas("used", n)?;
+        let spread = r.scaled("used max", n)?;
+        Ok(timestamps
+            .into_iter()
+            .zip(used)
+            .zip(spread)
+            .map(|((timestamp_ms, used_last), spread)| ProcessPoint {
+                process_id: key,
+                timestamp_ms,
+                used_last,
+                used_max: used_last.wrapping_add(spread),
+            })
+            .collect())
+    }
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_signed(out: &mut Vec<u8>, v: i64) {
+    put_varint(out, zigzag(v));
+}
+
+/// Values as their greatest common divisor, then each divided by it:
+/// memory moves in MiB, PCIe rates in KiB/s, and the zeros below that unit
+/// would otherwise cost bits in every value.
+fn put_scaled(out: &mut Vec<u8>, values: impl Iterator<Item = i64>) {
+    let values: Vec<i64> = values.collect();
+    let divisor = values
+        .iter()
+        .fold(0u64, |g, v| gcd(g, v.unsigned_abs()))
+        .max(1);
+    put_varint(out, divisor);
+    for v in values {
+        // Exact, and within i64: |v / divisor| ≤ |v|.
+        put_signed(out, (i128::from(v) / i128::from(divisor)) as i64);
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+fn put_deltas(out: &mut Vec<u8>, values: impl Iterator<Item = i64>) {
+    let mut prev = 0i64;
+    put_scaled(
+        out,
+        values.map(|v| {
+            let delta = v.wrapping_sub(prev);
+            prev = v;
+            delta
+        }),
+    );
+}
+
+/// A flag per value (0 missing, 1 present), then the deltas between the
+/// values present (zstd makes the flags nearly free).
+fn put_optional_deltas(out: &mut Vec<u8>, values: impl Iterator<Item = Option<i64>>) {
+    let values: Vec<Option<i64>> = values.collect();
+    for v in &values {
+        put_varint(out, u64::from(v.is_some()));
+    }
+    put_deltas(out, values.into_iter().flatten());
+}
+
+pub(super) struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn varint(&mut self, column: &'static str) -> Result<u64, ChunkError> {
+        let mut v = 0u64;
+        for (i, &b) in self.bytes.iter().enumerate().take(10) {
+            v |= u64::from(b & 0x7f) << (7 * i);
+            if b & 0x80 == 0 {
+                self.bytes = &self.bytes[i + 1..];
+                return Ok(v);
+            }
+        }
+        Err(ChunkError::Truncated(column))
+    }
+
+    fn signed(&mut self, column: &'static str) -> Result<i64, ChunkError> {
+        self.varint(column).map(unzigzag)
+    }
+
+    fn scaled(&mut self, column: &'static str, n: usize) -> Result<Vec<i64>, ChunkError> {
+        // Wrapping: the encoder's quotient times its divisor is the value
+        // exactly, so the product is right modulo 2^64 whatever it wraps.
+        let divisor = self.varint(column)? as i64;
+        (0..n)
+            .map(|_| Ok(self.signed(column)?.wrapping_mul(divisor)))
+            .collect()
+    }
+
+    fn deltas(&mut self, column: &'static str, n: usize) -> Result<Vec<i64>, ChunkError> {
+        let mut prev = 0i64;
+        Ok(self
+            .scaled(column, n)?
+            .into_iter()
+            .map(|delta| {
+                prev = prev.wrapping_add(delta);
+                prev
+            })
+            .collect())
+    }
+
+    fn optional_deltas(
+        &mut self,
+        column: &'static str,
+        n: usize,
+    ) -> Result<Vec<Option<i64>>, ChunkError> {
+        let present = (0..n)
+            .map(|_| match self.varint(column)? {
+                0 => Ok(false),
+                1 => Ok(true),
+                _ => Err(ChunkError::OutOfRange(column)),
+            })
+            .collect::<Result<Vec<bool>, _>>()?;
+        let mut values = self
+            .deltas(column, present.iter().filter(|p| **p).count())?
+            .into_iter();
+        Ok(present
+            .into_iter()
+            .map(|p| if p { values.next() } else { None })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu_decode(key: i64, chunk: &[u8]) -> Result<Vec<GpuSampleRow>, ChunkError> {
+        decode(key, chunk)
+    }
+
+    #[test]
+    fn a_process_hour_reads_back_and_a_steady_one_is_tiny() {
+        let rows: Vec<ProcessPoint> = (0..3600)
+            .map(|i| ProcessPoint {
+                process_id: 41,
+                timestamp_ms: 1_764_547_200_000 + i * 1000,
+                used_last: (12 << 30) + (i / 600) * (256 << 20),
+                used_max: (12 << 30) + (i / 600) * (256 << 20) + (i % 3) * (2 << 20),
+            })
+            .collect();
+        let chunk = encode(&rows).unwrap();
+        assert_eq!(decode::<ProcessPoint>(41, &chunk).unwrap(), rows);
+        assert!(chunk.len() < 3600 / 2, "{} bytes", chunk.len());
+    }
+
+    fn sample(ts: i64, used: i64) -> GpuSampleRow {
+        GpuSampleRow {
+            device_id: 7,
+            timestamp_ms: ts,
+            interval_ms: 1000,
+            poll_count: 10,
+            used_last: used,
+            used_min: used - (3 << 20),
+            used_max: used + (40 << 20),
+            reserved: 512 << 20,
+            total: 80 << 30,
+            utilization_pct: Some(93),
+            pcie_tx_bytes_per_s: Some(12_000_000),
+            pcie_rx_bytes_per_s: None,
+        }
+    }
+
+    fn an_hour() -> Vec<GpuSampleRow> {
+        let start = 1_764_547_200_000;
+        (0..3600)
+            .map(|i| {
+                let mut s = sample(
+                    start + i * 1000 + (i % 7),
+                    (20 << 30) + (i % 13) * (2 << 20),
+                );
+                if i % 50 == 0 {
+                    s.utilization_pct = None;
+                    s.pcie_tx_bytes_per_s = None;
+                    s.pcie_rx_bytes_per_s = Some(i * 1024);
+                }
+                s
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_hour_reads_back_exactly_and_small() {
+        let rows = an_hour();
+        let chunk = encode(&rows).unwrap();
+        assert_eq!(gpu_decode(7, &chunk).unwrap(), rows);
+        // 3,600 raw rows are about 500 kB on disk.
+        assert!(chunk.len() < 3600 * 4, "{} bytes", chunk.len());
+    }
+
+    #[test]
+    fn extreme_values_survive_the_deltas() {
+        let mut rows = vec![sample(i64::MIN, 1 << 40), sample(i64::MAX, 0), sample(0, 0)];
+        (rows[0].used_last, rows[0].used_min) = (i64::MAX, i64::MIN);
+        (rows[1].used_last, rows[1].used_max) = (i64::MIN, i64::MAX);
+        rows[2].utilization_pct = Some(i16::MIN);
+        rows[2].interval_ms = i32::MAX;
+        rows[2].pcie_rx_bytes_per_s = Some(i64::MIN);
+        assert_eq!(gpu_decode(7, &encode(&rows).unwrap()).unwrap(), rows);
+        assert_eq!(
+            gpu_decode(7, &encode::<GpuSampleRow>(&[]).unwrap()).unwrap(),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn an_hour_splits_into_chunks_on_hour_boundaries() {
+        let mut rows = an_hour();
+        rows.extend((0..10).map(|i| sample(1_764_547_200_000 - 5000 + i * 1000, 1 << 30)));
+        rows.reverse();
+        let chunks = chunks_by_hour(7, rows).unwrap();
+        assert_eq!(chunks.len(), 2);
+        assert_eq!(chunks[0].hour_ms, 1_764_547_200_000 - HOUR_MS);
+        assert_eq!(chunks[0].samples, 5);
+        assert_eq!(chunks[1].samples, 3605);
+        assert_eq!(chunks[1].first_ts_ms, 1_764_547_200_000);
+        let back: Vec<_> = chunks
+            .iter()
+            .flat_map(|c| gpu_decode(7, &c.data).unwrap())
+            .collect();
+        assert!(back.is_sorted_by_key(|r| r.timestamp_ms));
+        assert_eq!(back.len(), 3610);
+    }
+
+    #[test]
+    fn a_chunk_is_checked_against_its_row() {
+        let chunks = chunks_by_hour(7, an_hour()).unwrap();
+        let good = &chunks[0];
+        assert_eq!(decode_checked::<GpuSampleRow>(good).unwrap().len(), 3600);
+        let miscounted = Chunk {
+            samples: 3599,
+            ..good.clone()
+        };
+        assert_eq!(
+            decode_checked::<GpuSampleRow>(&miscounted),
+            Err(ChunkError::Mismatch)
+        );
+        let other_hour = Chunk {
+            hour_ms: good.hour_ms + HOUR_MS,
+            ..good.clone()
+        };
+        assert_eq!(
+            decode_checked::<GpuSampleRow>(&other_hour),
+            Err(ChunkError::Mismatch)
+        );
+    }
+
+    #[test]
+    fn damage_is_named_not_panicked_on() {
+        let chunk = encode(&an_hour()).unwrap();
+        assert_eq!(gpu_decode(7, &[]), Err(ChunkError::Empty));
+        assert_eq!(gpu_decode(7, &[9, 0]), Err(ChunkError::Format(9)));
+        assert!(matches!(
+            gpu_decode(7, &chunk[..chunk.len() / 2]),
+            Err(ChunkError::Compression(_))
+        ));
+        let mut huge = vec![FORMAT_V1];
+        put_varint(&mut huge, u64::MAX >> 1);
+        assert!(matches!(gpu_decode(7, &huge), Err(ChunkError::TooLarge(_))));
+        // A well-formed frame whose columns stop early.
+        let mut short = Vec::new();
+        put_varint(&mut short, 3);
+        put_signed(&mut short, 1000);
+        let mut framed = vec![FORMAT_V1];
+        put_varint(&mut framed, short.len() as u64);
+        framed.extend_from_slice(&zstd::bulk::compress(&short, 1).unwrap());
+        assert_eq!(
+            gpu_decode(7, &framed),
+            Err(ChunkError::Truncated("timestamp"))
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_samples_read_back_exactly(
+            raw in proptest::collection::vec(
+                (proptest::prelude::any::<(i64, i32, i32, i64, i64, i64, i64, i64)>(),
+                 proptest::prelude::any::<(Option<i16>, Option<i64>, Option<i64>)>()),
+                0..200,
+            )
+        ) {
+            let rows: Vec<GpuSampleRow> = raw
+                .into_iter()
+                .map(|((ts, interval, polls, used, min, max, reserved, total), (util, tx, rx))| {
+                    GpuSampleRow {
+                        device_id: 3,
+                        timestamp_ms: ts,
+                        interval_ms: interval,
+                        poll_count: polls,
+                        used_last: used,
+                        used_min: min,
+                        used_max: max,
+                        reserved,
+                        total,
+                        utilization_pct: util,
+                        pcie_tx_bytes_per_s: tx,
+                        pcie_rx_bytes_per_s: rx,
+                    }
+                })
+                .collect();
+            let chunk = encode(&rows).unwrap();
+            proptest::prop_assert_eq!(gpu_decode(3, &chunk).unwrap(), rows);
+        }
+
+        #[test]
+        fn garbage_is_an_error_not_a_panic(
+            tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            cut in 0usize..400,
+        ) {
+            let mut chunk = vec![FORMAT_V1];
+            chunk.extend(tail);
+            let _ = gpu_decode(3, &chunk);
+            // A real chunk cut short or with a byte flipped.
+            let mut real = encode(&an_hour()[..50]).unwrap();
+            real.truncate(cut.max(1));
+            let _ = gpu_decode(3, &real);
+        }
+    }
+}

@@ -1,0 +1,684 @@
+//! SQLite: the embedded store for one machine and the demo. Same schema and
+//! semantics as Postgres; rows go in one by one inside a single transaction
+//! (prepared statements are cached, so this is cheap on SQLite).
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{Connection, Row, Sqlite, SqliteConnection, Transaction};
+
+mod alerts;
+mod maintenance;
+
+use crate::model::{AllocatorRow, NodeSession, Registration, StoreBatch, WriteOutcome};
+use crate::rollup::{
+    MINUTE_MS, MaintenanceReport, StorageConfig, Watermarks, late_minutes, resolution_for,
+    source_bounds,
+};
+use crate::rows::{
+    DeviceRow, PROCESS_COLUMNS, ProcessBucket, ProcessKey, ProcessMeta, ProcessRow, SessionDevice,
+    bucket_width_ms, process_series_from, session_from,
+};
+use crate::{
+    AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, NodeView,
+    ProcessSeries, ProcessView, SeriesPoint, Store, StoreError,
+};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
+
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    /// Writes, and reads inside a write's transaction.
+    pool: SqlitePool,
+    /// Dashboard and API reads, on connections of their own: SQLite (in WAL
+    /// mode) lets them run while a batch commits, instead of queueing behind
+    /// every agent's write for a pool connection.
+    reader: SqlitePool,
+    storage: StorageConfig,
+}
+
+impl SqliteStore {
+    /// The store's id of device `uuid`, for the reads that take a UUID.
+    async fn device_id(&self, uuid: &str) -> Result<Option<i64>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT id FROM devices WHERE uuid = ?1")
+            .bind(uuid)
+            .fetch_optional(&self.reader)
+            .await?)
+    }
+
+    /// Opens (creating if needed) the database at `url`, e.g.
+    /// `sqlite://headroom-data/headroom.db` or `sqlite::memory:`.
+    pub async fn connect(url: &str, storage: StorageConfig) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        // An in-memory database exists once per connection: keep exactly one.
+        let in_memory = url.contains(":memory:");
+        if !in_memory {
+            // Migrate on a connection of its own before the pool opens more:
+            // a pool connection coming up mid-migration can make SQLite answer
+            // "database is locked" to a schema change without waiting.
+            let mut conn = SqliteConnection::connect_with(&options).await?;
+            MIGRATOR.run(&mut conn).await?;
+            conn.close().await?;
+        }
+        let pool = SqlitePoolOptions::new()
+            .max_connections(if in_memory { 1 } else { 4 })
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options.clone())
+            .await?;
+        if in_memory {
+            MIGRATOR.run(&pool).await?;
+            let reader = pool.clone();
+            return Ok(Self {
+                pool,
+                reader,
+                storage,
+            });
+        }
+        let reader = SqlitePoolOptions::new()
+            .max_connections(4)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options.read_only(true))
+            .await?;
+        Ok(Self {
+            pool,
+            reader,
+            storage,
+        })
+    }
+}
+
+/// Every device the node ever registered, present or not: a batch sampled
+/// before a MIG reconfiguration may arrive after it and still names the old
+/// instances.
+async fn load_session(
+    tx: &mut Transaction<'_, Sqlite>,
+    node_id: i64,
+    node: &str,
+    boot_id: &str,
+    committed_seq: i64,
+) -> Result<NodeSession, StoreError> {
+    let rows = sqlx::query_as::<_, SessionDevice>(
+        "SELECT id, uuid, gpu_index, mig_profile, parent_id FROM devices WHERE node_id = ?",
+    )
+    .bind(node_id)
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(session_from(node_id, node, boot_id, committed_seq, rows))
+}
+
+crate::tokens::impl_token_store!(SqliteStore);
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn register(&self, reg: &Registration, now_ms: i64) -> Result<NodeSession, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let node_id: i64 = sqlx::query_scalar(
+            "INSERT INTO nodes (name, boot_id, agent_version, driver_version, sample_interval_ms, registered_at_ms, last_seen_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)
+             ON CONFLICT (name) DO UPDATE SET boot_id = excluded.boot_id, agent_version = excluded.agent_version,
+                 driver_version = excluded.driver_version, sample_interval_ms = excluded.sample_interval_ms,
+                 registered_at_ms = excluded.registered_at_ms, last_seen_ms = MAX(nodes.last_seen_ms, excluded.last_seen_ms)
+             RETURNING id",
+        )
+        .bind(&reg.node)
+        .bind(&reg.boot_id)
+        .bind(&reg.agent_version)
+        .bind(&reg.driver_version)
+        .bind(i64::from(reg.sample_interval_ms))
+        .bind(now_ms)
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO agent_boots (node_id, boot_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+        )
+        .bind(node_id)
+        .bind(&reg.boot_id)
+        .execute(&mut *tx)
+        .await?;
+        let committed: i64 = sqlx::query_scalar(
+            "SELECT committed_seq FROM agent_boots WHERE node_id = ?1 AND boot_id = ?2",
+        )
+        .bind(node_id)
+        .bind(&reg.boot_id)
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE devices SET present = 0 WHERE node_id = ?1")
+            .bind(node_id)
+            .execute(&mut *tx)
+            .await?;
+        let mut ids: HashMap<&str, i64> = HashMap::new();
+        for d in &reg.devices {
+            let parent_id = d.parent_uuid.as_deref().and_then(|p| ids.get(p).copied());
+            let mig = d.mig.as_ref();
+            let id: i64 = sqlx::query_scalar(
+                "INSERT INTO devices (uuid, node_id, parent_id, gpu_index, name, memory_total, pcie_generation, pcie_width,
+                     mig_gpu_instance_id, mig_compute_instance_id, mig_profile, present)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 1)
+                 ON CONFLICT (uuid) DO UPDATE SET node_id = excluded.node_id, parent_id = excluded.parent_id,
+                     gpu_index = excluded.gpu_index, name = excluded.name, memory_total = excluded.memory_total,
+                     pcie_generation = excluded.pcie_generation, pcie_width = excluded.pcie_width,
+                     mig_gpu_instance_id = excluded.mig_gpu_instance_id,
+                     mig_compute_instance_id = excluded.mig_compute_instance_id,
+                     mig_profile = excluded.mig_profile, present = 1
+                 RETURNING id",
+            )
+            .bind(&d.uuid)
+            .bind(node_id)
+            .bind(parent_id)
+            .bind(i64::from(d.index))
+            .bind(&d.name)
+            .bind(d.memory_total)
+            .bind(i64::from(d.pcie_generation))
+            .bind(i64::from(d.pcie_width))
+            .bind(mig.map(|m| i64::from(m.gpu_instance_id)))
+            .bind(mig.map(|m| i64::from(m.compute_instance_id)))
+            .bind(mig.map(|m| m.profile.as_str()))
+            .fetch_one(&mut *tx)
+            .await?;
+            ids.insert(&d.uuid, id);
+        }
+        let session = load_session(&mut tx, node_id, &reg.node, &reg.boot_id, committed).await?;
+        tx.commit().await?;
+        Ok(session)
+    }
+
+    async fn session(&self, node: &str, boot_id: &str) -> Result<Option<NodeSession>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "SELECT n.id, b.committed_seq FROM nodes n JOIN agent_boots b ON b.node_id = n.id
+             WHERE n.name = ?1 AND b.boot_id = ?2",
+        )
+        .bind(node)
+        .bind(boot_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let session = load_session(
+            &mut tx,
+            row.try_get("id")?,
+            node,
+            boot_id,
+            row.try_get("committed_seq")?,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Some(session))
+    }
+
+    async fn write_batches(&self, batches: &[StoreBatch]) -> Result<Vec<WriteOutcome>, StoreError> {
+        if batches.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.pool.begin().await?;
+        let mut outcomes = Vec::with_capacity(batches.len());
+        let mut stored = false;
+        for batch in batches {
+            let outcome = write_one(&mut tx, batch).await?;
+            stored |= outcome == WriteOutcome::Committed;
+            outcomes.push(outcome);
+        }
+        if !stored {
+            tx.rollback().await?;
+            return Ok(outcomes);
+        }
+        // SQLite has one writer at a time: the rollup pass cannot move the
+        // watermark while this transaction holds the write lock.
+        let watermark: Option<i64> =
+            sqlx::query_scalar("SELECT done_until_ms FROM rollup_progress WHERE step_ms = ?1")
+                .bind(MINUTE_MS)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if let Some(watermark) = watermark {
+            let timestamps = batches
+                .iter()
+                .zip(&outcomes)
+                .filter(|(_, o)| **o == WriteOutcome::Committed)
+                .flat_map(|(b, _)| {
+                    b.gpu_samples
+                        .iter()
+                        .map(|s| s.timestamp_ms)
+                        .chain(b.process_samples.iter().map(|s| s.timestamp_ms))
+                });
+            for minute in late_minutes(timestamps, watermark) {
+                sqlx::query(
+                    "INSERT INTO rollup_pending (step_ms, bucket_ms) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+                )
+                .bind(MINUTE_MS)
+                .bind(minute)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
+    async fn maintain(&self, now_ms: i64) -> Result<MaintenanceReport, StoreError> {
+        maintenance::run(&self.pool, &self.storage, now_ms).await
+    }
+
+    async fn watermarks(&self) -> Result<Watermarks, StoreError> {
+        maintenance::watermarks(&self.reader).await
+    }
+
+    fn parallel_writes(&self) -> bool {
+        false
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+        self.reader.close().await;
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeView>, StoreError> {
+        Ok(sqlx::query_as::<_, NodeView>(
+            "SELECT n.name, n.boot_id, n.agent_version, n.driver_version, n.sample_interval_ms,
+                 n.registered_at_ms, n.last_seen_ms,
+                 COALESCE(SUM(CASE WHEN d.id IS NOT NULL AND d.parent_id IS NULL THEN 1 ELSE 0 END), 0) AS gpu_count,
+                 COALESCE(SUM(CASE WHEN d.parent_id IS NOT NULL THEN 1 ELSE 0 END), 0) AS mig_instance_count
+             FROM nodes n LEFT JOIN devices d ON d.node_id = n.id AND d.present
+             GROUP BY n.id ORDER BY n.name",
+        )
+        .fetch_all(&self.reader)
+        .await?)
+    }
+
+    async fn latest_devices(&self) -> Result<Vec<DeviceView>, StoreError> {
+        let rows = sqlx::query_as::<_, DeviceRow>(
+            "SELECT d.id AS device_id, d.uuid, n.name AS node, p.uuid AS parent_uuid, d.gpu_index, d.name,
+                 d.mig_profile, d.mig_gpu_instance_id, d.mig_compute_instance_id, d.memory_total,
+                 l.ts_ms, l.used_last, l.used_min, l.used_max, l.reserved, l.total, l.utilization,
+                 l.pcie_tx, l.pcie_rx
+             FROM devices d JOIN nodes n ON n.id = d.node_id
+             LEFT JOIN devices p ON p.id = d.parent_id
+             LEFT JOIN gpu_latest l ON l.device_id = d.id
+             WHERE d.present
+             ORDER BY n.name, d.gpu_index, d.parent_id IS NOT NULL, d.mig_gpu_instance_id, d.mig_compute_instance_id",
+        )
+        .fetch_all(&self.reader)
+        .await?;
+        Ok(rows.into_iter().map(DeviceView::from).collect())
+    }
+
+    async fn device_series(
+        &self,
+        uuid: &str,
+        from_ms: i64,
+        to_ms: i64,
+        max_points: u32,
+    ) -> Result<Option<Vec<SeriesPoint>>, StoreError> {
+        let Some(device) = self.device_id(uuid).await? else {
+            return Ok(None);
+        };
+        let width = bucket_width_ms(from_ms, to_ms, max_points);
+        let marks = maintenance::watermarks(&self.reader).await?;
+        let bounds = source_bounds(
+            resolution_for(from_ms, width, marks, &self.storage),
+            from_ms,
+            to_ms,
+            marks,
+        );
+        // Rollup rows count as `samples` samples of mean `used_avg`, so a
+        // bucket mixing resolutions still averages per sample.
+        let points = sqlx::query_as::<_, SeriesPoint>(
+            "WITH src AS (
+                 SELECT ts_ms AS at, last_ts_ms AS ts, samples, used_avg, used_min, used_max, reserved, total,
+                     utilization AS util, pcie_tx, pcie_rx
+                 FROM gpu_samples_1h WHERE device_id = ?1 AND ts_ms >= ?2 AND ts_ms < ?5
+                 UNION ALL
+                 SELECT ts_ms, last_ts_ms, samples, used_avg, used_min, used_max, reserved, total,
+                     utilization, pcie_tx, pcie_rx
+                 FROM gpu_samples_1m WHERE device_id = ?1 AND ts_ms >= ?5 AND ts_ms < ?6
+                 UNION ALL
+                 SELECT ts_ms, ts_ms, 1, used_last, used_min, used_max, reserved, total,
+                     utilization, pcie_tx, pcie_rx
+                 FROM gpu_samples WHERE device_id = ?1 AND ts_ms >= ?6 AND ts_ms <= ?3)
+             SELECT MAX(ts) AS timestamp_ms, SUM(samples) AS samples,
+                 CAST(ROUND(SUM(CAST(used_avg AS REAL) * samples) / SUM(samples)) AS INTEGER) AS memory_used_bytes,
+                 MIN(used_min) AS memory_used_min_bytes, MAX(used_max) AS memory_used_max_bytes,
+                 MAX(reserved) AS memory_reserved_bytes, MAX(total) AS memory_total_bytes,
+                 SUM(util * samples) / NULLIF(SUM(samples) FILTER (WHERE util IS NOT NULL), 0) AS utilization_pct,
+                 CAST(ROUND(SUM(CAST(pcie_tx AS REAL) * samples)
+                     / NULLIF(SUM(samples) FILTER (WHERE pcie_tx IS NOT NULL), 0)) AS INTEGER) AS pcie_tx_bytes_per_s,
+                 CAST(ROUND(SUM(CAST(pcie_rx AS REAL) * samples)
+                     / NULLIF(SUM(samples) FILTER (WHERE pcie_rx IS NOT NULL), 0)) AS INTEGER) AS pcie_rx_bytes_per_s
+             FROM src GROUP BY (at - ?2) / ?4 ORDER BY 1",
+        )
+        .bind(device)
+        .bind(from_ms)
+        .bind(to_ms)
+        .bind(width)
+        .bind(bounds.hour_end_ms)
+        .bind(bounds.minute_end_ms)
+        .fetch_all(&self.reader)
+        .await?;
+        Ok(Some(points))
+    }
+
+    async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError> {
+        let rows = sqlx::query_as::<_, ProcessRow>(&format!(
+            "SELECT n.name AS node, d.uuid AS device_uuid, d.gpu_index, {PROCESS_COLUMNS}
+             FROM processes p JOIN devices d ON d.id = p.device_id JOIN nodes n ON n.id = d.node_id
+             WHERE p.last_seen_ms >= ?1
+             ORDER BY p.memory_last DESC, n.name, p.pid"
+        ))
+        .bind(since_ms)
+        .fetch_all(&self.reader)
+        .await?;
+        Ok(rows.into_iter().map(ProcessView::from).collect())
+    }
+
+    async fn process_series(
+        &self,
+        uuid: &str,
+        from_ms: i64,
+        to_ms: i64,
+        max_points: u32,
+    ) -> Result<Option<Vec<ProcessSeries>>, StoreError> {
+        let Some(device) = self.device_id(uuid).await? else {
+            return Ok(None);
+        };
+        let meta = sqlx::query_as::<_, ProcessMeta>(
+            "SELECT id, pid, start_time_ms, name, user_name AS user, slurm_job_id, pod_uid FROM processes
+             WHERE device_id = ?1 AND last_seen_ms >= ?2 AND first_seen_ms <= ?3",
+        )
+        .bind(device)
+        .bind(from_ms)
+        .bind(to_ms)
+        .fetch_all(&self.reader)
+        .await?;
+        let width = bucket_width_ms(from_ms, to_ms, max_points);
+        let marks = maintenance::watermarks(&self.reader).await?;
+        let bounds = source_bounds(
+            resolution_for(from_ms, width, marks, &self.storage),
+            from_ms,
+            to_ms,
+            marks,
+        );
+        let buckets = sqlx::query_as::<_, ProcessBucket>(
+            "WITH procs AS (
+                 SELECT id FROM processes WHERE device_id = ?1 AND last_seen_ms >= ?2 AND first_seen_ms <= ?3),
+             src AS (
+                 SELECT process_id, ts_ms AS at, used_max FROM process_samples_1h
+                 WHERE process_id IN (SELECT id FROM procs) AND ts_ms >= ?2 AND ts_ms < ?5
+                 UNION ALL
+                 SELECT process_id, ts_ms, used_max FROM process_samples_1m
+                 WHERE process_id IN (SELECT id FROM procs) AND ts_ms >= ?5 AND ts_ms < ?6
+                 UNION ALL
+                 SELECT process_id, ts_ms, used_max FROM process_samples
+                 WHERE process_id IN (SELECT id FROM procs) AND ts_ms >= ?6 AND ts_ms <= ?3)
+             SELECT process_id, MIN(?3, ?2 + ((at - ?2) / ?4 + 1) * ?4 - 1) AS timestamp_ms, MAX(used_max) AS used
+             FROM src GROUP BY process_id, (at - ?2) / ?4",
+        )
+        .bind(device)
+        .bind(from_ms)
+        .bind(to_ms)
+        .bind(width)
+        .bind(bounds.hour_end_ms)
+        .bind(bounds.minute_end_ms)
+        .fetch_all(&self.reader)
+        .await?;
+        Ok(Some(process_series_from(meta, buckets)))
+    }
+
+    async fn device_events(
+        &self,
+        uuid: &str,
+        from_ms: i64,
+        to_ms: i64,
+        limit: i64,
+    ) -> Result<Option<Vec<EventView>>, StoreError> {
+        let Some(device) = self.device_id(uuid).await? else {
+            return Ok(None);
+        };
+        Ok(Some(
+            sqlx::query_as::<_, EventView>(
+                "SELECT ts_ms AS timestamp_ms, kind, code, pid, detail FROM events
+                 WHERE device_id = ?1 AND ts_ms BETWEEN ?2 AND ?3
+                 ORDER BY ts_ms DESC LIMIT ?4",
+            )
+            .bind(device)
+            .bind(from_ms)
+            .bind(to_ms)
+            .bind(limit)
+            .fetch_all(&self.reader)
+            .await?,
+        ))
+    }
+
+    async fn allocator_series(
+        &self,
+        q: &AllocatorSeriesQuery<'_>,
+    ) -> Result<Option<AllocatorSeries>, StoreError> {
+        let process = sqlx::query_as::<_, ProcessKey>(
+            "SELECT p.id, p.start_time_ms FROM processes p JOIN devices d ON d.id = p.device_id
+             WHERE d.uuid = ?1 AND p.pid = ?2 AND (?3 IS NULL OR p.start_time_ms = ?3)
+             ORDER BY p.start_time_ms DESC LIMIT 1",
+        )
+        .bind(q.device_uuid)
+        .bind(q.pid)
+        .bind(q.start_time_ms)
+        .fetch_optional(&self.reader)
+        .await?;
+        let Some(process) = process else {
+            return Ok(None);
+        };
+        let points = sqlx::query_as::<_, AllocatorPoint>(
+            "SELECT MAX(ts_ms) AS timestamp_ms, COUNT(*) AS reports, MAX(allocated) AS allocated_bytes,
+                 MAX(reserved) AS reserved_bytes, MAX(reserved - allocated) AS fragmentation_bytes,
+                 MAX(inactive_split) AS inactive_split_bytes, MAX(peak_allocated) AS peak_allocated_bytes,
+                 MAX(alloc_retries) AS alloc_retries, MAX(ooms) AS ooms
+             FROM allocator_samples WHERE process_id = ?1 AND ts_ms BETWEEN ?2 AND ?3
+             GROUP BY (ts_ms - ?2) / ?4 ORDER BY 1",
+        )
+        .bind(process.id)
+        .bind(q.from_ms)
+        .bind(q.to_ms)
+        .bind(bucket_width_ms(q.from_ms, q.to_ms, q.max_points))
+        .fetch_all(&self.reader)
+        .await?;
+        Ok(Some(AllocatorSeries {
+            device_uuid: q.device_uuid.to_owned(),
+            pid: q.pid,
+            start_time_ms: process.start_time_ms,
+            points,
+        }))
+    }
+}
+
+/// One allocator report joined to a process sample: stored once however
+/// many intervals it was joined to, and kept on the process's row while it
+/// is the newest.
+async fn write_allocator_sample(
+    tx: &mut Transaction<'_, Sqlite>,
+    process_id: i64,
+    a: &AllocatorRow,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO allocator_samples (process_id, ts_ms, allocated, reserved, active, inactive_split,
+             peak_allocated, alloc_retries, ooms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+         ON CONFLICT (process_id, ts_ms) DO NOTHING",
+    )
+    .bind(process_id)
+    .bind(a.timestamp_ms)
+    .bind(a.allocated)
+    .bind(a.reserved)
+    .bind(a.active)
+    .bind(a.inactive_split)
+    .bind(a.peak_allocated)
+    .bind(a.alloc_retries)
+    .bind(a.ooms)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "UPDATE processes SET alloc_ts_ms = ?2, alloc_allocated = ?3, alloc_reserved = ?4,
+             alloc_inactive_split = ?5, alloc_peak_allocated = ?6, alloc_retries = ?7, alloc_ooms = ?8
+         WHERE id = ?1 AND (alloc_ts_ms IS NULL OR alloc_ts_ms <= ?2)",
+    )
+    .bind(process_id)
+    .bind(a.timestamp_ms)
+    .bind(a.allocated)
+    .bind(a.reserved)
+    .bind(a.inactive_split)
+    .bind(a.peak_allocated)
+    .bind(a.alloc_retries)
+    .bind(a.ooms)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Writes one batch inside the group's transaction, unless its seq was
+/// already committed: the claim comes first, so a duplicate writes nothing.
+async fn write_one(
+    tx: &mut Transaction<'_, Sqlite>,
+    batch: &StoreBatch,
+) -> Result<WriteOutcome, StoreError> {
+    let seq = i64::try_from(batch.seq).unwrap_or(i64::MAX);
+    // A write first, so the transaction holds the write lock from its start.
+    let claimed = sqlx::query(
+            "UPDATE agent_boots SET committed_seq = ?3 WHERE node_id = ?1 AND boot_id = ?2 AND committed_seq < ?3",
+        )
+        .bind(batch.node_id)
+        .bind(&batch.boot_id)
+        .bind(seq)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+    if claimed == 0 {
+        let committed: Option<i64> = sqlx::query_scalar(
+            "SELECT committed_seq FROM agent_boots WHERE node_id = ?1 AND boot_id = ?2",
+        )
+        .bind(batch.node_id)
+        .bind(&batch.boot_id)
+        .fetch_optional(&mut **tx)
+        .await?;
+        return Ok(WriteOutcome::Duplicate {
+            committed_seq: committed.and_then(|c| u64::try_from(c).ok()).unwrap_or(0),
+        });
+    }
+
+    for s in &batch.gpu_samples {
+        sqlx::query(
+                "INSERT INTO gpu_samples (device_id, ts_ms, interval_ms, poll_count, used_last, used_min, used_max,
+                     reserved, total, utilization, pcie_tx, pcie_rx)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            )
+            .bind(s.device_id)
+            .bind(s.timestamp_ms)
+            .bind(s.interval_ms)
+            .bind(s.poll_count)
+            .bind(s.used_last)
+            .bind(s.used_min)
+            .bind(s.used_max)
+            .bind(s.reserved)
+            .bind(s.total)
+            .bind(s.utilization_pct)
+            .bind(s.pcie_tx_bytes_per_s)
+            .bind(s.pcie_rx_bytes_per_s)
+            .execute(&mut **tx)
+            .await?;
+        sqlx::query(
+                "INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                 ON CONFLICT (device_id) DO UPDATE SET ts_ms = excluded.ts_ms, used_last = excluded.used_last,
+                     used_min = excluded.used_min, used_max = excluded.used_max, reserved = excluded.reserved,
+                     total = excluded.total, utilization = excluded.utilization, pcie_tx = excluded.pcie_tx,
+                     pcie_rx = excluded.pcie_rx
+                 WHERE gpu_latest.ts_ms <= excluded.ts_ms",
+            )
+            .bind(s.device_id)
+            .bind(s.timestamp_ms)
+            .bind(s.used_last)
+            .bind(s.used_min)
+            .bind(s.used_max)
+            .bind(s.reserved)
+            .bind(s.total)
+            .bind(s.utilization_pct)
+            .bind(s.pcie_tx_bytes_per_s)
+            .bind(s.pcie_rx_bytes_per_s)
+            .execute(&mut **tx)
+            .await?;
+    }
+
+    for p in &batch.process_samples {
+        let process_id: i64 = sqlx::query_scalar(
+                "INSERT INTO processes AS p (device_id, pid, start_time_ms, name, uid, user_name, container_id, pod_uid,
+                     slurm_job_id, first_seen_ms, last_seen_ms, memory_last, memory_peak, container_runtime, pod_qos_class)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13, ?14)
+                 ON CONFLICT (device_id, pid, start_time_ms) DO UPDATE SET
+                     name = excluded.name, uid = excluded.uid, user_name = excluded.user_name,
+                     container_id = excluded.container_id, pod_uid = excluded.pod_uid, slurm_job_id = excluded.slurm_job_id,
+                     container_runtime = excluded.container_runtime, pod_qos_class = excluded.pod_qos_class,
+                     first_seen_ms = MIN(p.first_seen_ms, excluded.first_seen_ms),
+                     memory_last = CASE WHEN excluded.last_seen_ms >= p.last_seen_ms THEN excluded.memory_last ELSE p.memory_last END,
+                     last_seen_ms = MAX(p.last_seen_ms, excluded.last_seen_ms),
+                     memory_peak = MAX(p.memory_peak, excluded.memory_peak)
+                 RETURNING id",
+            )
+            .bind(p.device_id)
+            .bind(p.pid)
+            .bind(p.start_time_ms)
+            .bind(&p.name)
+            .bind(p.uid)
+            .bind(&p.user)
+            .bind(&p.container_id)
+            .bind(&p.pod_uid)
+            .bind(&p.slurm_job_id)
+            .bind(p.timestamp_ms)
+            .bind(p.used_last)
+            .bind(p.used_max)
+            .bind(&p.container_runtime)
+            .bind(&p.pod_qos_class)
+            .fetch_one(&mut **tx)
+            .await?;
+        sqlx::query("INSERT INTO process_samples (process_id, ts_ms, used_last, used_max) VALUES (?1, ?2, ?3, ?4)")
+                .bind(process_id)
+                .bind(p.timestamp_ms)
+                .bind(p.used_last)
+                .bind(p.used_max)
+                .execute(&mut **tx)
+                .await?;
+        if let Some(a) = &p.allocator {
+            write_allocator_sample(tx, process_id, a).await?;
+        }
+    }
+
+    for e in &batch.events {
+        sqlx::query(
+                "INSERT INTO events (node_id, device_id, ts_ms, kind, code, pid, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )
+            .bind(batch.node_id)
+            .bind(e.device_id)
+            .bind(e.timestamp_ms)
+            .bind(e.kind)
+            .bind(e.code)
+            .bind(e.pid)
+            .bind(&e.detail)
+            .execute(&mut **tx)
+            .await?;
+    }
+
+    if let Some(newest) = batch.newest_timestamp_ms() {
+        sqlx::query("UPDATE nodes SET last_seen_ms = MAX(last_seen_ms, ?2) WHERE id = ?1")
+            .bind(batch.node_id)
+            .bind(newest)
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(WriteOutcome::Committed)
+}

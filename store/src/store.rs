@@ -1,0 +1,107 @@
+//! The one trait both backends implement; the conformance suite holds them to it.
+
+use async_trait::async_trait;
+
+use crate::StoreError;
+use crate::alerts::AlertStore;
+use crate::model::{NodeSession, Registration, StoreBatch, WriteOutcome};
+use crate::rollup::{MaintenanceReport, Watermarks};
+use crate::tokens::TokenStore;
+use crate::views::*;
+
+#[async_trait]
+pub trait Store: AlertStore + TokenStore + Send + Sync + std::fmt::Debug + 'static {
+    /// Records a node's (re)registration and its current inventory; devices the
+    /// node no longer reports are marked absent, not deleted.
+    async fn register(
+        &self,
+        registration: &Registration,
+        now_ms: i64,
+    ) -> Result<NodeSession, StoreError>;
+
+    /// The session of an agent boot that registered earlier, if any.
+    async fn session(&self, node: &str, boot_id: &str) -> Result<Option<NodeSession>, StoreError>;
+
+    /// Writes batches, from any agents, in one transaction, leaving out each
+    /// batch whose (node, boot) already committed the same or a higher `seq`:
+    /// one outcome per batch, in order. Either all the new batches are
+    /// stored or, on error, none.
+    async fn write_batches(&self, batches: &[StoreBatch]) -> Result<Vec<WriteOutcome>, StoreError>;
+
+    /// [`Store::write_batches`] for a single batch.
+    async fn write_batch(&self, batch: &StoreBatch) -> Result<WriteOutcome, StoreError> {
+        let outcomes = self.write_batches(std::slice::from_ref(batch)).await?;
+        Ok(outcomes
+            .into_iter()
+            .next()
+            .unwrap_or(WriteOutcome::Duplicate { committed_seq: 0 }))
+    }
+
+    /// One maintenance pass: partitions ahead of time, rollups of finished
+    /// minutes and hours (and of late samples), retention. Where several
+    /// collectors share a database only one of them does the work; the
+    /// report says whether it was this one.
+    async fn maintain(&self, now_ms: i64) -> Result<MaintenanceReport, StoreError>;
+
+    /// How far the rollups are complete.
+    async fn watermarks(&self) -> Result<Watermarks, StoreError>;
+
+    /// Whether concurrent writes make progress together (Postgres) rather
+    /// than queue for one lock (SQLite).
+    fn parallel_writes(&self) -> bool;
+
+    /// Releases the store's connections (and the maintenance lock, so that
+    /// another collector takes over without waiting for a timeout).
+    async fn close(&self);
+
+    async fn nodes(&self) -> Result<Vec<NodeView>, StoreError>;
+
+    /// The latest sample of every present GPU and MIG instance.
+    async fn latest_devices(&self) -> Result<Vec<DeviceView>, StoreError>;
+
+    /// Samples of one device in `[from_ms, to_ms]`, folded into at most
+    /// `max_points` buckets. `None` when the device is unknown.
+    async fn device_series(
+        &self,
+        uuid: &str,
+        from_ms: i64,
+        to_ms: i64,
+        max_points: u32,
+    ) -> Result<Option<Vec<SeriesPoint>>, StoreError>;
+
+    /// Processes seen since `since_ms`, with their latest and peak memory.
+    async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError>;
+
+    /// What the allocator of process `pid` on device `uuid` reported in
+    /// `[from_ms, to_ms]`, folded into at most `max_points` buckets that keep
+    /// each bucket's highest values. The newest incarnation of the pid
+    /// unless `start_time_ms` names one. `None` when no such process.
+    async fn allocator_series(
+        &self,
+        query: &AllocatorSeriesQuery<'_>,
+    ) -> Result<Option<AllocatorSeries>, StoreError>;
+
+    /// The memory of each process on device `uuid` in `[from_ms, to_ms]`,
+    /// folded into the same buckets as [`Store::device_series`] (each
+    /// bucket's highest value), the `MAX_PROCESSES_PER_SERIES` biggest
+    /// first. Every process's points carry their bucket's end, so they stack;
+    /// a device series point carries its newest sample, at most one sample
+    /// interval earlier. `None` when the device is unknown.
+    async fn process_series(
+        &self,
+        uuid: &str,
+        from_ms: i64,
+        to_ms: i64,
+        max_points: u32,
+    ) -> Result<Option<Vec<ProcessSeries>>, StoreError>;
+
+    /// Events the agent reported for device `uuid` in `[from_ms, to_ms]`,
+    /// newest first, at most `limit`. `None` when the device is unknown.
+    async fn device_events(
+        &self,
+        uuid: &str,
+        from_ms: i64,
+        to_ms: i64,
+        limit: i64,
+    ) -> Result<Option<Vec<EventView>>, StoreError>;
+}

@@ -1,0 +1,323 @@
+//! PyTorch allocator statistics end to end: a real Python process with
+//! `clients/python` enabled reports over the agent's Unix socket; the agent
+//! (on the fake libnvidia-ml, which shows that very pid on a GPU) joins the
+//! reports to the process's NVML samples; the collector stores them, shows
+//! them in its API and raises fragmentation, retry and OOM alerts with their
+//! remedies. A second process that claims the first one's pid is refused.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use headroom_collector::Collector;
+use headroom_rules::config::RulesConfig;
+use headroom_sim::Scenario;
+use headroom_store::Store;
+use headroom_tests::harness::{KillOnDrop, RunningCollector, built, eventually};
+
+const NODE: &str = "alloc-node-01";
+const GIB: u64 = 1 << 30;
+
+fn python_client_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python")
+}
+
+/// A training process as the package sees it: 30 GiB in tensors out of
+/// 50 GiB reserved, one more allocation retry per report, and an OOM once
+/// the test creates the flag file. The GPU's UUID comes without its `GPU-`
+/// prefix, as PyTorch gives it.
+const REPORTER: &str = r#"
+import os, sys, time
+import headroom_client
+
+uuid = os.environ["TEST_GPU_UUID"]
+calls = [0]
+
+def provider():
+    calls[0] += 1
+    n = calls[0]
+    return [{"index": 0, "uuid": uuid, "allocated_bytes": 30 << 30, "reserved_bytes": 50 << 30,
+             "active_bytes": 31 << 30, "inactive_split_bytes": 12 << 30,
+             "peak_allocated_bytes": 33 << 30, "alloc_retries": n, "ooms": 1 if os.path.exists(os.environ["TEST_OOM_FLAG"]) else 0}]
+
+headroom_client.enable(stats_provider=provider, interval_s=0.2)
+print("ready", flush=True)
+time.sleep(600)
+"#;
+
+/// Claims to be the reporter (pid in argv) and says it holds almost nothing.
+const IMPOSTOR: &str = r#"
+import json, os, socket, sys, time
+claimed = int(sys.argv[1])
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+for _ in range(100):
+    try:
+        s.connect(os.environ["HEADROOM_ALLOCATOR_SOCKET"])
+        break
+    except OSError:
+        time.sleep(0.1)
+while True:
+    report = {"v": 1, "pid": claimed, "ts_ms": int(time.time() * 1000), "devices": [
+        {"index": 0, "allocated_bytes": 1, "reserved_bytes": 2, "active_bytes": 1,
+         "inactive_split_bytes": 0, "peak_allocated_bytes": 1, "alloc_retries": 0, "ooms": 0}]}
+    s.sendall((json.dumps(report) + "\n").encode())
+    time.sleep(0.2)
+"#;
+
+fn python(script: &str, socket: &Path, env: &[(&str, &str)], args: &[String]) -> Child {
+    Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .env("PYTHONPATH", python_client_dir())
+        .env("HEADROOM_ALLOCATOR_SOCKET", socket)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("python3 is needed for the allocator tests")
+}
+
+fn wait_ready(stdout: ChildStdout) {
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+}
+
+/// One H100 with the training process (pid filled in) and a neighbour that
+/// does not report.
+fn scenario(pid: u32) -> String {
+    format!(
+        r#"
+[[node]]
+name = "{NODE}"
+driver_version = "550.90.07"
+
+[[node.gpu]]
+model = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+reserved = "512MiB"
+
+[[node.gpu.process]]
+pid = {pid}
+name = "python train.py"
+memory = {{ shape = "steady", level = "52GiB" }}
+
+[[node.gpu.process]]
+pid = 4999999
+name = "python eval.py"
+memory = {{ shape = "steady", level = "4GiB" }}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pytorch_allocator_reports_reach_the_api_and_raise_alerts_with_remedies() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("allocator.sock");
+
+    // The GPU's UUID does not depend on the pids: learn it first.
+    let probe = dir.path().join("probe.toml");
+    std::fs::write(&probe, scenario(1)).unwrap();
+    let gpu_uuid = Scenario::load(&probe)
+        .unwrap()
+        .node(NODE)
+        .unwrap()
+        .inventory()[0]
+        .uuid
+        .clone();
+    let bare_uuid = gpu_uuid.trim_start_matches("GPU-").to_owned();
+
+    let oom_flag = dir.path().join("oom-now");
+    let mut reporter = python(
+        REPORTER,
+        &socket,
+        &[
+            ("TEST_GPU_UUID", &bare_uuid),
+            ("TEST_OOM_FLAG", oom_flag.to_str().unwrap()),
+        ],
+        &[],
+    );
+    wait_ready(reporter.stdout.take().unwrap());
+    let reporter_pid = reporter.id();
+    let reporter = KillOnDrop(reporter);
+    let scenario_path = dir.path().join("scenario.toml");
+    std::fs::write(&scenario_path, scenario(reporter_pid)).unwrap();
+    assert_eq!(
+        Scenario::load(&scenario_path)
+            .unwrap()
+            .node(NODE)
+            .unwrap()
+            .inventory()[0]
+            .uuid,
+        gpu_uuid
+    );
+
+    let rules = RulesConfig::parse(
+        "[fragmentation]\nfor = \"0s\"\n\n[alloc_retries]\nwindow = \"1m\"\nmin_retries = 3\n",
+        Path::new("test-rules.toml"),
+    )
+    .unwrap();
+    let url = format!("sqlite://{}", dir.path().join("headroom.db").display());
+    let store: Arc<dyn Store> = headroom_store::connect(&url).await.unwrap();
+    let collector = RunningCollector::start_collector(
+        Collector::builder(store)
+            .rules(rules)
+            .build()
+            .await
+            .unwrap(),
+    )
+    .await;
+
+    let log_path = dir.path().join("agent.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let agent = KillOnDrop(
+        Command::new(built("headroom-agent"))
+            .args(["--source", "nvml", "--node-name", NODE])
+            .arg("--nvml-library")
+            .arg(headroom_tests::fake_nvml::library())
+            .arg("--allocator-socket")
+            .arg(&socket)
+            .arg("--spool-dir")
+            .arg(dir.path().join("spool"))
+            .args(["--collector-url", &collector.grpc_url()])
+            .args(["--metrics-listen", "127.0.0.1:0"])
+            .args(["--poll-interval-ms", "50", "--sample-interval-ms", "250"])
+            .env("HEADROOM_FAKE_NVML_SCENARIO", &scenario_path)
+            .env("HEADROOM_FAKE_NVML_NODE", NODE)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let agent_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let mut impostor = python(IMPOSTOR, &socket, &[], &[reporter_pid.to_string()]);
+    drop(impostor.stdout.take());
+    let impostor = KillOnDrop(impostor);
+
+    // The process list shows the reporter's allocator beside its NVML memory.
+    let training = eventually(
+        "the reporter's allocator stats in /api/v1/processes",
+        Duration::from_secs(40),
+        || async {
+            let procs = collector.get_json("/api/v1/processes").await;
+            procs
+                .as_array()?
+                .iter()
+                .find(|p| p["pid"] == reporter_pid && !p["allocator"].is_null())
+                .cloned()
+        },
+    )
+    .await;
+    let allocator = &training["allocator"];
+    assert_eq!(training["device_uuid"], gpu_uuid.as_str(), "{training}");
+    assert_eq!(training["memory_used_bytes"], 52 * GIB);
+    assert_eq!(allocator["allocated_bytes"], 30 * GIB, "{training}");
+    assert_eq!(
+        allocator["reserved_bytes"],
+        50 * GIB,
+        "reports count for the sender's pid as the kernel gives it, never the pid claimed"
+    );
+    assert_eq!(allocator["fragmentation_bytes"], 20 * GIB);
+    assert_eq!(allocator["inactive_split_bytes"], 12 * GIB);
+    let procs = collector.get_json("/api/v1/processes").await;
+    let neighbour = procs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == 4_999_999)
+        .unwrap();
+    assert!(neighbour["allocator"].is_null(), "{neighbour}");
+
+    // Over time: one point per report, the retry counter climbing.
+    let series = eventually("allocator points", Duration::from_secs(20), || async {
+        let s = collector
+            .get_json(&format!(
+                "/api/v1/gpus/{gpu_uuid}/processes/{reporter_pid}/allocator"
+            ))
+            .await;
+        (s["points"].as_array()?.len() >= 4).then_some(s)
+    })
+    .await;
+    let points = series["points"].as_array().unwrap();
+    let retries: Vec<u64> = points
+        .iter()
+        .map(|p| p["alloc_retries"].as_u64().unwrap())
+        .collect();
+    assert!(retries.windows(2).all(|w| w[0] < w[1]), "{retries:?}");
+    assert!(points.iter().all(|p| p["fragmentation_bytes"] == 20 * GIB));
+
+    // The job now hits an out-of-memory error. Alerts follow, each with
+    // advice for the job's owner.
+    std::fs::write(&oom_flag, "").unwrap();
+    let alerts = eventually(
+        "fragmentation, retry and OOM alerts",
+        Duration::from_secs(30),
+        || async {
+            let alerts = collector.get_json("/api/v1/alerts").await;
+            let list = alerts.as_array()?.clone();
+            let firing = |rule: &str| {
+                list.iter()
+                    .find(|a| a["rule"] == rule && a["state"] == "firing")
+                    .cloned()
+            };
+            let found = (
+                firing("fragmentation"),
+                firing("alloc_retries"),
+                firing("allocator_oom"),
+            );
+            match found {
+                (Some(f), Some(r), Some(o)) => Some((f, r, o)),
+                _ => {
+                    let rules: Vec<String> = list
+                        .iter()
+                        .map(|a| format!("{}:{}", a["rule"], a["state"]))
+                        .collect();
+                    eprintln!("alerts so far: {rules:?}");
+                    None
+                }
+            }
+        },
+    )
+    .await;
+    let (fragmentation, retries_alert, oom) = alerts;
+    assert_eq!(fragmentation["labels"]["pid"], reporter_pid.to_string());
+    assert!(
+        fragmentation["remedy"]
+            .as_str()
+            .unwrap()
+            .contains("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+        "{fragmentation}"
+    );
+    assert!(
+        retries_alert["remedy"]
+            .as_str()
+            .unwrap()
+            .contains("activation checkpointing"),
+        "{retries_alert}"
+    );
+    assert_eq!(oom["severity"], "critical");
+    assert!(
+        oom["remedy"]
+            .as_str()
+            .unwrap()
+            .contains("gradient accumulation"),
+        "{oom}"
+    );
+
+    // The impostor was refused by name.
+    let log = agent_log();
+    assert!(
+        log.contains(&format!("claims pid {reporter_pid} but the kernel says")),
+        "{log}"
+    );
+
+    drop(impostor);
+    drop(agent);
+    drop(reporter);
+    collector.stop().await;
+}

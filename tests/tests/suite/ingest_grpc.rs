@@ -1,0 +1,285 @@
+//! The ingest protocol over real gRPC on loopback: acks, replays, and bad
+//! input from agents.
+
+use headroom_proto::v1 as pb;
+use headroom_proto::v1::ingest_client::IngestClient;
+use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, NODE, now_ms};
+use headroom_tests::harness::RunningCollector;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+use tonic::transport::Channel;
+
+struct Fixture {
+    collector: RunningCollector,
+    _dir: tempfile::TempDir,
+}
+
+async fn collector() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("ingest.db").display());
+    let store = headroom_store::connect(&url).await.unwrap();
+    Fixture {
+        collector: RunningCollector::start(store).await,
+        _dir: dir,
+    }
+}
+
+async fn client(c: &RunningCollector) -> IngestClient<Channel> {
+    IngestClient::connect(c.grpc_url()).await.unwrap()
+}
+
+/// Sends `batches` on one stream and collects the answers until the stream
+/// ends or `expect` answers arrived.
+async fn exchange(
+    client: &mut IngestClient<Channel>,
+    batches: Vec<pb::Batch>,
+    expect: usize,
+) -> Vec<Result<u64, tonic::Status>> {
+    let (tx, rx) = mpsc::channel(16);
+    for b in batches {
+        tx.send(b).await.unwrap();
+    }
+    let mut answers = vec![];
+    let mut acks = match client.stream(ReceiverStream::new(rx)).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => return vec![Err(status)],
+    };
+    while answers.len() < expect {
+        match acks.message().await {
+            Ok(Some(ack)) => answers.push(Ok(ack.committed_seq)),
+            Ok(None) => break,
+            Err(status) => {
+                answers.push(Err(status));
+                break;
+            }
+        }
+    }
+    drop(tx);
+    answers
+}
+
+fn expect_error(answers: &[Result<u64, tonic::Status>], code: Code, needle: &str) {
+    let status = answers
+        .iter()
+        .find_map(|a| a.as_ref().err())
+        .unwrap_or_else(|| panic!("expected {code:?}, got {answers:?}"));
+    assert_eq!(status.code(), code, "{status:?}");
+    assert!(
+        status.message().contains(needle),
+        "{:?} lacks {needle:?}",
+        status.message()
+    );
+}
+
+async fn samples_at(c: &RunningCollector, uuid: &str, ts: i64) -> i64 {
+    let series = c
+        .get_json(&format!(
+            "/api/v1/gpus/{uuid}/series?from={}&to={}",
+            ts - 1,
+            ts + 1
+        ))
+        .await;
+    series["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["samples"].as_i64().unwrap())
+        .sum()
+}
+
+#[tokio::test]
+async fn batch_before_register_is_refused() {
+    let f = collector().await;
+    let mut client = client(&f.collector).await;
+    let answers = exchange(&mut client, vec![fixtures::batch(1, now_ms())], 1).await;
+    expect_error(&answers, Code::FailedPrecondition, "before Register");
+    f.collector.stop().await;
+}
+
+#[tokio::test]
+async fn acks_follow_commits_and_a_replayed_batch_is_stored_once() {
+    let f = collector().await;
+    let mut client = client(&f.collector).await;
+    let reg = client
+        .register(fixtures::register(NODE, BOOT))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reg.committed_seq, 0);
+    let ts = now_ms() - 3000;
+    let answers = exchange(
+        &mut client,
+        vec![fixtures::batch(1, ts), fixtures::batch(2, ts + 1000)],
+        2,
+    )
+    .await;
+    assert_eq!(
+        answers
+            .iter()
+            .map(|a| *a.as_ref().unwrap())
+            .collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+
+    // The agent lost the acks and replays both on a new connection.
+    let mut client = self::client(&f.collector).await;
+    let reg = client
+        .register(fixtures::register(NODE, BOOT))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        reg.committed_seq, 2,
+        "Register tells the agent what is already stored"
+    );
+    let answers = exchange(
+        &mut client,
+        vec![
+            fixtures::batch(1, ts),
+            fixtures::batch(2, ts + 1000),
+            fixtures::batch(3, ts + 2000),
+        ],
+        3,
+    )
+    .await;
+    assert_eq!(
+        answers
+            .iter()
+            .map(|a| *a.as_ref().unwrap())
+            .collect::<Vec<_>>(),
+        vec![2, 2, 3]
+    );
+    assert_eq!(samples_at(&f.collector, GPU0, ts).await, 1);
+    assert_eq!(samples_at(&f.collector, GPU0, ts + 1000).await, 1);
+    assert_eq!(samples_at(&f.collector, GPU0, ts + 2000).await, 1);
+    f.collector.stop().await;
+}
+
+#[tokio::test]
+async fn bad_batches_are_rejected_by_name_without_harming_accepted_data_or_other_agents() {
+    let f = collector().await;
+    let mut client = client(&f.collector).await;
+    client
+        .register(fixtures::register(NODE, BOOT))
+        .await
+        .unwrap();
+    client
+        .register(fixtures::register_other_node())
+        .await
+        .unwrap();
+    let ts = now_ms() - 2000;
+    assert!(exchange(&mut client, vec![fixtures::batch(1, ts)], 1).await[0].is_ok());
+
+    let mut used_over_total = fixtures::batch(2, ts + 1000);
+    used_over_total.gpu_samples[0].memory_used_max_bytes = 81 * GIB;
+    let answers = exchange(&mut client, vec![used_over_total], 1).await;
+    expect_error(&answers, Code::InvalidArgument, "memory_used_max_bytes");
+
+    let future = fixtures::batch(2, now_ms() + 3_600_000);
+    let answers = exchange(&mut client, vec![future], 1).await;
+    expect_error(
+        &answers,
+        Code::InvalidArgument,
+        "ahead of the collector's clock",
+    );
+
+    let mut huge_name = fixtures::batch(2, ts + 1000);
+    huge_name.process_samples[0].name = "x".repeat(1 << 20);
+    let answers = exchange(&mut client, vec![huge_name], 1).await;
+    expect_error(&answers, Code::InvalidArgument, "name of pid 777");
+
+    let mut unknown_gpu = fixtures::batch(2, ts + 1000);
+    unknown_gpu.gpu_samples[0].uuid = "GPU-not-registered".into();
+    let answers = exchange(&mut client, vec![unknown_gpu], 1).await;
+    expect_error(&answers, Code::InvalidArgument, "GPU-not-registered");
+
+    let mut negative_start = fixtures::batch(2, ts + 1000);
+    negative_start.process_samples[0].start_time_ms = -5;
+    let answers = exchange(&mut client, vec![negative_start], 1).await;
+    expect_error(&answers, Code::InvalidArgument, "start_time_ms");
+
+    // Another agent streams on, and this one resumes with a good batch.
+    let other = fixtures::other_node_batch(1, ts + 1000);
+    assert_eq!(
+        *exchange(&mut client, vec![other], 1).await[0]
+            .as_ref()
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        *exchange(&mut client, vec![fixtures::batch(2, ts + 1000)], 1).await[0]
+            .as_ref()
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        samples_at(&f.collector, GPU0, ts).await,
+        1,
+        "accepted data is intact"
+    );
+    assert_eq!(samples_at(&f.collector, GPU0, ts + 1000).await, 1);
+    f.collector.stop().await;
+}
+
+#[tokio::test]
+async fn bad_registrations_are_rejected_by_name() {
+    let f = collector().await;
+    let mut client = client(&f.collector).await;
+    let mut empty_node = fixtures::register(NODE, BOOT);
+    empty_node.node.clear();
+    let err = client.register(empty_node).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("node is empty"), "{}", err.message());
+
+    let mut mig_too_big = fixtures::register(NODE, BOOT);
+    mig_too_big.gpus[2]
+        .mig_instances
+        .push(fixtures::mig("MIG-third", 3));
+    let err = client.register(mig_too_big).await.unwrap_err();
+    assert!(err.message().contains("add up to"), "{}", err.message());
+
+    let mut twice = fixtures::register(NODE, BOOT);
+    twice.gpus[1].uuid = twice.gpus[0].uuid.clone();
+    let err = client.register(twice).await.unwrap_err();
+    assert!(err.message().contains("appears twice"), "{}", err.message());
+    f.collector.stop().await;
+}
+
+#[tokio::test]
+async fn api_rejects_bad_ranges_and_unknown_devices_clearly() {
+    let f = collector().await;
+    let mut client = client(&f.collector).await;
+    client
+        .register(fixtures::register(NODE, BOOT))
+        .await
+        .unwrap();
+    let r = reqwest::get(
+        f.collector
+            .api(&format!("/api/v1/gpus/{GPU0}/series?from=10&to=5")),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("`from` (10) must be before `to` (5)")
+    );
+    let r = reqwest::get(
+        f.collector
+            .api(&format!("/api/v1/gpus/{GPU0}/series?from=abc")),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert!(body["error"].as_str().unwrap().contains("from"), "{body}");
+    let r = reqwest::get(f.collector.api("/api/v1/gpus/GPU-nope/series"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    f.collector.stop().await;
+}

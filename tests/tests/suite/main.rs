@@ -1,0 +1,32 @@
+//! Headroom's cross-crate tests, one binary with a module per area: built and
+//! linked once against the whole stack, and sharing one throwaway Postgres
+//! cluster and one build of the fake libnvidia-ml between areas.
+//!
+//! A test that needs something this machine lacks (Postgres, Chromium,
+//! promtool, ...) skips with a SKIPPING line, and fails instead under
+//! `CI=true` (`headroom_tests::skip_or_fail_under_ci`).
+
+// Tests fail loudly by design: an unwrap names the line that broke.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod agent_auth;
+mod agent_tls;
+mod alerting;
+mod allocator;
+mod chaos;
+mod coalesced_writes;
+mod dashboard_auth;
+mod dashboard_browser;
+mod end_to_end;
+mod http_hardening;
+mod ingest_grpc;
+mod kubernetes;
+mod nvml_agent;
+mod nvml_source;
+mod postgres_cluster;
+mod postgres_packing;
+mod python_client;
+mod store_conformance;
+mod systemd;
+mod uplink_refusals;
+mod uplink_slow_collector;

@@ -1,0 +1,646 @@
+//! What only Postgres does: partitions made ahead and dropped past
+//! retention, one maintenance leader among several collectors (and another
+//! one when it dies), and exactly-once storage when collectors race on the
+//! same batches, and the fleet overview's checkpoints seen from another
+//! collector.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use headroom_collector::ingest::validate::{self, Limits};
+use headroom_common::Clock;
+use headroom_proto::v1 as pb;
+use headroom_store::model::{NodeSession, StoreBatch, WriteOutcome};
+use headroom_store::rollup::{DAY_MS, MINUTE_MS, StorageConfig, bucket_start};
+use headroom_store::{PostgresStore, Store};
+use headroom_tests::fixtures::{self, BOOT, NODE, now_ms};
+use headroom_tests::postgres::{self, TestDatabase, day_suffix};
+
+async fn collector(db: &TestDatabase) -> PostgresStore {
+    PostgresStore::connect(&db.url, StorageConfig::default())
+        .await
+        .unwrap()
+}
+
+/// Two collectors on one database, their checkpoints paced by one manual
+/// clock that starts at `start_ms`.
+async fn two_collectors(db: &TestDatabase, start_ms: i64) -> (PostgresStore, PostgresStore, Clock) {
+    let clock = Clock::manual(start_ms);
+    let first = collector(db).await.with_clock(clock.clone());
+    let second = collector(db).await.with_clock(clock.clone());
+    (first, second, clock)
+}
+
+async fn partitions(store: &PostgresStore) -> HashSet<String> {
+    sqlx::query_scalar::<_, String>(
+        "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+    .into_iter()
+    .collect()
+}
+
+async fn register(store: &dyn Store, req: &pb::RegisterRequest) -> NodeSession {
+    let reg = validate::registration(req, &Limits::default()).unwrap();
+    store.register(&reg, now_ms()).await.unwrap()
+}
+
+fn rows_at(session: &NodeSession, batch: &pb::Batch, now: i64) -> StoreBatch {
+    validate::batch(batch.clone(), session, now, &Limits::default()).unwrap()
+}
+
+#[tokio::test]
+async fn partitions_exist_ahead_and_go_whole_past_retention() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let store = collector(&db).await;
+    let now = now_ms();
+    let made = partitions(&store).await;
+    for table in ["gpu_samples", "process_samples", "events", "gpu_samples_1m"] {
+        for day in [now - 6 * DAY_MS, now, now + DAY_MS] {
+            let name = format!("{table}_p{}", day_suffix(day));
+            assert!(made.contains(&name), "{name} missing from {made:?}");
+        }
+    }
+
+    // A spool replayed from eight days ago: the write makes its partitions.
+    let session = register(&store, &fixtures::register(NODE, BOOT)).await;
+    let old = bucket_start(now - 8 * DAY_MS, MINUTE_MS);
+    let batch = rows_at(&session, &fixtures::batch(1, old), old + 1000);
+    assert_eq!(
+        store.write_batch(&batch).await.unwrap(),
+        WriteOutcome::Committed
+    );
+    let old_raw = format!("gpu_samples_p{}", day_suffix(old));
+    let old_minutes = format!("gpu_samples_1m_p{}", day_suffix(old));
+    assert!(partitions(&store).await.contains(&old_raw));
+
+    let report = store.maintain(now).await.unwrap();
+    assert!(report.leader);
+    assert!(report.partitions_created > 0, "two days ahead: {report:?}");
+    let after = partitions(&store).await;
+    assert!(!after.contains(&old_raw), "raw day past retention dropped");
+    assert!(after.contains(&old_minutes), "its minutes are kept 90 days");
+    assert!(after.contains(&format!("gpu_samples_p{}", day_suffix(now + 2 * DAY_MS))));
+    // Dropping, not deleting: no row-by-row work, and the minutes answer.
+    let chart = store
+        .device_series(fixtures::GPU0, old - MINUTE_MS, old + MINUTE_MS, 2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(chart.iter().map(|p| p.samples).sum::<i64>(), 1);
+    store.close().await;
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn one_collector_leads_maintenance_and_another_takes_over_when_it_dies() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let first = collector(&db).await;
+    let second = collector(&db).await;
+    let now = now_ms();
+    assert!(first.maintain(now).await.unwrap().leader);
+    assert!(!second.maintain(now).await.unwrap().leader);
+    assert!(first.maintain(now).await.unwrap().leader, "keeps leading");
+
+    // The leader's connection dies (a crash, a network partition): the
+    // database releases its lock, and the next pass elsewhere takes over.
+    // The timeout makes the call wait until the backend has exited: on a
+    // busy machine a signalled backend can still hold the lock for a while.
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(l.pid, 30000) FROM pg_locks l
+         JOIN pg_database d ON d.oid = l.database
+         WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database()",
+    )
+    .fetch_all(second.pool())
+    .await
+    .unwrap();
+    assert_eq!(killed, vec![true], "exactly one session-level lock");
+    assert!(second.maintain(now).await.unwrap().leader);
+    assert!(
+        !first.maintain(now).await.unwrap().leader,
+        "the old leader finds it lost the lock and stands by"
+    );
+
+    // A clean shutdown hands over at once.
+    second.close().await;
+    assert!(first.maintain(now).await.unwrap().leader);
+    first.close().await;
+    db.drop_database().await;
+}
+
+/// Two collectors receive the same batches (an agent that failed over
+/// replays its unacknowledged spool to the other one) and write them
+/// concurrently, in groups of different shapes: every batch is stored
+/// exactly once and committed by exactly one of them.
+#[tokio::test]
+async fn two_collectors_racing_on_the_same_batches_store_each_once() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let a = Arc::new(collector(&db).await);
+    let b = Arc::new(collector(&db).await);
+    let session = register(&*a, &fixtures::register(NODE, BOOT)).await;
+    let other = register(&*b, &fixtures::register_other_node()).await;
+    let now = now_ms();
+    let start = now - 200_000;
+    let mut batches = Vec::new();
+    for seq in 1..=150u64 {
+        let ts = start + seq as i64 * 1000;
+        batches.push(rows_at(&session, &fixtures::batch(seq, ts), now));
+        batches.push(rows_at(&other, &fixtures::other_node_batch(seq, ts), now));
+    }
+    let batches = Arc::new(batches);
+    let race = |store: Arc<PostgresStore>, group: usize| {
+        let batches = Arc::clone(&batches);
+        tokio::spawn(async move {
+            let mut committed = Vec::new();
+            for chunk in batches.chunks(group) {
+                let outcomes = store.write_batches(chunk).await.unwrap();
+                for (batch, outcome) in chunk.iter().zip(outcomes) {
+                    if outcome == WriteOutcome::Committed {
+                        committed.push((batch.node_id, batch.seq));
+                    }
+                }
+            }
+            committed
+        })
+    };
+    let (from_a, from_b) = tokio::join!(race(a.clone(), 7), race(b.clone(), 16));
+    let mut all: Vec<(i64, u64)> = from_a.unwrap();
+    all.extend(from_b.unwrap());
+    let distinct: HashSet<(i64, u64)> = all.iter().copied().collect();
+    assert_eq!(distinct.len(), all.len(), "no batch committed twice");
+    // Each collector writes every agent's batches in order, so none is
+    // skipped: all 300 are stored.
+    assert_eq!(distinct.len(), batches.len(), "every batch committed once");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM gpu_samples")
+        .fetch_one(a.pool())
+        .await
+        .unwrap();
+    let distinct_rows: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT DISTINCT device_id, ts_ms FROM gpu_samples) s",
+    )
+    .fetch_one(a.pool())
+    .await
+    .unwrap();
+    assert_eq!(rows, distinct_rows, "no sample stored twice");
+    assert_eq!(
+        rows,
+        2 * distinct.len() as i64,
+        "two GPU samples per stored batch"
+    );
+    a.close().await;
+    b.close().await;
+    db.drop_database().await;
+}
+
+/// The fleet overview of `store`: GPU0's latest sample time and memory.
+async fn gpu0_latest(store: &PostgresStore) -> (i64, i64) {
+    let devices = store.latest_devices().await.unwrap();
+    let gpu0 = devices.iter().find(|d| d.uuid == fixtures::GPU0).unwrap();
+    let latest = gpu0.latest.as_ref().unwrap();
+    (latest.timestamp_ms, latest.memory_used_bytes)
+}
+
+#[tokio::test]
+async fn the_serving_collector_shows_every_second_and_another_a_checkpoint_at_most_5_s_old() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let now = now_ms();
+    let start = now - 60_000;
+    // The agent is live: each batch is written at the time it was sampled.
+    let (serving, other, clock) = two_collectors(&db, start).await;
+    let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
+    let gib = 1i64 << 30;
+    let write = |seq: u64, used: i64| {
+        let ts = start + seq as i64 * 1000;
+        clock.set_ms(ts);
+        let mut b = fixtures::batch(seq, ts);
+        b.gpu_samples[0] = fixtures::gpu_sample(fixtures::GPU0, ts, used as u64);
+        rows_at(&session, &b, now)
+    };
+    let at = |seq: u64| start + seq as i64 * 1000;
+
+    serving.write_batches(&[write(1, 40 * gib)]).await.unwrap();
+    assert_eq!(gpu0_latest(&other).await, (at(1), 40 * gib), "first sight");
+    // 2 MiB more: the collector serving the agent shows it; the other one
+    // still has the checkpoint.
+    serving
+        .write_batches(&[write(2, 40 * gib + (2 << 20))])
+        .await
+        .unwrap();
+    assert_eq!(gpu0_latest(&serving).await, (at(2), 40 * gib + (2 << 20)));
+    assert_eq!(gpu0_latest(&other).await, (at(1), 40 * gib));
+    // A jump of 1 % of the GPU's 80 GiB or more is checkpointed at once.
+    serving.write_batches(&[write(3, 41 * gib)]).await.unwrap();
+    assert_eq!(gpu0_latest(&other).await, (at(3), 41 * gib));
+    // Steady for 5 s: the checkpoint moves.
+    for seq in 4..=8 {
+        serving
+            .write_batches(&[write(seq, 41 * gib)])
+            .await
+            .unwrap();
+        let (ts, _) = gpu0_latest(&other).await;
+        assert!(
+            ts >= at(seq) - 5_000,
+            "checkpoint {ts} too old at {}",
+            at(seq)
+        );
+    }
+    assert_eq!(gpu0_latest(&other).await.0, at(8));
+    // The agent moves to the other collector: its samples show at once, and
+    // the first collector's memory does not hide them.
+    let moved = register(&other, &fixtures::register(NODE, "boot-2")).await;
+    clock.set_ms(at(9));
+    let mut b = fixtures::batch(1, at(9));
+    b.boot_id = "boot-2".into();
+    b.gpu_samples[0] = fixtures::gpu_sample(fixtures::GPU0, at(9), (41 * gib + (4 << 20)) as u64);
+    other
+        .write_batches(&[rows_at(&moved, &b, now)])
+        .await
+        .unwrap();
+    assert_eq!(gpu0_latest(&serving).await, (at(9), 41 * gib + (4 << 20)));
+    serving.close().await;
+    other.close().await;
+    db.drop_database().await;
+}
+
+/// A node's last-seen time is a checkpoint like `gpu_latest`'s rows: the
+/// collector serving the agent shows it to the second, another at most 5 s
+/// late, and closing writes the newest.
+#[tokio::test]
+async fn a_node_is_seen_to_the_second_where_served_and_at_most_5_s_late_elsewhere() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let now = now_ms();
+    let (serving, other, clock) = two_collectors(&db, now).await;
+    let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
+    let last_seen = |store: &PostgresStore| {
+        let store = store.clone();
+        async move { store.nodes().await.unwrap()[0].last_seen_ms }
+    };
+    // The agent is live, its samples newer than its registration.
+    let at = |seq: u64| now + 10_000 + seq as i64 * 1000;
+    let mut behind = false;
+    for seq in 1..=12 {
+        clock.set_ms(at(seq));
+        let batch = rows_at(&session, &fixtures::batch(seq, at(seq)), at(seq));
+        serving.write_batches(&[batch]).await.unwrap();
+        assert_eq!(last_seen(&serving).await, at(seq));
+        let seen = last_seen(&other).await;
+        assert!(
+            (at(seq) - 5_000..=at(seq)).contains(&seen),
+            "another collector sees the node at {seen}, at {}",
+            at(seq)
+        );
+        behind |= seen < at(seq);
+    }
+    assert!(behind, "the row is written at most every 5 s");
+    serving.close().await;
+    assert_eq!(last_seen(&other).await, at(12));
+    other.close().await;
+    db.drop_database().await;
+}
+
+/// A steady process's last-seen time is a checkpoint paced by the wall
+/// clock: an agent replaying half a minute of its spool in an instant has
+/// the process listed current by the collector that serves it, and by
+/// another once it has been quiet for 10 s, or when the first one closes.
+#[tokio::test]
+async fn a_replayed_steady_process_is_seen_where_served_and_written_once_quiet() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let now = now_ms();
+    let (serving, other, clock) = two_collectors(&db, now).await;
+    let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
+    let start = now - 120_000;
+    let at = |i: u64| start + i as i64 * 1000;
+    let gib = 1u64 << 30;
+    let batch = |i: u64| {
+        let b = hop_batch(BOOT, i + 1, at(i), 40 * gib, 10 * gib, true);
+        rows_at(&session, &b, now)
+    };
+    let last_seen = |store: &PostgresStore| {
+        let store = store.clone();
+        async move {
+            let listed = store.processes(start).await.unwrap();
+            listed.iter().find(|p| p.pid == 777).map(|p| p.last_seen_ms)
+        }
+    };
+    for i in 0..30 {
+        serving.write_batches(&[batch(i)]).await.unwrap();
+    }
+    assert_eq!(last_seen(&serving).await, Some(at(29)));
+    assert_eq!(
+        last_seen(&other).await,
+        Some(at(0)),
+        "written once, at first sight"
+    );
+    // Ten seconds later the process is gone from the agent's batches.
+    clock.set_ms(now + 10_000);
+    let mut quiet = hop_batch(BOOT, 31, at(30), 40 * gib, 10 * gib, true);
+    quiet.process_samples.clear();
+    serving
+        .write_batches(&[rows_at(&session, &quiet, now)])
+        .await
+        .unwrap();
+    assert_eq!(
+        last_seen(&other).await,
+        Some(at(29)),
+        "its newest, once quiet"
+    );
+    // Back, and replayed again: closing writes its newest.
+    for i in 31..40 {
+        serving.write_batches(&[batch(i)]).await.unwrap();
+    }
+    assert_ne!(last_seen(&other).await, Some(at(39)));
+    serving.close().await;
+    assert_eq!(last_seen(&other).await, Some(at(39)));
+    other.close().await;
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn late_samples_written_by_two_collectors_during_rollups_are_all_rolled_up() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let a = Arc::new(collector(&db).await);
+    let b = Arc::new(collector(&db).await);
+    let node_a = register(&*a, &fixtures::register(NODE, BOOT)).await;
+    let node_b = register(&*b, &fixtures::register_other_node()).await;
+    let now = now_ms();
+    let minute = bucket_start(now - 30 * MINUTE_MS, MINUTE_MS);
+    let at = move |i: u64| minute + i as i64 * 1000;
+    // The minute is rolled up before most of its samples arrive, as when
+    // agents replay their spools after an outage.
+    a.write_batches(&[rows_at(&node_a, &fixtures::batch(1, at(0)), now)])
+        .await
+        .unwrap();
+    while a.maintain(now).await.unwrap().minutes_rolled_up > 0 {}
+
+    let replay = move |store: Arc<PostgresStore>, session: NodeSession, other: bool| {
+        tokio::spawn(async move {
+            for i in 1..60u64 {
+                let b = if other {
+                    fixtures::other_node_batch(i + 1, at(i))
+                } else {
+                    fixtures::batch(i + 1, at(i))
+                };
+                let outcome = store.write_batches(&[rows_at(&session, &b, now)]).await;
+                assert_eq!(outcome.unwrap(), vec![WriteOutcome::Committed]);
+            }
+        })
+    };
+    let rollups = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            for _ in 0..40 {
+                a.maintain(now).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let (ra, rb, rr) = tokio::join!(
+        replay(a.clone(), node_a, false),
+        replay(b.clone(), node_b, true),
+        rollups
+    );
+    ra.unwrap();
+    rb.unwrap();
+    rr.unwrap();
+    while b.maintain(now).await.unwrap().minutes_rolled_up > 0 {}
+
+    // Every raw sample of the minute is in its rollup row, whatever order
+    // the writers and the rollup passes took.
+    let (rolled, raw): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT sum(samples)::int8 FROM gpu_samples_1m WHERE ts_ms = $1),
+                (SELECT count(*) FROM gpu_samples WHERE ts_ms >= $1 AND ts_ms < $1 + $2)",
+    )
+    .bind(minute)
+    .bind(MINUTE_MS)
+    .fetch_one(a.pool())
+    .await
+    .unwrap();
+    assert_eq!(raw, 2 * 60 + 2 * 59, "two GPUs per batch, both nodes");
+    assert_eq!(rolled, raw);
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM rollup_pending")
+        .fetch_one(a.pool())
+        .await
+        .unwrap();
+    assert_eq!(pending, 0, "no mark left behind");
+    a.close().await;
+    b.close().await;
+    db.drop_database().await;
+}
+
+/// A writer marking a late minute waits for no rollup of that minute: here
+/// a transaction holds the minute's mark deleted, as the rollup job does
+/// for the length of its rollup. The write commits meanwhile, its mark
+/// outlives the job's, and the next pass rolls the minute up with it.
+#[tokio::test]
+async fn a_late_write_does_not_wait_for_a_rollup_of_its_minute() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let store = collector(&db).await;
+    let session = register(&store, &fixtures::register(NODE, BOOT)).await;
+    let now = now_ms();
+    let minute = bucket_start(now - 30 * MINUTE_MS, MINUTE_MS);
+    store
+        .write_batches(&[rows_at(&session, &fixtures::batch(1, minute), now)])
+        .await
+        .unwrap();
+    let mut rollup = store.pool().begin().await.unwrap();
+    let taken: Vec<i64> = sqlx::query_scalar(
+        "DELETE FROM rollup_pending WHERE step_ms = $1 AND bucket_ms = $2 RETURNING bucket_ms",
+    )
+    .bind(MINUTE_MS)
+    .bind(minute)
+    .fetch_all(&mut *rollup)
+    .await
+    .unwrap();
+    assert!(!taken.is_empty(), "the first write marked its minute");
+
+    let late = [rows_at(&session, &fixtures::batch(2, minute + 1000), now)];
+    let outcome = tokio::time::timeout(Duration::from_secs(20), store.write_batches(&late))
+        .await
+        .expect("the late write waited for the rollup transaction");
+    assert_eq!(outcome.unwrap(), vec![WriteOutcome::Committed]);
+    rollup.commit().await.unwrap();
+
+    while store.maintain(now).await.unwrap().minutes_rolled_up > 0 {}
+    let (rolled, raw): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT sum(samples)::int8 FROM gpu_samples_1m WHERE ts_ms = $1),
+                (SELECT count(*) FROM gpu_samples WHERE ts_ms >= $1 AND ts_ms < $1 + $2)",
+    )
+    .bind(minute)
+    .bind(MINUTE_MS)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(raw, 4, "two GPUs in each of the two batches");
+    assert_eq!(rolled, raw);
+    store.close().await;
+    db.drop_database().await;
+}
+
+/// A batch of `boot` at `ts` with GPU0 at `gpu0_used` and process 777 on
+/// GPU0 (one incarnation, whatever `ts`) at `process_used`; GPU1 only when
+/// `with_gpu1`.
+fn hop_batch(
+    boot: &str,
+    seq: u64,
+    ts: i64,
+    gpu0_used: u64,
+    process_used: u64,
+    with_gpu1: bool,
+) -> pb::Batch {
+    let mut b = fixtures::batch(seq, ts);
+    b.boot_id = boot.into();
+    b.gpu_samples[0] = fixtures::gpu_sample(fixtures::GPU0, ts, gpu0_used);
+    if !with_gpu1 {
+        b.gpu_samples.truncate(1);
+    }
+    let mut p = fixtures::process_sample(fixtures::GPU0, ts, 777, process_used);
+    p.start_time_ms = 1_700_000_000_000;
+    b.process_samples = vec![p];
+    b
+}
+
+#[tokio::test]
+async fn quiet_devices_and_a_closing_collector_leave_their_newest_sample_in_the_overview() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let now = now_ms();
+    let start = now - 60_000;
+    let (serving, other, clock) = two_collectors(&db, start).await;
+    let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
+    let gib = 1u64 << 30;
+    let at = |seq: u64| start + seq as i64 * 1000;
+    // The agent is live: each batch is written at the time it was sampled.
+    let live = |seq: u64| {
+        clock.set_ms(at(seq));
+        at(seq)
+    };
+    let gpu1_latest = |devices: Vec<headroom_store::DeviceView>| {
+        let gpu1 = devices
+            .into_iter()
+            .find(|d| d.uuid == fixtures::GPU1)
+            .unwrap();
+        gpu1.latest.map(|l| l.timestamp_ms)
+    };
+    serving
+        .write_batches(&[rows_at(
+            &session,
+            &hop_batch(BOOT, 1, live(1), 40 * gib, gib, true),
+            now,
+        )])
+        .await
+        .unwrap();
+    serving
+        .write_batches(&[rows_at(
+            &session,
+            &hop_batch(BOOT, 2, live(2), 40 * gib, gib, true),
+            now,
+        )])
+        .await
+        .unwrap();
+    assert_eq!(
+        gpu1_latest(other.latest_devices().await.unwrap()),
+        Some(at(1))
+    );
+    // GPU1 falls silent (its agent reports GPU0 only); 5 s later its last
+    // sample reaches the row.
+    for seq in 3..=8 {
+        let b = hop_batch(BOOT, seq, live(seq), 40 * gib, gib, false);
+        serving
+            .write_batches(&[rows_at(&session, &b, now)])
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        gpu1_latest(other.latest_devices().await.unwrap()),
+        Some(at(2))
+    );
+    // GPU0's newest sample is not checkpointed yet; closing writes it.
+    let b = hop_batch(BOOT, 9, live(9), 40 * gib + (2 << 20), gib, false);
+    serving
+        .write_batches(&[rows_at(&session, &b, now)])
+        .await
+        .unwrap();
+    assert_ne!(gpu0_latest(&other).await.0, at(9));
+    serving.close().await;
+    assert_eq!(
+        gpu0_latest(&other).await,
+        (at(9), (40 * gib + (2 << 20)) as i64)
+    );
+    other.close().await;
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn a_process_whose_agent_hops_between_collectors_shows_its_current_memory() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let now = now_ms();
+    let start = now - 120_000;
+    // The agent is live: each batch is written at the time it was sampled.
+    let (a, b, clock) = two_collectors(&db, start).await;
+    let gib = 1u64 << 30;
+    let at = |s: i64| {
+        clock.set_ms(start + s * 1000);
+        start + s * 1000
+    };
+    let memory = |store: &PostgresStore| {
+        let store = store.clone();
+        async move {
+            let listed = store.processes(0).await.unwrap();
+            let p = listed.iter().find(|p| p.pid == 777).unwrap();
+            (p.memory_used_bytes, p.last_seen_ms)
+        }
+    };
+    let on_a = register(&a, &fixtures::register(NODE, "boot-1")).await;
+    a.write_batches(&[rows_at(
+        &on_a,
+        &hop_batch("boot-1", 1, at(0), 40 * gib, 10 * gib, true),
+        now,
+    )])
+    .await
+    .unwrap();
+    // The agent restarts against the other collector; the process grows.
+    let on_b = register(&b, &fixtures::register(NODE, "boot-2")).await;
+    b.write_batches(&[rows_at(
+        &on_b,
+        &hop_batch("boot-2", 1, at(1), 40 * gib, 12 * gib, true),
+        now,
+    )])
+    .await
+    .unwrap();
+    assert_eq!(memory(&a).await, ((12 * gib) as i64, at(1)));
+    // Back on the first collector, the process is at its old size again: the
+    // value the first collector last wrote, but not the row's.
+    let on_a = register(&a, &fixtures::register(NODE, "boot-3")).await;
+    // Ten seconds after its last write the first collector moves the row's
+    // last-seen time, and the memory with it.
+    let batch = hop_batch("boot-3", 1, at(10), 40 * gib, 10 * gib, true);
+    a.write_batches(&[rows_at(&on_a, &batch, now)])
+        .await
+        .unwrap();
+    assert_eq!(memory(&b).await, ((10 * gib) as i64, at(10)));
+    a.close().await;
+    b.close().await;
+    db.drop_database().await;
+}

@@ -1,0 +1,1066 @@
+//! One suite, both backends: every case runs against SQLite and against a
+//! real Postgres (see `headroom_tests::postgres`).
+
+use std::sync::Arc;
+
+use headroom_collector::ingest::validate::{self, Limits};
+use headroom_proto::v1 as pb;
+use headroom_store::alerts::{
+    ActiveAlertCounts, AlertFilter, AlertUpdate, NewNotification, NewSilence, UpdateKind,
+};
+use headroom_store::model::{NodeSession, StoreBatch, WriteOutcome};
+use headroom_store::rollup::{self, DAY_MS, HOUR_MS, MINUTE_MS};
+use headroom_store::tokens::{NewToken, TokenRole};
+use headroom_store::{AllocatorSeriesQuery, Store};
+use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, GPU1, GPU2, MIG_A, MIG_B, NODE, now_ms};
+use headroom_tests::postgres;
+
+async fn register(store: &dyn Store, req: &pb::RegisterRequest) -> NodeSession {
+    let reg = validate::registration(req, &Limits::default()).unwrap();
+    store.register(&reg, now_ms()).await.unwrap()
+}
+
+async fn write(store: &dyn Store, session: &NodeSession, batch: &pb::Batch) -> WriteOutcome {
+    let rows = validate::batch(batch.clone(), session, now_ms(), &Limits::default()).unwrap();
+    store.write_batch(&rows).await.unwrap()
+}
+
+async fn registration_assigns_ids_and_keeps_them(store: Arc<dyn Store>) {
+    let first = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    assert_eq!(first.committed_seq, 0);
+    assert_eq!(first.device_ids.len(), 5, "3 GPUs and 2 MIG instances");
+    let again = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    assert_eq!(again.device_ids, first.device_ids);
+    let loaded = store.session(NODE, BOOT).await.unwrap().unwrap();
+    assert_eq!(loaded.device_ids, first.device_ids);
+    assert!(store.session(NODE, "other-boot").await.unwrap().is_none());
+    assert!(store.session("nobody", BOOT).await.unwrap().is_none());
+
+    let nodes = store.nodes().await.unwrap();
+    assert_eq!(nodes.len(), 1);
+    assert_eq!((nodes[0].gpu_count, nodes[0].mig_instance_count), (3, 2));
+    assert_eq!(nodes[0].driver_version, "550.54.15");
+}
+
+async fn mig_reconfiguration_hides_removed_instances(store: Arc<dyn Store>) {
+    register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let mut req = fixtures::register(NODE, BOOT);
+    req.gpus[2].mig_instances = vec![fixtures::mig(MIG_A, 1)];
+    let session = register(&*store, &req).await;
+    // A batch sampled before the change may arrive after it: the session
+    // still accepts the removed instance, the fleet view no longer shows it.
+    assert!(session.device_ids.contains_key(MIG_B));
+    let devices = store.latest_devices().await.unwrap();
+    let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
+    assert_eq!(uuids, vec![GPU0, GPU1, GPU2, MIG_A]);
+    let mig = &devices[3];
+    assert_eq!(mig.kind, "mig");
+    assert_eq!(mig.parent_uuid.as_deref(), Some(GPU2));
+    assert_eq!(mig.mig_profile.as_deref(), Some("3g.40gb"));
+    assert_eq!(mig.memory_total_bytes, (40 * GIB) as i64);
+}
+
+async fn batch_shows_up_in_latest_series_and_processes(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let ts = now_ms() - 5_000;
+    assert_eq!(
+        write(&*store, &session, &fixtures::batch(1, ts)).await,
+        WriteOutcome::Committed
+    );
+
+    let devices = store.latest_devices().await.unwrap();
+    let gpu0 = devices.iter().find(|d| d.uuid == GPU0).unwrap();
+    let latest = gpu0.latest.as_ref().unwrap();
+    assert_eq!(latest.timestamp_ms, ts);
+    assert_eq!(latest.memory_used_bytes, (40 * GIB) as i64);
+    assert_eq!(latest.memory_used_max_bytes, (41 * GIB) as i64);
+    // 80 GiB total − 40 GiB used − 0.5 GiB reserved.
+    assert_eq!(latest.headroom_bytes, (39 * GIB + GIB / 2) as i64);
+    assert!(
+        (latest.headroom_pct - 49.4).abs() < 0.05,
+        "{}",
+        latest.headroom_pct
+    );
+    assert_eq!(latest.peak_headroom_bytes, (38 * GIB + GIB / 2) as i64);
+    assert_eq!(latest.utilization_pct, Some(70));
+    assert_eq!(latest.pcie_rx_bytes_per_s, Some(2_000_000));
+    let gpu2 = devices.iter().find(|d| d.uuid == GPU2).unwrap();
+    assert!(gpu2.latest.is_none(), "no sample for GPU2 yet");
+
+    let series = store
+        .device_series(GPU1, ts - 1000, ts + 1000, 100)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(series.len(), 1);
+    assert_eq!(series[0].samples, 1);
+    assert_eq!(series[0].memory_used_bytes, (10 * GIB) as i64);
+    assert!(
+        store
+            .device_series("GPU-unknown", 0, 1, 10)
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let procs = store.processes(ts - 1).await.unwrap();
+    assert_eq!(procs.len(), 1);
+    let p = &procs[0];
+    assert_eq!(
+        (p.pid, p.user.as_str(), p.slurm_job_id.as_str()),
+        (777, "alice", "4242")
+    );
+    assert_eq!(
+        (p.container_runtime.as_str(), p.pod_qos_class.as_str()),
+        ("docker", "")
+    );
+    assert_eq!(p.device_uuid, GPU0);
+    assert_eq!(p.node, NODE);
+    assert_eq!(p.memory_used_bytes, (39 * GIB) as i64);
+    assert!(
+        store.processes(ts + 1).await.unwrap().is_empty(),
+        "not seen since ts+1"
+    );
+
+    let nodes = store.nodes().await.unwrap();
+    assert_eq!(nodes[0].last_seen_ms.max(ts), nodes[0].last_seen_ms);
+}
+
+async fn replayed_batch_is_stored_once(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let ts = now_ms() - 10_000;
+    assert_eq!(
+        write(&*store, &session, &fixtures::batch(1, ts)).await,
+        WriteOutcome::Committed
+    );
+    assert_eq!(
+        write(&*store, &session, &fixtures::batch(2, ts + 1000)).await,
+        WriteOutcome::Committed
+    );
+    assert_eq!(
+        write(&*store, &session, &fixtures::batch(1, ts)).await,
+        WriteOutcome::Duplicate { committed_seq: 2 }
+    );
+    assert_eq!(
+        write(&*store, &session, &fixtures::batch(2, ts + 1000)).await,
+        WriteOutcome::Duplicate { committed_seq: 2 }
+    );
+    let series = store
+        .device_series(GPU0, ts - 1, ts + 2000, 1000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        series.iter().map(|p| p.samples).collect::<Vec<_>>(),
+        vec![1, 1]
+    );
+    // The committed seq survives re-registration, so the agent knows what to drop.
+    let again = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    assert_eq!(again.committed_seq, 2);
+    // A new boot of the node starts its own sequence.
+    let new_boot = register(&*store, &fixtures::register(NODE, "boot-b")).await;
+    assert_eq!(new_boot.committed_seq, 0);
+    let mut b = fixtures::batch(1, ts + 2000);
+    b.boot_id = "boot-b".into();
+    assert_eq!(write(&*store, &new_boot, &b).await, WriteOutcome::Committed);
+}
+
+async fn latest_never_goes_back_in_time(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let ts = now_ms() - 10_000;
+    write(&*store, &session, &fixtures::batch(1, ts + 5000)).await;
+    // A later batch carrying an older interval (a replay from another spool).
+    write(&*store, &session, &fixtures::batch(2, ts)).await;
+    let devices = store.latest_devices().await.unwrap();
+    let gpu0 = devices.iter().find(|d| d.uuid == GPU0).unwrap();
+    assert_eq!(gpu0.latest.as_ref().unwrap().timestamp_ms, ts + 5000);
+}
+
+async fn series_folds_buckets_keeping_extremes(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let start = (now_ms() - 60_000) / 10_000 * 10_000;
+    for i in 0..10u64 {
+        let mut b = fixtures::batch(i + 1, start + i as i64 * 1000);
+        b.gpu_samples[0] = fixtures::gpu_sample(GPU0, start + i as i64 * 1000, (10 + i) * GIB);
+        write(&*store, &session, &b).await;
+    }
+    let series = store
+        .device_series(GPU0, start, start + 9_999, 5)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(series.len(), 5);
+    assert!(series.iter().all(|p| p.samples == 2));
+    // First bucket: used 10 and 11 GiB, min 9, max 12.
+    assert_eq!(series[0].memory_used_min_bytes, (9 * GIB) as i64);
+    assert_eq!(series[0].memory_used_max_bytes, (12 * GIB) as i64);
+    assert_eq!(series[0].memory_used_bytes, (10 * GIB + GIB / 2) as i64);
+    assert_eq!(series[4].memory_used_max_bytes, (20 * GIB) as i64);
+    assert_eq!(series[0].timestamp_ms, start + 1000);
+}
+
+async fn process_keeps_its_peak_and_latest(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let ts = now_ms() - 10_000;
+    let mut b1 = fixtures::batch(1, ts);
+    b1.process_samples[0] = fixtures::process_sample(GPU0, ts, 777, 30 * GIB);
+    b1.process_samples[0].start_time_ms = ts - 1000;
+    let mut b2 = fixtures::batch(2, ts + 1000);
+    b2.process_samples[0] = fixtures::process_sample(GPU0, ts + 1000, 777, 20 * GIB);
+    b2.process_samples[0].start_time_ms = ts - 1000;
+    // Same pid, new start time: a different process (pid reuse).
+    b2.process_samples.push({
+        let mut p = fixtures::process_sample(GPU1, ts + 1000, 777, 5 * GIB);
+        p.start_time_ms = ts + 500;
+        p.user = "bob".into();
+        p
+    });
+    write(&*store, &session, &b1).await;
+    write(&*store, &session, &b2).await;
+    let procs = store.processes(ts).await.unwrap();
+    assert_eq!(procs.len(), 2);
+    let alice = procs.iter().find(|p| p.user == "alice").unwrap();
+    assert_eq!(alice.memory_used_bytes, (20 * GIB) as i64);
+    assert_eq!(alice.memory_peak_bytes, (30 * GIB + GIB / 4) as i64);
+    assert_eq!(alice.first_seen_ms, ts);
+    assert_eq!(alice.last_seen_ms, ts + 1000);
+    let bob = procs.iter().find(|p| p.user == "bob").unwrap();
+    assert_eq!(bob.device_uuid, GPU1);
+}
+
+async fn allocator_reports_are_stored_once_per_report(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let ts = now_ms() - 10_000;
+    let report = |at: i64, allocated: u64, retries: u64| pb::AllocatorStats {
+        timestamp_ms: at,
+        allocated_bytes: allocated,
+        reserved_bytes: 50 * GIB,
+        active_bytes: allocated,
+        inactive_split_bytes: 3 * GIB,
+        peak_allocated_bytes: 40 * GIB,
+        alloc_retries: retries,
+        ooms: 1,
+    };
+    let sample = |at: i64, stats: Option<pb::AllocatorStats>| {
+        let mut p = fixtures::process_sample(GPU0, at, 777, 52 * GIB);
+        p.start_time_ms = ts - 60_000;
+        p.allocator = stats;
+        p
+    };
+    // The agent joins the newest report to every interval until a newer one
+    // comes: the same report in two batches is one point.
+    let mut b1 = fixtures::batch(1, ts);
+    b1.process_samples = vec![sample(ts, Some(report(ts - 100, 30 * GIB, 2)))];
+    let mut b2 = fixtures::batch(2, ts + 1000);
+    b2.process_samples = vec![sample(ts + 1000, Some(report(ts - 100, 30 * GIB, 2)))];
+    let mut b3 = fixtures::batch(3, ts + 2000);
+    b3.process_samples = vec![
+        sample(ts + 2000, Some(report(ts + 1900, 35 * GIB, 5))),
+        fixtures::process_sample(GPU1, ts + 2000, 888, 4 * GIB),
+    ];
+    // A later batch carrying an older report (an agent's delayed interval)
+    // does not take the latest back.
+    let mut b4 = fixtures::batch(4, ts + 3000);
+    b4.process_samples = vec![sample(ts + 3000, Some(report(ts + 1000, 31 * GIB, 3)))];
+    for b in [&b1, &b2, &b3, &b4] {
+        write(&*store, &session, b).await;
+    }
+    let procs = store.processes(ts).await.unwrap();
+    let trainer = procs.iter().find(|p| p.pid == 777).unwrap();
+    let latest = trainer.allocator.as_ref().unwrap();
+    assert_eq!(latest.timestamp_ms, ts + 1900);
+    assert_eq!(latest.allocated_bytes, (35 * GIB) as i64);
+    assert_eq!(latest.fragmentation_bytes, (15 * GIB) as i64);
+    assert!((latest.fragmentation_ratio - 0.3).abs() < 1e-9);
+    assert_eq!(latest.alloc_retries, 5);
+    assert!(
+        procs
+            .iter()
+            .find(|p| p.pid == 888)
+            .unwrap()
+            .allocator
+            .is_none()
+    );
+
+    let query = |pid: i64, start: Option<i64>| AllocatorSeriesQuery {
+        device_uuid: GPU0,
+        pid,
+        start_time_ms: start,
+        from_ms: ts - 1000,
+        to_ms: ts + 5000,
+        max_points: 100,
+    };
+    let series = store
+        .allocator_series(&query(777, None))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(series.start_time_ms, ts - 60_000);
+    let retries: Vec<i64> = series.points.iter().map(|p| p.alloc_retries).collect();
+    assert_eq!(
+        retries,
+        vec![2, 3, 5],
+        "one point per report, in report order"
+    );
+    assert_eq!(series.points[0].fragmentation_bytes, (20 * GIB) as i64);
+    assert_eq!(series.points[2].reserved_bytes, (50 * GIB) as i64);
+    // Folded into one bucket, the highest values survive.
+    let one = store
+        .allocator_series(&AllocatorSeriesQuery {
+            max_points: 1,
+            ..query(777, None)
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(one.points.len(), 1);
+    assert_eq!(one.points[0].reports, 3);
+    assert_eq!(one.points[0].fragmentation_bytes, (20 * GIB) as i64);
+    assert_eq!(one.points[0].alloc_retries, 5);
+    assert!(
+        store
+            .allocator_series(&query(999, None))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .allocator_series(&query(777, Some(ts)))
+            .await
+            .unwrap()
+            .is_none(),
+        "no incarnation started then"
+    );
+}
+
+async fn gpu_page_reads_process_series_and_events(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let start = now_ms() - 60_000;
+    for i in 0..10u64 {
+        let ts = start + i as i64 * 1000;
+        let mut b = fixtures::batch(i + 1, ts);
+        b.process_samples = [
+            fixtures::process_sample(GPU0, ts, 777, (30 + i) * GIB),
+            fixtures::process_sample(GPU0, ts, 778, 5 * GIB),
+            fixtures::process_sample(GPU1, ts, 779, 9 * GIB),
+        ]
+        .into_iter()
+        .map(|mut p| {
+            p.start_time_ms = start - 60_000;
+            p
+        })
+        .collect();
+        if i == 4 {
+            b.events = vec![pb::Event {
+                kind: pb::EventKind::Xid as i32,
+                timestamp_ms: ts,
+                uuid: GPU0.into(),
+                code: 79,
+                pid: 0,
+                detail: "fallen off the bus".into(),
+            }];
+        }
+        write(&*store, &session, &b).await;
+    }
+    // Two buckets of 5 s: every process's points share the buckets' ends,
+    // so they stack, and each keeps its bucket's highest value.
+    let series = store
+        .process_series(GPU0, start, start + 9_999, 2)
+        .await
+        .unwrap()
+        .unwrap();
+    let pids: Vec<i64> = series.iter().map(|p| p.pid).collect();
+    assert_eq!(pids, vec![777, 778], "biggest first, only this GPU's");
+    assert_eq!(
+        series[0].points,
+        vec![
+            (start + 4999, (34 * GIB + GIB / 4) as i64),
+            (start + 9999, (39 * GIB + GIB / 4) as i64)
+        ],
+        "memory used at its highest poll"
+    );
+    assert_eq!(series[1].points[0].0, start + 4999);
+    assert_eq!(series[0].peak_bytes, (39 * GIB + GIB / 4) as i64);
+    assert!(
+        store
+            .process_series("GPU-nope", start, start + 1, 10)
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let events = store
+        .device_events(GPU0, start, start + 10_000, 100)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!((events[0].kind.as_str(), events[0].code), ("xid", 79));
+    assert_eq!(events[0].timestamp_ms, start + 4000);
+    assert!(
+        store
+            .device_events(GPU1, start, start + 10_000, 100)
+            .await
+            .unwrap()
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        store
+            .device_events("GPU-nope", start, start + 1, 10)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+fn update(kind: UpdateKind, at_ms: i64, channels: &[&str]) -> AlertUpdate {
+    AlertUpdate {
+        fingerprint: "fp-1".into(),
+        rule: "watermark".into(),
+        severity: "warning".into(),
+        kind,
+        at_ms,
+        labels: r#"{"node":"n1","gpu":"0"}"#.into(),
+        summary: format!("summary at {at_ms}"),
+        details: r#"{"used_fraction":0.93}"#.into(),
+        remedy: format!("remedy at {at_ms}"),
+        notifications: channels
+            .iter()
+            .map(|c| NewNotification {
+                channel: (*c).into(),
+                idempotency_key: format!("fp-1:{at_ms}:{c}"),
+                payload: format!("{{\"at\":{at_ms}}}"),
+                group_key: if *c == "slack" {
+                    "n1".into()
+                } else {
+                    String::new()
+                },
+                deliver_at_ms: at_ms,
+            })
+            .collect(),
+    }
+}
+
+async fn alert_lifecycle_notifies_once_per_change(store: Arc<dyn Store>) {
+    let s = &*store;
+    let pending = s
+        .apply_alert(&update(UpdateKind::Pending, 1000, &["hook"]))
+        .await
+        .unwrap();
+    assert!(!pending.notified);
+    assert_eq!(
+        s.active_alert_counts().await.unwrap(),
+        ActiveAlertCounts {
+            pending: 1,
+            firing: 0
+        }
+    );
+    let fired = s
+        .apply_alert(&update(
+            UpdateKind::Firing { escalated: false },
+            2000,
+            &["hook", "slack"],
+        ))
+        .await
+        .unwrap();
+    assert!(fired.notified);
+    assert_eq!(
+        fired.alert_id, pending.alert_id,
+        "one row from pending to firing"
+    );
+    let again = s
+        .apply_alert(&update(
+            UpdateKind::Firing { escalated: false },
+            3000,
+            &["hook"],
+        ))
+        .await
+        .unwrap();
+    assert!(!again.notified, "already firing: not news");
+    assert_eq!(s.undelivered_notifications().await.unwrap(), 2);
+    let due = s.claim_notifications(2000, 60_000, 10).await.unwrap();
+    let slack = due.iter().find(|d| d.channel == "slack").unwrap();
+    assert_eq!(
+        slack.group_key, "n1",
+        "the group travels with the notification"
+    );
+
+    let active = s.alerts(AlertFilter::Active, 10).await.unwrap();
+    assert_eq!(active.len(), 1);
+    assert_eq!(
+        s.active_alert_counts().await.unwrap(),
+        ActiveAlertCounts {
+            pending: 0,
+            firing: 1
+        }
+    );
+    assert_eq!(active[0].state, "firing");
+    assert_eq!(active[0].fired_at_ms, Some(2000));
+    assert_eq!(active[0].started_at_ms, 1000);
+    assert_eq!(active[0].labels["node"], "n1");
+    assert_eq!(active[0].details["used_fraction"], 0.93);
+
+    // Acknowledged: an escalation is recorded but not announced.
+    assert!(
+        s.acknowledge_alert(active[0].id, "alice", 3500)
+            .await
+            .unwrap()
+    );
+    assert!(!s.acknowledge_alert(9999, "alice", 3500).await.unwrap());
+    let escalated = s
+        .apply_alert(&update(
+            UpdateKind::Firing { escalated: true },
+            4000,
+            &["hook"],
+        ))
+        .await
+        .unwrap();
+    assert!(!escalated.notified);
+    let resolved = s
+        .apply_alert(&update(UpdateKind::Resolved, 5000, &["hook"]))
+        .await
+        .unwrap();
+    assert!(resolved.notified);
+    let done = s.alerts(AlertFilter::Resolved, 10).await.unwrap();
+    assert_eq!(
+        done[0].remedy, "remedy at 4000",
+        "a resolution keeps the advice of what fired"
+    );
+    assert_eq!(done[0].resolved_at_ms, Some(5000));
+    assert_eq!(
+        done[0].summary, "summary at 4000",
+        "the resolution keeps what fired"
+    );
+    assert_eq!(done[0].acknowledged_by.as_deref(), Some("alice"));
+    assert!(s.alerts(AlertFilter::Active, 10).await.unwrap().is_empty());
+    // Resolving again is nothing.
+    assert!(
+        s.apply_alert(&update(UpdateKind::Resolved, 6000, &["hook"]))
+            .await
+            .unwrap()
+            .alert_id
+            .is_none()
+    );
+}
+
+async fn outbox_leases_retries_and_delivers(store: Arc<dyn Store>) {
+    let s = &*store;
+    s.apply_alert(&update(
+        UpdateKind::Firing { escalated: false },
+        1000,
+        &["a", "b"],
+    ))
+    .await
+    .unwrap();
+    let claimed = s.claim_notifications(1000, 60_000, 10).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    assert!(claimed.iter().all(|c| c.group_key.is_empty()));
+    assert_eq!(claimed[0].attempts, 1);
+    assert!(
+        s.claim_notifications(2000, 60_000, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "leased"
+    );
+    s.notification_delivered(claimed[0].id, 2000).await.unwrap();
+    s.notification_failed(claimed[1].id, 5000, "HTTP 503")
+        .await
+        .unwrap();
+    assert_eq!(s.undelivered_notifications().await.unwrap(), 1);
+    assert!(
+        s.claim_notifications(4999, 60_000, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let retry = s.claim_notifications(5000, 60_000, 10).await.unwrap();
+    assert_eq!(retry.len(), 1);
+    assert_eq!(retry[0].channel, "b");
+    assert_eq!(retry[0].attempts, 2);
+    // An expired lease (a collector died mid-send) makes it due again.
+    assert_eq!(
+        s.claim_notifications(70_000, 60_000, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+async fn silences_match_until_they_expire(store: Arc<dyn Store>) {
+    let s = &*store;
+    let silence = NewSilence {
+        matchers: [("node".to_owned(), "n1".to_owned())].into(),
+        comment: "maintenance".into(),
+        created_by: "bob".into(),
+        ends_at_ms: 10_000,
+    };
+    let id = s.create_silence(&silence, 1000).await.unwrap();
+    let active = s.silences(5000).await.unwrap();
+    assert_eq!(active.len(), 1);
+    let labels = serde_json::json!({"node": "n1", "gpu": "3"});
+    assert!(active[0].matches(labels.as_object().unwrap()));
+    let other = serde_json::json!({"node": "n2"});
+    assert!(!active[0].matches(other.as_object().unwrap()));
+    assert!(
+        s.silences(10_000).await.unwrap().is_empty(),
+        "expired at ends_at_ms"
+    );
+    assert!(s.expire_silence(id, 6000).await.unwrap());
+    assert!(s.silences(6000).await.unwrap().is_empty());
+    assert!(!s.expire_silence(id, 7000).await.unwrap());
+}
+
+/// Long enough ago for every sample the cases below write.
+const PROCESS_START_MS: i64 = 1_000_000_000_000;
+
+/// Validates `batch` as a collector whose clock reads `now` would: history
+/// generated for a simulated past.
+fn rows_at(session: &NodeSession, batch: &pb::Batch, now: i64) -> StoreBatch {
+    validate::batch(batch.clone(), session, now, &Limits::default()).unwrap()
+}
+
+/// A batch of GPU0 alone, used = `used` GiB (min one below, max one above),
+/// and its one process, started at a fixed time (the same process throughout).
+fn gpu0_batch(seq: u64, ts: i64, used_gib: u64) -> pb::Batch {
+    let mut b = fixtures::batch(seq, ts);
+    b.gpu_samples = vec![fixtures::gpu_sample(GPU0, ts, used_gib * GIB)];
+    b.process_samples[0] = fixtures::process_sample(GPU0, ts, 777, used_gib * GIB);
+    b.process_samples[0].start_time_ms = PROCESS_START_MS;
+    b
+}
+
+/// Two hours of samples every 30 s, 10 GiB used, and one 20 s spike to
+/// 70 GiB: through the 1 min and the 1 h rollups the spike stays, the
+/// average stays, and the last value is the last sample's.
+async fn rollups_keep_min_max_avg_and_last(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let now = now_ms();
+    let base = rollup::bucket_start(now - 3 * HOUR_MS, HOUR_MS);
+    let spike_at = base + 37 * MINUTE_MS + 30_000;
+    let batches: Vec<StoreBatch> = (0..240u64)
+        .map(|i| {
+            let ts = base + i as i64 * 30_000;
+            let used = if ts == spike_at { 70 } else { 10 };
+            rows_at(&session, &gpu0_batch(i + 1, ts, used), now)
+        })
+        .collect();
+    for group in batches.chunks(40) {
+        let outcomes = store.write_batches(group).await.unwrap();
+        assert!(outcomes.iter().all(|o| *o == WriteOutcome::Committed));
+    }
+    let report = store.maintain(now).await.unwrap();
+    assert!(report.leader, "a lone collector leads");
+    assert_eq!(report.minutes_rolled_up, 120, "every late minute, once");
+    assert!(report.hours_rolled_up >= 2);
+    let marks = store.watermarks().await.unwrap();
+    assert!(marks.hour_ms >= base + 2 * HOUR_MS, "{marks:?}");
+
+    // Width 1 h: both points come from the hour table.
+    let hours = store
+        .device_series(GPU0, base, base + 2 * HOUR_MS - 1, 2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(hours.len(), 2);
+    assert_eq!(
+        hours.iter().map(|p| p.samples).collect::<Vec<_>>(),
+        vec![120, 120]
+    );
+    assert_eq!(
+        hours[0].memory_used_max_bytes,
+        (71 * GIB) as i64,
+        "the spike"
+    );
+    assert_eq!(hours[1].memory_used_max_bytes, (11 * GIB) as i64);
+    assert_eq!(hours[0].memory_used_min_bytes, (9 * GIB) as i64);
+    // 119 samples of 10 GiB and one of 70: the mean is 10.5 GiB.
+    assert_eq!(hours[0].memory_used_bytes, (10 * GIB + GIB / 2) as i64);
+    assert_eq!(hours[1].memory_used_bytes, (10 * GIB) as i64);
+    assert_eq!(hours[0].utilization_pct, Some(70.0));
+    assert_eq!(hours[1].pcie_rx_bytes_per_s, Some(2_000_000));
+
+    // Width 1 min: the minute holding the spike keeps it, its neighbours do not.
+    let minutes = store
+        .device_series(GPU0, base, base + HOUR_MS - 1, 60)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(minutes.len(), 60);
+    assert!(minutes.iter().all(|p| p.samples == 2));
+    assert_eq!(minutes[37].memory_used_max_bytes, (71 * GIB) as i64);
+    assert_eq!(minutes[37].memory_used_bytes, (40 * GIB) as i64);
+    assert_eq!(minutes[36].memory_used_max_bytes, (11 * GIB) as i64);
+
+    // The process rollups keep the peak too.
+    let procs = store
+        .process_series(GPU0, base, base + 2 * HOUR_MS - 1, 2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(procs.len(), 1);
+    let peaks: Vec<i64> = procs[0].points.iter().map(|(_, v)| *v).collect();
+    assert_eq!(
+        peaks,
+        vec![(70 * GIB + GIB / 4) as i64, (10 * GIB + GIB / 4) as i64]
+    );
+
+    // A second pass finds nothing left to do.
+    let again = store.maintain(now).await.unwrap();
+    assert_eq!((again.minutes_rolled_up, again.hours_rolled_up), (0, 0));
+}
+
+/// A sample that arrives after its minute was rolled up (an agent's spool
+/// replayed) is rolled up again on the next pass.
+async fn late_samples_are_rolled_up_again(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let now = now_ms();
+    let minute = rollup::bucket_start(now - 30 * MINUTE_MS, MINUTE_MS);
+    let first = rows_at(&session, &gpu0_batch(1, minute + 10_000, 10), now);
+    store.write_batch(&first).await.unwrap();
+    store.maintain(now).await.unwrap();
+    let read = || store.device_series(GPU0, minute, minute + MINUTE_MS - 1, 1);
+    let before = read().await.unwrap().unwrap();
+    assert_eq!(before[0].memory_used_max_bytes, (11 * GIB) as i64);
+
+    let late = rows_at(&session, &gpu0_batch(2, minute + 20_000, 50), now + 1000);
+    store.write_batch(&late).await.unwrap();
+    let report = store.maintain(now + 1000).await.unwrap();
+    assert_eq!(report.minutes_rolled_up, 1, "only the late minute");
+    let after = read().await.unwrap().unwrap();
+    assert_eq!(after[0].samples, 2);
+    assert_eq!(after[0].memory_used_max_bytes, (51 * GIB) as i64);
+    assert_eq!(after[0].memory_used_bytes, (30 * GIB) as i64);
+}
+
+/// Raw samples of a day long past are packed into chunks on Postgres
+/// (SQLite keeps them as rows): a chart fine enough for raw samples reads
+/// exactly the same after maintenance, and a sample that arrives for a
+/// packed day is charted and rolled up like any late sample.
+async fn cold_days_chart_the_same_once_packed(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let now = now_ms();
+    let start = rollup::bucket_start(now - 3 * DAY_MS, DAY_MS) + HOUR_MS;
+    let sample = |seq: u64, ts: i64, used_gib: u64| {
+        let mut b = gpu0_batch(seq, ts, used_gib);
+        let g = &mut b.gpu_samples[0];
+        // Optional figures missing now and then (a bucket of five samples
+        // misses one PCIe tx rate), and for whole buckets at times (rx).
+        g.pcie_tx_bytes_per_s = (!seq.is_multiple_of(5)).then_some(seq * 4096);
+        g.pcie_rx_bytes_per_s = (seq % 50 >= 10).then_some(seq * 1024);
+        g.utilization_pct = (!seq.is_multiple_of(7)).then_some((seq % 101) as u32);
+        rows_at(&session, &b, now)
+    };
+    let batches: Vec<StoreBatch> = (0..720u64)
+        .map(|i| sample(i + 1, start + i as i64 * 10_000, 10 + i % 7))
+        .collect();
+    for group in batches.chunks(120) {
+        store.write_batches(group).await.unwrap();
+    }
+    let raw = || store.device_series(GPU0, start, start + 2 * HOUR_MS - 1, 2000);
+    let processes = || store.process_series(GPU0, start, start + 2 * HOUR_MS - 1, 2000);
+    // Still raw, but five samples a point: some with a PCIe rate, some not.
+    let folded = || store.device_series(GPU0, start, start + 2 * HOUR_MS - 1, 144);
+    let before = raw().await.unwrap().unwrap();
+    let processes_before = processes().await.unwrap().unwrap();
+    let folded_before = folded().await.unwrap().unwrap();
+    assert_eq!(before.len(), 720, "one point per sample");
+    assert_eq!(processes_before[0].points.len(), 720);
+    assert_eq!(folded_before.len(), 144);
+    assert!(folded_before.iter().all(|p| p.samples == 5));
+    let report = store.maintain(now).await.unwrap();
+    assert!(
+        [0, 2 * 720].contains(&report.samples_packed),
+        "all GPU and process samples or (SQLite) none: {report:?}"
+    );
+    assert_eq!(raw().await.unwrap().unwrap(), before);
+    assert_eq!(processes().await.unwrap().unwrap(), processes_before);
+    assert_eq!(folded().await.unwrap().unwrap(), folded_before);
+
+    let minute = start + 30 * MINUTE_MS;
+    let late = sample(721, minute + 5_000, 70);
+    store.write_batch(&late).await.unwrap();
+    // Until the next pass, the late sample is a raw row beside the chunk
+    // that holds the rest of its bucket.
+    let folded_late = folded().await.unwrap().unwrap();
+    assert_eq!(folded_late.iter().map(|p| p.samples).sum::<i64>(), 721);
+    let report = store.maintain(now + 1000).await.unwrap();
+    assert_eq!(report.minutes_rolled_up, 1, "only the late minute");
+    let rolled = store
+        .device_series(GPU0, minute, minute + MINUTE_MS - 1, 1)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rolled[0].samples, 7, "six packed samples and the late one");
+    assert_eq!(rolled[0].memory_used_max_bytes, (71 * GIB) as i64);
+    assert_eq!(rolled[0].memory_used_min_bytes, (9 * GIB) as i64);
+    let after = raw().await.unwrap().unwrap();
+    assert_eq!(after.len(), 721);
+    assert!(
+        after
+            .iter()
+            .any(|p| p.timestamp_ms == minute + 5_000 && p.memory_used_bytes == (70 * GIB) as i64)
+    );
+    let processes_after = processes().await.unwrap().unwrap();
+    assert_eq!(processes_after[0].points.len(), 721);
+    assert_eq!(
+        processes_after[0].points.iter().map(|p| p.1).max(),
+        Some((70 * GIB + GIB / 4) as i64),
+        "the late process sample is charted"
+    );
+    let process_minute = store
+        .process_series(GPU0, minute, minute + MINUTE_MS - 1, 1)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        process_minute[0].points,
+        vec![(minute + MINUTE_MS - 1, (70 * GIB + GIB / 4) as i64)],
+        "its minute rollup holds its peak"
+    );
+    // The next pass packs the late samples and their hour again.
+    store.maintain(now + 2000).await.unwrap();
+    assert_eq!(raw().await.unwrap().unwrap(), after);
+    assert_eq!(folded().await.unwrap().unwrap(), folded_late);
+    assert_eq!(processes().await.unwrap().unwrap(), processes_after);
+}
+
+/// Samples older than raw retention go (by whole partitions on Postgres);
+/// a chart of that time still shows the spike, from the rollups.
+async fn retention_drops_raw_samples_and_rollups_keep_the_peak(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let now = now_ms();
+    let old = rollup::bucket_start(now - 8 * DAY_MS, MINUTE_MS);
+    let mut batches = Vec::new();
+    for i in 0..10u64 {
+        let ts = old + i as i64 * 6_000;
+        let used = if i == 4 { 60 } else { 20 };
+        batches.push(rows_at(&session, &gpu0_batch(i + 1, ts, used), ts + 1000));
+    }
+    store.write_batches(&batches).await.unwrap();
+    let report = store.maintain(now).await.unwrap();
+    assert!(
+        report.rows_expired + report.partitions_dropped > 0,
+        "raw samples past 7 days expired: {report:?}"
+    );
+    // A chart fine enough for raw samples falls back to the minute rollup
+    // for a range raw retention no longer covers.
+    let chart = store
+        .device_series(GPU0, old - HOUR_MS, old + HOUR_MS, 2000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(chart.len(), 1, "one minute of data: {chart:?}");
+    assert_eq!(chart[0].samples, 10);
+    assert_eq!(chart[0].memory_used_max_bytes, (61 * GIB) as i64);
+    assert_eq!(chart[0].memory_used_min_bytes, (19 * GIB) as i64);
+}
+
+/// A process whose memory holds still is stored every second but listed
+/// with a last-seen time at most 10 s old; a change shows at once.
+async fn steady_processes_are_stored_every_second_and_changes_show_at_once(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let now = now_ms();
+    let start = now - 60_000;
+    for i in 0..30u64 {
+        let ts = start + i as i64 * 1000;
+        store
+            .write_batch(&rows_at(&session, &gpu0_batch(i + 1, ts, 10), now))
+            .await
+            .unwrap();
+    }
+    let newest = start + 29_000;
+    let listed = store.processes(newest - 30_000).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].last_seen_ms >= newest - 10_000, "{listed:?}");
+    assert_eq!(listed[0].memory_used_bytes, (10 * GIB) as i64);
+
+    let changed = start + 30_000;
+    store
+        .write_batch(&rows_at(&session, &gpu0_batch(31, changed, 12), now))
+        .await
+        .unwrap();
+    let listed = store.processes(newest - 30_000).await.unwrap();
+    assert_eq!(listed[0].memory_used_bytes, (12 * GIB) as i64);
+    assert_eq!(listed[0].memory_peak_bytes, (12 * GIB + GIB / 4) as i64);
+    assert_eq!(listed[0].last_seen_ms, changed);
+    assert_eq!(listed[0].first_seen_ms, start);
+
+    let series = store
+        .process_series(GPU0, start, changed, 1000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(series[0].points.len(), 31, "every sample stored");
+}
+
+/// One transaction for several agents' batches: each gets its own outcome,
+/// a replay inside the group is left out, and nothing is stored twice.
+async fn a_group_of_batches_gets_one_outcome_each(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let other = register(&*store, &fixtures::register_other_node()).await;
+    let now = now_ms();
+    let ts = now - 20_000;
+    let group = vec![
+        rows_at(&session, &fixtures::batch(1, ts), now),
+        rows_at(&other, &fixtures::other_node_batch(1, ts), now),
+        rows_at(&session, &fixtures::batch(1, ts), now),
+        rows_at(&session, &fixtures::batch(2, ts + 1000), now),
+    ];
+    let outcomes = store.write_batches(&group).await.unwrap();
+    assert_eq!(
+        outcomes,
+        vec![
+            WriteOutcome::Committed,
+            WriteOutcome::Committed,
+            WriteOutcome::Duplicate { committed_seq: 1 },
+            WriteOutcome::Committed,
+        ]
+    );
+    let again = store.write_batches(&group[..2]).await.unwrap();
+    assert_eq!(
+        again,
+        vec![
+            WriteOutcome::Duplicate { committed_seq: 2 },
+            WriteOutcome::Duplicate { committed_seq: 1 },
+        ]
+    );
+    let series = store
+        .device_series(GPU0, ts - 1, ts + 2000, 1000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        series.iter().map(|p| p.samples).collect::<Vec<_>>(),
+        vec![1, 1]
+    );
+    let devices = store.latest_devices().await.unwrap();
+    assert_eq!(devices.iter().filter(|d| d.latest.is_some()).count(), 4);
+    assert_eq!(store.write_batches(&[]).await.unwrap(), vec![]);
+}
+
+async fn tokens_are_enrolled_listed_and_revoked(store: Arc<dyn Store>) {
+    let token = |role, node, name, hash| NewToken {
+        role,
+        node,
+        name,
+        token_sha256: hash,
+        hint: "hra_0123abcd",
+    };
+    let one = store
+        .create_token(
+            &token(TokenRole::Agent, Some("node-a"), None, "hash-a"),
+            1_000,
+        )
+        .await
+        .unwrap();
+    let any = store
+        .create_token(&token(TokenRole::Agent, None, None, "hash-any"), 2_000)
+        .await
+        .unwrap();
+    let admin = store
+        .create_token(
+            &token(TokenRole::Admin, None, Some("alice"), "hash-alice"),
+            2_500,
+        )
+        .await
+        .unwrap();
+    assert!(one != any && any != admin);
+    let duplicate = store
+        .create_token(
+            &token(TokenRole::Agent, Some("node-b"), None, "hash-a"),
+            3_000,
+        )
+        .await;
+    assert!(duplicate.is_err(), "a token hash is unique");
+
+    let active = store.active_tokens().await.unwrap();
+    assert_eq!(active.len(), 3);
+    assert!(
+        active
+            .iter()
+            .any(|t| t.token_sha256 == "hash-any" && t.node.is_none() && t.role == "agent")
+    );
+    assert!(active.iter().any(|t| t.token_sha256 == "hash-alice"
+        && t.role == "admin"
+        && t.name.as_deref() == Some("alice")));
+
+    assert!(store.revoke_token(one, 5_000).await.unwrap());
+    assert!(
+        !store.revoke_token(one, 6_000).await.unwrap(),
+        "already revoked"
+    );
+    assert!(
+        !store.revoke_token(9_999, 6_000).await.unwrap(),
+        "no such token"
+    );
+    let active = store.active_tokens().await.unwrap();
+    assert_eq!(active.len(), 2);
+    assert!(active.iter().all(|t| t.token_sha256 != "hash-a"));
+
+    let listed = store.tokens().await.unwrap();
+    assert_eq!(listed.len(), 3);
+    assert_eq!(listed[0].node.as_deref(), Some("node-a"));
+    assert_eq!(listed[0].role, "agent");
+    assert_eq!(listed[0].hint, "hra_0123abcd");
+    assert_eq!(listed[0].revoked_at_ms, Some(5_000));
+    assert_eq!(listed[1].revoked_at_ms, None);
+    assert_eq!(listed[2].role, "admin");
+    assert_eq!(listed[2].name.as_deref(), Some("alice"));
+}
+
+async fn sqlite_store() -> (Arc<dyn Store>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("conformance.db").display());
+    (headroom_store::connect(&url).await.unwrap(), dir)
+}
+
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod on_sqlite {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let (store, _dir) = super::sqlite_store().await;
+                    super::$case(store).await;
+                }
+            )*
+        }
+        mod on_postgres {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let Some(db) = super::postgres::fresh_database().await else { return };
+                    let store = headroom_store::connect(&db.url).await.unwrap();
+                    super::$case(store).await;
+                    db.drop_database().await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    registration_assigns_ids_and_keeps_them,
+    mig_reconfiguration_hides_removed_instances,
+    batch_shows_up_in_latest_series_and_processes,
+    replayed_batch_is_stored_once,
+    latest_never_goes_back_in_time,
+    series_folds_buckets_keeping_extremes,
+    process_keeps_its_peak_and_latest,
+    allocator_reports_are_stored_once_per_report,
+    gpu_page_reads_process_series_and_events,
+    alert_lifecycle_notifies_once_per_change,
+    outbox_leases_retries_and_delivers,
+    silences_match_until_they_expire,
+    rollups_keep_min_max_avg_and_last,
+    late_samples_are_rolled_up_again,
+    cold_days_chart_the_same_once_packed,
+    retention_drops_raw_samples_and_rollups_keep_the_peak,
+    a_group_of_batches_gets_one_outcome_each,
+    steady_processes_are_stored_every_second_and_changes_show_at_once,
+    tokens_are_enrolled_listed_and_revoked,
+);
