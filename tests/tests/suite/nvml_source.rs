@@ -112,14 +112,15 @@ fn run_case(case: &str, faults: Option<&str>) {
     let procfs = dir.path().join("proc");
     std::fs::create_dir_all(&procfs).unwrap();
     write_procfs(&procfs);
+    // The test's name in this binary: its module path without the crate's.
+    let entry = module_path!()
+        .split_once("::")
+        .map_or("child_process_entry".to_owned(), |(_, module)| {
+            format!("{module}::child_process_entry")
+        });
     let mut child = Command::new(std::env::current_exe().unwrap());
     child
-        .args([
-            "child_process_entry",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args([entry.as_str(), "--exact", "--nocapture", "--test-threads=1"])
         .env(CASE_ENV, case)
         .env(PROCFS_ENV, &procfs)
         .env("HEADROOM_FAKE_NVML_SCENARIO", scenario_path())
