@@ -211,10 +211,16 @@ fn parse_http_auth_mode(text: &str) -> Result<HttpAuthMode, String> {
 }
 
 fn load_rules(path: Option<&std::path::Path>) -> anyhow::Result<RulesConfig> {
-    Ok(match path {
-        Some(path) => RulesConfig::load(path)?,
-        None => RulesConfig::default(),
-    })
+    match path {
+        Some(path) => read_rules_file(path),
+        None => Ok(RulesConfig::default()),
+    }
+}
+
+fn read_rules_file(path: &std::path::Path) -> anyhow::Result<RulesConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read rules file {}", path.display()))?;
+    Ok(RulesConfig::parse(&text, path)?)
 }
 
 fn backtest(rules: Option<&std::path::Path>, trace: &std::path::Path) -> anyhow::Result<()> {
@@ -300,8 +306,7 @@ async fn reload_on_sighup(alerting: std::sync::Arc<Alerting>, path: PathBuf) {
         return;
     };
     while hup.recv().await.is_some() {
-        let result = RulesConfig::load(&path)
-            .map_err(anyhow::Error::from)
+        let result = read_rules_file(&path)
             .and_then(|rules| alerting.reload(rules).map_err(anyhow::Error::from));
         if let Err(error) = result {
             tracing::error!(error = %format!("{error:#}"), "rules reload failed; keeping the running rules");

@@ -1,9 +1,13 @@
 //! Signals from a process's own allocator (PyTorch's caching allocator):
 //! memory it holds but cannot hand out, retries of `cudaMalloc` after
 //! flushing its cache, and out-of-memory errors. Counters are cumulative
-//! since the process started; what matters is how they move while we watch.
+//! since the process started; what matters is how they move while we watch,
+//! which the rules that read them (`rules/fragmentation.rs`,
+//! `rules/alloc_retries.rs`, `rules/allocator_oom.rs`) track themselves.
 
-use std::collections::VecDeque;
+/// A report older than this no longer speaks for the process now: the
+/// client stopped reporting, and what it last said holds no alert up.
+pub(crate) const REPORT_STALE_MS: i64 = 60_000;
 
 /// One report as the rules see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,89 +45,6 @@ impl AllocatorObservation {
     }
 }
 
-/// The history of one process's counters the rules need.
-#[derive(Debug, Default)]
-pub struct AllocatorWatch {
-    /// (report time, cumulative retries), oldest first, for the retry window.
-    retries: VecDeque<(i64, u64)>,
-    last_retry_ms: Option<i64>,
-    last_ooms: Option<u64>,
-    last_oom_ms: Option<i64>,
-    /// OOMs seen while watching (not those before the first report).
-    ooms_seen: u64,
-    last: Option<AllocatorObservation>,
-}
-
-impl AllocatorWatch {
-    /// An alert restored as firing after a collector restart: keep it held
-    /// as if its signal was last seen when it started, instead of resolving
-    /// it on the first quiet report.
-    pub fn restored(retries_firing_since: Option<i64>, oom_firing_since: Option<i64>) -> Self {
-        Self {
-            last_retry_ms: retries_firing_since,
-            last_oom_ms: oom_firing_since,
-            ..Self::default()
-        }
-    }
-
-    /// Takes a report; reports older than the newest one are ignored (the
-    /// same report can arrive with several intervals).
-    pub fn observe(&mut self, o: AllocatorObservation, retry_window_ms: i64) {
-        if self.last.is_some_and(|l| o.timestamp_ms <= l.timestamp_ms) {
-            return;
-        }
-        if let Some(&(_, before)) = self.retries.back()
-            && o.alloc_retries > before
-        {
-            self.last_retry_ms = Some(o.timestamp_ms);
-        }
-        self.retries.push_back((o.timestamp_ms, o.alloc_retries));
-        // Keep one point at or before the window's start as the baseline.
-        while self.retries.len() > 1
-            && self
-                .retries
-                .get(1)
-                .is_some_and(|(t, _)| *t <= o.timestamp_ms - retry_window_ms)
-        {
-            self.retries.pop_front();
-        }
-        if let Some(before) = self.last_ooms
-            && o.ooms > before
-        {
-            self.ooms_seen += o.ooms - before;
-            self.last_oom_ms = Some(o.timestamp_ms);
-        }
-        self.last_ooms = Some(o.ooms);
-        self.last = Some(o);
-    }
-
-    pub fn last(&self) -> Option<&AllocatorObservation> {
-        self.last.as_ref()
-    }
-
-    /// Retries counted within the window ending at the newest report.
-    pub fn retries_in_window(&self) -> u64 {
-        match (self.retries.front(), self.retries.back()) {
-            (Some((_, first)), Some((_, last))) => last.saturating_sub(*first),
-            _ => 0,
-        }
-    }
-
-    /// A retry happened within `window_ms` of `now_ms`.
-    pub fn retried_within(&self, window_ms: i64, now_ms: i64) -> bool {
-        self.last_retry_ms.is_some_and(|t| now_ms - t < window_ms)
-    }
-
-    /// The newest OOM, when it is less than `hold_ms` old.
-    pub fn oom_within(&self, hold_ms: i64, now_ms: i64) -> Option<i64> {
-        self.last_oom_ms.filter(|t| now_ms - *t < hold_ms)
-    }
-
-    pub fn ooms_seen(&self) -> u64 {
-        self.ooms_seen
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,36 +59,6 @@ mod tests {
             alloc_retries: retries,
             ooms,
         }
-    }
-
-    #[test]
-    fn counts_only_retries_inside_the_window() {
-        let mut w = AllocatorWatch::default();
-        // 50 retries before we started watching are history, not a signal.
-        w.observe(report(0, 50, 0), 60_000);
-        assert_eq!(w.retries_in_window(), 0);
-        w.observe(report(30_000, 52, 0), 60_000);
-        w.observe(report(60_000, 55, 0), 60_000);
-        assert_eq!(w.retries_in_window(), 5);
-        // The baseline moves: at 120 s only the retries since 60 s count.
-        w.observe(report(90_000, 55, 0), 60_000);
-        w.observe(report(120_000, 56, 0), 60_000);
-        assert_eq!(w.retries_in_window(), 1);
-        assert!(w.retried_within(60_000, 150_000));
-        assert!(!w.retried_within(60_000, 180_000));
-    }
-
-    #[test]
-    fn an_oom_counts_from_when_it_happens_and_replays_are_ignored() {
-        let mut w = AllocatorWatch::default();
-        w.observe(report(0, 0, 2), 60_000);
-        assert_eq!(w.oom_within(600_000, 0), None, "OOMs before watching");
-        w.observe(report(1_000, 0, 3), 60_000);
-        w.observe(report(1_000, 0, 3), 60_000);
-        w.observe(report(500, 0, 9), 60_000);
-        assert_eq!(w.ooms_seen(), 1);
-        assert_eq!(w.oom_within(600_000, 2_000), Some(1_000));
-        assert_eq!(w.oom_within(600_000, 601_000), None);
     }
 
     #[test]

@@ -208,7 +208,6 @@ fn three_group_slope(points: &[(f64, f64)]) -> Option<f64> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::trace_fixtures::{GIB, bytes, jitter};

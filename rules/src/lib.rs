@@ -1,14 +1,28 @@
-//! Memory rules, evaluated on ingest as small per-series state machines.
+//! Memory rules, evaluated on ingest as small per-series state machines: samples
+//! in, alert decisions out, no I/O. `backtest` replays a recorded trace
+//! through the same engine.
+//!
+//! Each rule is one file under `rules/`, named in the catalogue there
+//! ([`RuleId`]); the engine keeps the series, the alert lifecycle and the
+//! dispatch. The other modules are the machinery rules share: statistics
+//! (`trend`, `leak`, `oom`), the XID catalogue, allocator reports, wording.
 
 pub mod allocator;
 pub mod backtest;
 pub mod config;
+mod describe;
 pub mod engine;
+#[cfg(test)]
+mod engine_fixtures;
 pub mod leak;
 pub mod lifecycle;
 pub mod oom;
-pub mod remedy;
+mod remedy;
+mod rule;
+mod rules;
 #[cfg(test)]
 mod trace_fixtures;
 pub mod trend;
 pub mod xid;
+
+pub use rules::{RuleId, UnknownRule};

@@ -248,7 +248,6 @@ fn after(now_ms: i64, seconds: f64) -> i64 {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::trace_fixtures::{GIB, MIB, bytes, jitter};

@@ -354,7 +354,6 @@ fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -1,0 +1,89 @@
+//! Shared by the rule tests: observations to feed the engine, and a way to
+//! pick one rule's transitions out of what it returns.
+
+use crate::allocator::AllocatorObservation;
+use crate::config::RulesConfig;
+use crate::engine::{AlertChange, DeviceObservation, EventObservation, ProcessObservation};
+use crate::lifecycle::Transition;
+
+pub const GIB: u64 = 1 << 30;
+
+/// GPU 1 of node n1 (100 GiB) at `ts`, nothing reserved.
+pub fn device(ts: i64, used: u64, attributed: Option<u64>) -> DeviceObservation<'static> {
+    DeviceObservation {
+        node: "n1",
+        device_uuid: "GPU-1",
+        gpu_index: 1,
+        mig_profile: None,
+        timestamp_ms: ts,
+        used_last: used,
+        used_max: used,
+        reserved: 0,
+        total: 100 * GIB,
+        attributed,
+    }
+}
+
+pub fn rules(text: &str) -> RulesConfig {
+    RulesConfig::parse(text, std::path::Path::new("t.toml")).unwrap()
+}
+
+pub fn transitions(changes: &[AlertChange], rule: &str) -> Vec<Transition> {
+    changes
+        .iter()
+        .filter(|c| c.rule == rule)
+        .map(|c| c.transition)
+        .collect()
+}
+
+/// An event on GPU 1 of node n1.
+pub fn event(kind: &'static str, code: i64, ts: i64) -> EventObservation<'static> {
+    EventObservation {
+        node: "n1",
+        device_uuid: Some("GPU-1"),
+        gpu_index: Some(1),
+        kind,
+        code,
+        detail: "",
+        timestamp_ms: ts,
+    }
+}
+
+/// Alice's training job (Slurm job 77) on GPU 1 of node n1, holding 60 GiB.
+pub fn training(ts: i64, report: Option<AllocatorObservation>) -> ProcessObservation<'static> {
+    ProcessObservation {
+        node: "n1",
+        device_uuid: "GPU-1",
+        gpu_index: 1,
+        pid: 4242,
+        start_time_ms: 0,
+        name: "python train.py",
+        user: "alice",
+        slurm_job_id: "77",
+        pod_uid: "",
+        container_id: "",
+        timestamp_ms: ts,
+        used_last: 60 * GIB,
+        used_max: 60 * GIB,
+        allocator: report,
+    }
+}
+
+/// An allocator report whose peak is what is allocated now.
+pub fn stats(
+    ts: i64,
+    allocated: u64,
+    reserved: u64,
+    retries: u64,
+    ooms: u64,
+) -> Option<AllocatorObservation> {
+    Some(AllocatorObservation {
+        timestamp_ms: ts,
+        allocated,
+        reserved,
+        inactive_split: reserved - allocated,
+        peak_allocated: allocated,
+        alloc_retries: retries,
+        ooms,
+    })
+}

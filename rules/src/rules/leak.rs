@@ -1,0 +1,109 @@
+//! Leak: a process whose memory floor keeps rising, step after step, for
+//! the whole evidence window. Growth like that ends in an OOM hours later,
+//! far beyond what time-to-OOM can see, and the owner can usually fix it
+//! once told which job and how fast.
+//!
+//! The statistics (min-filtered buckets, a significant monotone trend in
+//! both halves of the window) are `leak.rs` at the crate root; this rule
+//! feeds it every interval of the process and raises a warning, never more:
+//! a leak is slow by nature, and the OOM rules escalate when it bites. The
+//! remedy depends on what the process's allocator says: when its reservation
+//! is fragmented, it is not live tensors that grow.
+
+use crate::config::{RulesConfig, Severity};
+use crate::describe::{device_name, minutes, process_name};
+use crate::engine::{Alert, ProcessObservation};
+use crate::leak::LeakDetector;
+use crate::remedy::EXPANDABLE_SEGMENTS;
+use crate::rule::{Message, ProcessFacts, ProcessRule, Start};
+use crate::rules::fragmentation;
+use headroom_common::HumanBytes;
+
+#[derive(Debug)]
+pub(crate) struct Leak {
+    detector: LeakDetector,
+}
+
+impl ProcessRule for Leak {
+    fn start(start: &Start<'_, ProcessObservation<'_>>) -> Self {
+        Self {
+            detector: LeakDetector::with_config(
+                start.observation.start_time_ms,
+                &start.config.leak.leak_config(),
+            ),
+        }
+    }
+
+    fn observe(
+        &mut self,
+        config: &RulesConfig,
+        o: &ProcessObservation<'_>,
+        facts: &ProcessFacts,
+        alert: &mut Alert<'_>,
+    ) {
+        // Fed even while the rule is off, so that turning it on by a reload
+        // judges a full window at once.
+        self.detector.observe(o.timestamp_ms, o.used_last);
+        let l = &config.leak;
+        if !l.enabled {
+            return;
+        }
+        let finding = self.detector.evaluate(&l.leak_config());
+        let labels = alert.labels();
+        alert.step_with_remedy(
+            o.timestamp_ms,
+            finding.as_ref().map(|_| Severity::Warning),
+            0,
+            || match &finding {
+                Some(f) => Message::new(
+                    format!(
+                        "{} on {} leaks: +{}/min for {} (p = {:.1e}); now {}",
+                        process_name(labels),
+                        device_name(labels),
+                        HumanBytes(f.rate_bytes_per_min.max(0.0) as u64),
+                        minutes(o.timestamp_ms - f.since_ms),
+                        f.p_value,
+                        HumanBytes(o.used_last),
+                    ),
+                    serde_json::json!({
+                        "growth_bytes_per_min": f.rate_bytes_per_min, "since_ms": f.since_ms,
+                        "p_value": f.p_value, "used_bytes": o.used_last, "peak_bytes": o.used_max,
+                    }),
+                ),
+                None => Message::new(
+                    format!("{} stopped growing", process_name(labels)),
+                    serde_json::json!({ "used_bytes": o.used_last }),
+                ),
+            },
+            || remedy(fragmentation::is_fragmented(facts.report, config)),
+        );
+    }
+}
+
+/// Memory that grows step after step. When the allocator says live tensors
+/// are flat and only its reservation grows, it is fragmentation instead.
+fn remedy(fragmentation_grows: bool) -> String {
+    if fragmentation_grows {
+        format!(
+            "Live tensors are not what grows: the allocator's reservation is, through \
+             fragmentation. {EXPANDABLE_SEGMENTS}"
+        )
+    } else {
+        "Steady growth across steps usually means tensors kept alive across iterations: a loss \
+         summed without .item() or .detach(), outputs or hidden states appended to a list, a \
+         cache or hook holding references. Compare torch.cuda.memory_snapshot() between two \
+         steps to find what stays."
+            .to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_remedy_tells_a_leak_from_fragmentation() {
+        assert!(remedy(false).contains("tensors kept alive across iterations"));
+        assert!(remedy(true).contains("expandable_segments"));
+    }
+}

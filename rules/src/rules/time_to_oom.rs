@@ -1,0 +1,107 @@
+//! Time to OOM: a GPU or MIG instance whose memory climbs steadily enough
+//! to run out within the horizon. The watermark says memory is high; this
+//! says it will be full, while there is still time to act on a job that
+//! grows slowly from a comfortable level.
+//!
+//! The prediction itself (robust trend on the peaks, agreement across the
+//! window) is `oom.rs`; this rule feeds it every interval, judges against
+//! the memory that can still be allocated (total less what the driver
+//! reserves), and turns critical when the predicted OOM is within the
+//! nearest third of the horizon. It fires at once, with no `for`: the
+//! predictor already demands minutes of consistent evidence.
+
+use crate::config::{RulesConfig, Severity};
+use crate::describe::{device_name, minutes};
+use crate::engine::{Alert, DeviceObservation};
+use crate::oom::OomPredictor;
+use crate::remedy::CUT_THE_PEAK;
+use crate::rule::{DeviceRule, Message, Start};
+use headroom_common::HumanBytes;
+
+#[derive(Debug)]
+pub(crate) struct TimeToOom {
+    predictor: OomPredictor,
+}
+
+impl DeviceRule for TimeToOom {
+    fn start(start: &Start<'_, DeviceObservation<'_>>) -> Self {
+        // Sized for the configured window; a reload to a longer window takes
+        // effect for series seen after it.
+        Self {
+            predictor: OomPredictor::with_config(&start.config.time_to_oom.oom_config()),
+        }
+    }
+
+    fn observe(&mut self, config: &RulesConfig, o: &DeviceObservation<'_>, alert: &mut Alert<'_>) {
+        // Fed even while the rule is off, so that turning it on by a reload
+        // judges a full window at once.
+        self.predictor.observe(o.timestamp_ms, o.used_max);
+        let t = &config.time_to_oom;
+        if !t.enabled {
+            return;
+        }
+        let total = o.total;
+        let used = o.used_last.saturating_add(o.reserved);
+        let limit = total.saturating_sub(o.reserved);
+        let prediction = self
+            .predictor
+            .evaluate(&t.oom_config(), limit, o.timestamp_ms);
+        let condition = prediction.as_ref().map(|p| {
+            if p.predicted_oom_at_ms - o.timestamp_ms <= t.horizon.ms() / 3 {
+                Severity::Critical
+            } else {
+                Severity::Warning
+            }
+        });
+        let labels = alert.labels();
+        alert.step_with_remedy(
+            o.timestamp_ms,
+            condition,
+            0,
+            || match &prediction {
+                Some(p) => Message::new(
+                    format!(
+                        "{} will run out of memory in about {} (between {} and {}), growing {}/min; {} used of {}",
+                        device_name(labels),
+                        minutes(p.predicted_oom_at_ms - o.timestamp_ms),
+                        minutes(p.earliest_ms - o.timestamp_ms),
+                        if p.latest_ms == i64::MAX {
+                            "never".to_owned()
+                        } else {
+                            minutes(p.latest_ms - o.timestamp_ms)
+                        },
+                        HumanBytes((p.growth_bytes_per_s * 60.0).max(0.0) as u64),
+                        HumanBytes(used),
+                        HumanBytes(total),
+                    ),
+                    serde_json::json!({
+                        "predicted_oom_at_ms": p.predicted_oom_at_ms, "earliest_ms": p.earliest_ms,
+                        "latest_ms": if p.latest_ms == i64::MAX { serde_json::Value::Null } else { p.latest_ms.into() },
+                        "growth_bytes_per_s": p.growth_bytes_per_s, "confidence": p.confidence,
+                        "used_bytes": o.used_last, "total_bytes": total,
+                    }),
+                ),
+                None => Message::new(
+                    format!("{} no longer trends towards OOM", device_name(labels)),
+                    serde_json::json!({ "used_bytes": o.used_last, "total_bytes": total }),
+                ),
+            },
+            remedy,
+        );
+    }
+}
+
+/// Which job grows is for the owner to see; what it can do is the same.
+fn remedy() -> String {
+    format!("If a training job is the one growing: {CUT_THE_PEAK}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_remedy_cuts_the_peak() {
+        assert!(remedy().contains("bf16 autocast"));
+    }
+}
