@@ -47,19 +47,7 @@ impl AllocatorObservation {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    fn report(ts: i64, retries: u64, ooms: u64) -> AllocatorObservation {
-        AllocatorObservation {
-            timestamp_ms: ts,
-            allocated: 10,
-            reserved: 40,
-            inactive_split: 5,
-            peak_allocated: 25,
-            alloc_retries: retries,
-            ooms,
-        }
-    }
+    use crate::engine_fixtures::report;
 
     #[test]
     fn waste_is_what_even_the_peak_left_unused() {

@@ -24,6 +24,20 @@ pub fn device(ts: i64, used: u64, attributed: Option<u64>) -> DeviceObservation<
     }
 }
 
+/// An allocator report at `ts` with the given counters: 40 reserved of which
+/// 10 allocated, a peak of 25.
+pub fn report(ts: i64, retries: u64, ooms: u64) -> AllocatorObservation {
+    AllocatorObservation {
+        timestamp_ms: ts,
+        allocated: 10,
+        reserved: 40,
+        inactive_split: 5,
+        peak_allocated: 25,
+        alloc_retries: retries,
+        ooms,
+    }
+}
+
 pub fn rules(text: &str) -> RulesConfig {
     RulesConfig::parse(text, std::path::Path::new("t.toml")).unwrap()
 }

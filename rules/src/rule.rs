@@ -209,3 +209,25 @@ impl Rule {
         }
     }
 }
+
+/// For an event that leaves no "recovered" event behind (a lost GPU, hung
+/// NVML calls): the alert resolves when the device is read again, by a
+/// sample taken after the event, since one already in flight says nothing
+/// about recovery.
+pub(crate) fn resolve_when_read_after(
+    ts_ms: i64,
+    last_event_ms: i64,
+    alert: &mut Alert<'_>,
+) -> Outcome {
+    if ts_ms <= last_event_ms {
+        return Outcome::Keep;
+    }
+    let labels = alert.labels();
+    alert.step(ts_ms, None, 0, || {
+        Message::new(
+            format!("{} reports again", crate::describe::device_name(labels)),
+            serde_json::json!({}),
+        )
+    });
+    Outcome::Close
+}

@@ -164,20 +164,9 @@ impl RetryWatch {
 mod tests {
     use super::*;
     use crate::engine::{AlertChange, Engine};
+    use crate::engine_fixtures::report;
     use crate::engine_fixtures::{GIB, rules, stats, training, transitions};
     use crate::lifecycle::Transition;
-
-    fn report(ts: i64, retries: u64, ooms: u64) -> AllocatorObservation {
-        AllocatorObservation {
-            timestamp_ms: ts,
-            allocated: 10,
-            reserved: 40,
-            inactive_split: 5,
-            peak_allocated: 25,
-            alloc_retries: retries,
-            ooms,
-        }
-    }
 
     #[test]
     fn counts_only_retries_inside_the_window() {

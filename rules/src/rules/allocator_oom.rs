@@ -144,20 +144,9 @@ impl OomWatch {
 mod tests {
     use super::*;
     use crate::engine::{AlertChange, Engine, PROCESS_GONE_MS};
+    use crate::engine_fixtures::report;
     use crate::engine_fixtures::{GIB, rules, stats, training, transitions};
     use crate::lifecycle::Transition;
-
-    fn report(ts: i64, retries: u64, ooms: u64) -> AllocatorObservation {
-        AllocatorObservation {
-            timestamp_ms: ts,
-            allocated: 10,
-            reserved: 40,
-            inactive_split: 5,
-            peak_allocated: 25,
-            alloc_retries: retries,
-            ooms,
-        }
-    }
 
     #[test]
     fn an_oom_counts_from_when_it_happens_and_replays_are_ignored() {

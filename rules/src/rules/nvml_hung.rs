@@ -9,9 +9,9 @@
 //! reported.
 
 use crate::config::{RulesConfig, Severity};
-use crate::describe::{device_name, event_detail, event_place};
+use crate::describe::{event_detail, event_place};
 use crate::engine::{Alert, EventObservation};
-use crate::rule::{EventRule, Message, Outcome};
+use crate::rule::{EventRule, Message, Outcome, resolve_when_read_after};
 
 #[derive(Debug)]
 pub(crate) struct NvmlHung;
@@ -40,16 +40,6 @@ impl EventRule for NvmlHung {
     }
 
     fn device_reports(&mut self, ts_ms: i64, last_event_ms: i64, alert: &mut Alert<'_>) -> Outcome {
-        if ts_ms <= last_event_ms {
-            return Outcome::Keep;
-        }
-        let labels = alert.labels();
-        alert.step(ts_ms, None, 0, || {
-            Message::new(
-                format!("{} reports again", device_name(labels)),
-                serde_json::json!({}),
-            )
-        });
-        Outcome::Close
+        resolve_when_read_after(ts_ms, last_event_ms, alert)
     }
 }
