@@ -33,6 +33,7 @@ for p in "${packages[@]}"; do
   unit=$(dpkg -L "$p" | grep -E "/systemd/system/$p\.service$") || fail "$p ships no unit"
   grep -q '^Type=notify' "$unit" || fail "$unit is not Type=notify"
   [ "$(version "$p")" = "0.1.0-1" ] || fail "$p version $(version "$p")"
+  [ -f "/usr/share/doc/$p/docs/architecture.md" ] || fail "$p ships no docs/ beside its README"
 done
 [ -f /etc/headroom/agent.toml ] && [ -f /etc/headroom/collector.toml ] || fail "configuration missing"
 if demo_out=$(/usr/bin/headroom-collector demo 2>&1); then
