@@ -5,6 +5,7 @@
 pub mod bytes;
 pub mod clock;
 pub mod exposition;
+#[cfg(feature = "service")]
 pub mod service;
 pub mod tls;
 
