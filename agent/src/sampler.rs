@@ -42,15 +42,19 @@ pub fn spawn(
             let mut interval_start = next_poll;
             let mut interval_end = next_poll + timing.sample_interval;
             let mut failed_polls: u64 = 0;
+            // A crossing waits here when its poll fell in the millisecond the
+            // previous interval ended in: ending another interval there would
+            // give the device two samples at one time.
+            let mut flush_pending = false;
+            let mut last_end_ms = i64::MIN;
             while !stop.load(Ordering::Relaxed) {
-                let mut flush_now = false;
                 let poll_started = Instant::now();
                 match source.poll() {
                     Ok(poll) => {
                         let poll = Arc::new(poll);
                         metrics.record_poll(&poll, poll_started.elapsed());
                         window.observe(&poll);
-                        flush_now = crossings.crossed(&poll);
+                        flush_pending |= crossings.crossed(&poll);
                     }
                     Err(error) => {
                         metrics.record_poll_failure();
@@ -60,23 +64,28 @@ pub fn spawn(
                 }
                 next_poll += timing.poll_interval;
                 let now = Instant::now();
-                if flush_now && now < interval_end {
-                    // A short interval now; the regular schedule carries on.
-                    let samples =
-                        close_interval(&mut window, &allocator_reports, interval_start, now);
+                let end_ms = epoch_ms_now();
+                let due = now >= interval_end;
+                if (flush_pending || due) && end_ms != last_end_ms {
+                    let samples = close_interval(
+                        &mut window,
+                        &allocator_reports,
+                        interval_start,
+                        now,
+                        end_ms,
+                    );
                     interval_start = now;
-                    if intervals.blocking_send(samples).is_err() {
-                        break;
-                    }
-                } else if now >= interval_end {
-                    let samples =
-                        close_interval(&mut window, &allocator_reports, interval_start, now);
-                    interval_start = now;
-                    interval_end += timing.sample_interval;
-                    // After a long stall, realign instead of emitting a burst
-                    // of empty intervals.
-                    if interval_end < now {
-                        interval_end = now + timing.sample_interval;
+                    last_end_ms = end_ms;
+                    flush_pending = false;
+                    // An early flush is a short interval; the regular
+                    // schedule carries on.
+                    if due {
+                        interval_end += timing.sample_interval;
+                        // After a long stall, realign instead of emitting a
+                        // burst of empty intervals.
+                        if interval_end < now {
+                            interval_end = now + timing.sample_interval;
+                        }
                     }
                     if intervals.blocking_send(samples).is_err() {
                         break;
@@ -100,11 +109,93 @@ fn close_interval(
     allocator_reports: &AllocatorReports,
     start: Instant,
     now: Instant,
+    end_ms: i64,
 ) -> IntervalSamples {
     let elapsed = u32::try_from(now.duration_since(start).as_millis())
         .unwrap_or(u32::MAX)
         .max(1);
-    let mut samples = window.finish(epoch_ms_now(), elapsed);
+    let mut samples = window.finish(end_ms, elapsed);
     allocator_reports.attach(&mut samples.processes);
     samples
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::{DeviceReading, Inventory, Poll, SourceError};
+
+    /// One GPU whose memory swings across the flush threshold on every
+    /// poll: a crossing, so an early flush, every other poll.
+    #[derive(Debug, Default)]
+    struct Swinging {
+        polls: u64,
+    }
+
+    impl GpuSource for Swinging {
+        fn inventory(&mut self) -> Result<Inventory, SourceError> {
+            Ok(empty_inventory())
+        }
+
+        fn poll(&mut self) -> Result<Poll, SourceError> {
+            self.polls += 1;
+            let used = if self.polls.is_multiple_of(2) { 95 } else { 50 };
+            Ok(Poll {
+                devices: vec![DeviceReading {
+                    uuid: "GPU-0".into(),
+                    memory_used: used,
+                    memory_reserved: 0,
+                    memory_total: 100,
+                    utilization_pct: None,
+                    pcie_tx_bytes_per_s: None,
+                    pcie_rx_bytes_per_s: None,
+                }],
+                ..Poll::default()
+            })
+        }
+    }
+
+    fn empty_inventory() -> Inventory {
+        Inventory {
+            driver_version: String::new(),
+            gpus: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn no_two_intervals_of_a_device_end_at_the_same_millisecond() {
+        // Polls back to back, every one due to end an interval and every
+        // other one a crossing: many polls share a millisecond, as they do
+        // when a starved agent catches up.
+        let (tx, mut rx) = mpsc::channel(64);
+        let stop = Arc::new(AtomicBool::new(false));
+        let sampler = spawn(
+            Box::new(Swinging::default()),
+            SamplerTiming {
+                poll_interval: Duration::ZERO,
+                sample_interval: Duration::ZERO,
+                flush_above: 0.9,
+            },
+            tx,
+            AgentMetrics::new("n1", &empty_inventory()),
+            Arc::new(AllocatorReports::default()),
+            stop.clone(),
+        )
+        .unwrap();
+        let mut ends = Vec::new();
+        while ends.len() < 200 {
+            let interval = rx.blocking_recv().unwrap();
+            ends.extend(interval.gpus.iter().map(|g| g.timestamp_ms));
+        }
+        stop.store(true, Ordering::Relaxed);
+        drop(rx);
+        sampler.join().unwrap();
+        let repeats: Vec<&[i64]> = ends.windows(2).filter(|w| w[0] >= w[1]).collect();
+        assert!(
+            repeats.is_empty(),
+            "{} of {} interval ends do not increase, first {:?}",
+            repeats.len(),
+            ends.len(),
+            repeats.first()
+        );
+    }
 }
