@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 
 use crate::model::{DeviceMeta, GpuSampleRow, NodeSession};
-use crate::views::*;
+use crate::views::{
+    AllocatorLatest, DeviceView, LatestSample, MAX_PROCESSES_PER_SERIES, ProcessSeries, ProcessView,
+};
 
 /// One bucket of one process, as both backends read it.
 #[derive(Debug, sqlx::FromRow)]

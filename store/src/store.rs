@@ -7,7 +7,10 @@ use crate::alerts::AlertStore;
 use crate::model::{NodeSession, Registration, StoreBatch, WriteOutcome};
 use crate::rollup::{MaintenanceReport, Watermarks};
 use crate::tokens::TokenStore;
-use crate::views::*;
+use crate::views::{
+    AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, NodeView, ProcessSeries,
+    ProcessView, SeriesPoint,
+};
 
 #[async_trait]
 pub trait Store: AlertStore + TokenStore + Send + Sync + std::fmt::Debug + 'static {
