@@ -5,6 +5,7 @@
 pub mod allocator;
 pub mod attribution;
 pub mod backoff;
+pub mod batch_split;
 pub mod config;
 pub mod flush;
 pub mod identity;

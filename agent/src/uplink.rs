@@ -7,6 +7,7 @@
 //! number through reconnects and restarts, so a replay is recognised and
 //! stored once.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::backoff::Backoff;
+use crate::batch_split;
 use crate::metrics::AgentMetrics;
 use crate::outbox::{Outbox, OutboxError, Record};
 use crate::source::{EventKind, Inventory, SourceEvent};
@@ -119,6 +121,9 @@ pub struct Uplink {
     outbox: Outbox,
     input_open: bool,
     metrics: Arc<AgentMetrics>,
+    /// The GPU each MIG instance of the current inventory lives in, so a
+    /// batch cut in parts keeps an instance with its GPU.
+    parent_of: HashMap<String, String>,
 }
 
 impl Uplink {
@@ -134,12 +139,22 @@ impl Uplink {
             outbox,
             input_open: true,
             metrics,
+            parent_of: HashMap::new(),
         };
         uplink.queue_registration(inventory);
         uplink
     }
 
     fn queue_registration(&mut self, inventory: &Inventory) {
+        self.parent_of = inventory
+            .gpus
+            .iter()
+            .flat_map(|g| {
+                g.mig_instances
+                    .iter()
+                    .map(|m| (m.uuid.clone(), g.uuid.clone()))
+            })
+            .collect();
         let registration = to_register(&self.config, inventory);
         if let Err(error) = self.outbox.push_register(registration) {
             tracing::error!(%error, "cannot queue the registration");
@@ -168,10 +183,14 @@ impl Uplink {
             };
             // The collector processes a stream in order, so the batch it
             // rejected is the oldest one it has not acknowledged. Resending it
-            // would fail forever. A refused registration drops nothing: the
+            // would fail forever: refused as invalid, or too big for the
+            // collector to read. A refused registration drops nothing: the
             // batches wait until the operator fixes the limit or inventory.
             if let SessionError::Stream(status) = &error
-                && status.code() == Code::InvalidArgument
+                && matches!(
+                    status.code(),
+                    Code::InvalidArgument | Code::ResourceExhausted
+                )
             {
                 match self.outbox.reject_oldest() {
                     Ok(Some(seq)) => tracing::error!(
@@ -213,9 +232,19 @@ impl Uplink {
             self.queue_registration(&inventory);
         }
         let batch = to_batch(&self.config.node, interval);
-        if let Err(error) = self.outbox.push_batch(batch) {
-            self.metrics.record_outbox_failure();
-            tracing::error!(%error, "cannot queue an interval; it is lost");
+        let parts = batch_split::split(batch, &self.parent_of, batch_split::MAX_BATCH_BYTES);
+        if parts.len() > 1 {
+            tracing::debug!(
+                parts = parts.len(),
+                "an interval's batch is over {} bytes; sending it in parts",
+                batch_split::MAX_BATCH_BYTES
+            );
+        }
+        for part in parts {
+            if let Err(error) = self.outbox.push_batch(part) {
+                self.metrics.record_outbox_failure();
+                tracing::error!(%error, "cannot queue an interval; it is lost");
+            }
         }
         self.report_queue();
     }

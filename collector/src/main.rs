@@ -112,6 +112,19 @@ enum Command {
         #[command(subcommand)]
         action: TokenAction,
     },
+    /// Let another node register a GPU (or MIG instance) that its old node
+    /// still lists: for a GPU moved between hosts while the old host is
+    /// down. Until then the collector refuses the new host's registration.
+    ReleaseDevice {
+        /// The device's UUID, as the refusal names it.
+        uuid: String,
+        /// TOML configuration file (for its database_url).
+        #[arg(long, env = "HEADROOM_CONFIG")]
+        config: Option<PathBuf>,
+        /// postgres://… or sqlite://… (prefer the environment: flags show in `ps`).
+        #[arg(long, env = "HEADROOM_DATABASE_URL", hide_env_values = true)]
+        database_url: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -185,6 +198,31 @@ fn main() -> ExitCode {
                 .await;
                 store.close().await;
                 Ok(result?)
+            }
+            Command::ReleaseDevice {
+                uuid,
+                config,
+                database_url,
+            } => {
+                let config = CollectorConfig::load(
+                    config.as_deref(),
+                    Overrides {
+                        database_url,
+                        ..Overrides::default()
+                    },
+                )?;
+                let store = headroom_store::connect(&config.database_url)
+                    .await
+                    .with_context(|| format!("opening {}", redact_url(&config.database_url)))?;
+                let released = store.release_device(&uuid, Clock::System.now_ms()).await;
+                store.close().await;
+                match released? {
+                    Some(node) => {
+                        println!("released {uuid} from node {node}: another node may register it");
+                        Ok(())
+                    }
+                    None => anyhow::bail!("no device has UUID {uuid:?}"),
+                }
             }
             Command::PrintDefaultConfig => {
                 print!("{}", CollectorConfig::default_toml());

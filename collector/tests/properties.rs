@@ -35,6 +35,7 @@ fn session() -> NodeSession {
                 gpu_index: 0,
                 mig_profile: None,
                 parent_id: None,
+                memory_total: 80 << 30,
             },
         )]),
     }

@@ -11,6 +11,23 @@ pub enum StoreError {
     UnsupportedUrl(String),
     #[error("refused to store: {0}")]
     Invalid(String),
+    /// A registration names a device that another node still lists.
+    #[error(
+        "device {uuid} belongs to node {owner:?}, whose inventory still lists it; \
+         if it really moved, run `headroom-collector release-device {uuid}`"
+    )]
+    DeviceOwned { uuid: String, owner: String },
+    /// A registration would give its node more devices than it may have on record.
+    #[error(
+        "node {node:?} would have {count} devices on record (present, or absent for less \
+         than {forget_after_h} h), above the limit of {limit} ([limits] max_devices_per_node)"
+    )]
+    TooManyDevices {
+        node: String,
+        count: usize,
+        limit: usize,
+        forget_after_h: i64,
+    },
     /// Stored data that cannot be read back (a damaged packed chunk).
     #[error("stored data is damaged: {0}")]
     Damaged(String),

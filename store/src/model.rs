@@ -14,6 +14,43 @@ pub struct Registration {
     pub sample_interval_ms: u32,
     /// GPUs first, then MIG instances, each after its parent.
     pub devices: Vec<DeviceInfo>,
+    pub budget: DeviceBudget,
+}
+
+/// How many devices one node may have on record, so that no sender can
+/// grow the collector's inventory (and every session's device map) without
+/// bound by registering new UUIDs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceBudget {
+    pub max_per_node: usize,
+    /// A device absent this long no longer counts: no sample for it can
+    /// still be accepted (older samples are refused).
+    pub forget_absent_after_ms: i64,
+}
+
+impl Default for DeviceBudget {
+    fn default() -> Self {
+        Self {
+            max_per_node: 1024,
+            forget_absent_after_ms: 7 * 24 * 3600 * 1000,
+        }
+    }
+}
+
+impl DeviceBudget {
+    /// The refusal when `on_record` (the node's counted devices, with this
+    /// registration's) is over the budget.
+    pub fn check(&self, node: &str, on_record: usize) -> Result<(), crate::StoreError> {
+        if on_record > self.max_per_node {
+            return Err(crate::StoreError::TooManyDevices {
+                node: node.to_owned(),
+                count: on_record,
+                limit: self.max_per_node,
+                forget_after_h: self.forget_absent_after_ms / 3_600_000,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// A GPU or a MIG instance.
@@ -57,6 +94,8 @@ pub struct DeviceMeta {
     pub mig_profile: Option<String>,
     /// The GPU a MIG instance lives in.
     pub parent_id: Option<i64>,
+    /// As registered: no process can hold more.
+    pub memory_total: i64,
 }
 
 /// One validated batch with device UUIDs resolved to ids.

@@ -167,6 +167,14 @@ pub(crate) struct SessionDevice {
     pub(crate) gpu_index: i64,
     pub(crate) mig_profile: Option<String>,
     pub(crate) parent_id: Option<i64>,
+    pub(crate) memory_total: i64,
+}
+
+/// How many devices a node has on record once `registering` joins the
+/// `counted` it already has.
+pub(crate) fn counted_with(counted: &[String], registering: &[&str]) -> usize {
+    let known: std::collections::HashSet<&str> = counted.iter().map(String::as_str).collect();
+    known.len() + registering.iter().filter(|u| !known.contains(*u)).count()
 }
 
 pub(crate) fn session_from(
@@ -187,6 +195,7 @@ pub(crate) fn session_from(
                 gpu_index: u32::try_from(row.gpu_index).unwrap_or(0),
                 mig_profile: row.mig_profile,
                 parent_id: row.parent_id,
+                memory_total: row.memory_total,
             },
         );
     }

@@ -22,6 +22,12 @@ pub trait Store: AlertStore + TokenStore + Send + Sync + std::fmt::Debug + 'stat
         now_ms: i64,
     ) -> Result<NodeSession, StoreError>;
 
+    /// Marks a device absent from its node's inventory, so that another node
+    /// may register it: the operator's word that a GPU moved while its old
+    /// node still lists it. The node it belonged to, or `None` when no device
+    /// has that UUID.
+    async fn release_device(&self, uuid: &str, now_ms: i64) -> Result<Option<String>, StoreError>;
+
     /// The session of an agent boot that registered earlier, if any.
     async fn session(&self, node: &str, boot_id: &str) -> Result<Option<NodeSession>, StoreError>;
 

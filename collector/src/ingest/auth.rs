@@ -18,6 +18,7 @@ use crate::auth::cache::{Grant, TokenCache};
 use crate::auth::lockout::Lockout;
 pub use crate::auth::lockout::{FAILURE_WINDOW, MAX_FAILURES};
 use crate::auth::token_sha256;
+use crate::ingest::validate::Clipped;
 use crate::metrics::CollectorMetrics;
 use headroom_store::StoreError;
 use headroom_store::tokens::TokenRole;
@@ -135,7 +136,10 @@ impl AgentAuth {
     ) -> Result<(), Status> {
         match &caller.node {
             Some(allowed) if allowed != node => {
-                let reason = format!("this agent token is for node {allowed:?}, not {node:?}");
+                let reason = format!(
+                    "this agent token is for node {allowed:?}, not {}",
+                    Clipped(node)
+                );
                 self.metrics.auth_failure();
                 self.lockout.record_failure(peer, &reason);
                 Err(Status::permission_denied(reason))

@@ -3,9 +3,11 @@
 
 pub mod auth;
 pub mod coalesce;
+mod connection;
 mod service;
 pub mod validate;
 
 pub use auth::AgentAuth;
 pub use coalesce::{Coalescer, WriterConfig};
+pub use connection::IdleTimeout;
 pub use service::IngestService;

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use futures::Stream;
@@ -19,16 +20,31 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::auth::{AgentAuth, Caller};
 use super::coalesce::{Coalescer, WriteError, Written};
-use super::validate::{self, Limits};
+use super::validate::{self, Clipped, Limits};
 use crate::alerts::Alerting;
 use crate::metrics::{BatchOutcome, CollectorMetrics};
 use headroom_common::Clock;
-use headroom_store::Store;
 use headroom_store::model::{NodeSession, WriteOutcome};
+use headroom_store::{Store, StoreError};
 
 /// Sessions by node, then by boot: looked up by borrowed names, with no
-/// key built per batch.
-type Sessions = HashMap<String, HashMap<String, Arc<NodeSession>>>;
+/// key built per batch. At most `max_sessions_per_node` boots per node.
+type Sessions = HashMap<String, HashMap<String, CachedSession>>;
+
+#[derive(Debug)]
+struct CachedSession {
+    session: Arc<NodeSession>,
+    /// Highest seq known committed for the boot: a batch numbered far
+    /// beyond it is refused rather than allowed to mark the stream's next
+    /// batches as replays.
+    committed: Arc<AtomicU64>,
+    /// When the session was last used, on the collector's use counter: the
+    /// least recent goes first.
+    last_used: AtomicU64,
+}
+
+/// A batch's session and its boot's committed watermark.
+type SessionHandle = (Arc<NodeSession>, Arc<AtomicU64>);
 
 #[derive(Debug)]
 struct Inner {
@@ -39,6 +55,7 @@ struct Inner {
     clock: Clock,
     alerting: Option<Arc<Alerting>>,
     sessions: RwLock<Sessions>,
+    uses: AtomicU64,
     metrics: Arc<CollectorMetrics>,
 }
 
@@ -66,6 +83,7 @@ impl IngestService {
                 clock,
                 alerting,
                 sessions: RwLock::new(HashMap::new()),
+                uses: AtomicU64::new(0),
                 metrics,
             }),
         }
@@ -80,27 +98,49 @@ impl Inner {
         Ok((caller, peer))
     }
 
-    fn cached(&self, node: &str, boot_id: &str) -> Option<Arc<NodeSession>> {
+    fn cached(&self, node: &str, boot_id: &str) -> Option<SessionHandle> {
         let sessions = self.sessions.read().ok()?;
-        sessions.get(node)?.get(boot_id).cloned()
+        let cached = sessions.get(node)?.get(boot_id)?;
+        cached
+            .last_used
+            .store(self.uses.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        Some((cached.session.clone(), cached.committed.clone()))
     }
 
-    fn remember(&self, session: NodeSession) -> Arc<NodeSession> {
+    fn remember(&self, session: NodeSession) -> SessionHandle {
         let session = Arc::new(session);
+        let committed = Arc::new(AtomicU64::new(session.committed_seq));
         if let Ok(mut sessions) = self.sessions.write() {
             // A node's devices change only on registration; older boots of the
             // node keep their (now stale) device map until they stop sending.
-            sessions
-                .entry(session.node.clone())
-                .or_default()
-                .insert(session.boot_id.clone(), session.clone());
+            let boots = sessions.entry(session.node.clone()).or_default();
+            boots.insert(
+                session.boot_id.clone(),
+                CachedSession {
+                    session: session.clone(),
+                    committed: committed.clone(),
+                    last_used: AtomicU64::new(self.uses.fetch_add(1, Ordering::Relaxed)),
+                },
+            );
+            // An evicted boot that sends again is reloaded from the store:
+            // the cap bounds memory, not what a node may do.
+            while boots.len() > self.limits.max_sessions_per_node {
+                let Some(oldest) = boots
+                    .iter()
+                    .min_by_key(|(_, c)| c.last_used.load(Ordering::Relaxed))
+                    .map(|(boot, _)| boot.clone())
+                else {
+                    break;
+                };
+                boots.remove(&oldest);
+            }
         }
-        session
+        (session, committed)
     }
 
     /// The session a batch belongs to; after a collector restart it is
     /// reloaded from the store, so agents need not register again.
-    async fn session_for(&self, node: &str, boot_id: &str) -> Result<Arc<NodeSession>, Status> {
+    async fn session_for(&self, node: &str, boot_id: &str) -> Result<SessionHandle, Status> {
         if let Some(session) = self.cached(node, boot_id) {
             return Ok(session);
         }
@@ -132,9 +172,23 @@ impl Inner {
                 batch.seq
             )));
         }
-        let session = self.session_for(node, &batch.boot_id).await?;
+        let (session, committed) = self.session_for(node, &batch.boot_id).await?;
         let seq = batch.seq;
         let node = session.node.as_str();
+        let watermark = committed.load(Ordering::Relaxed);
+        if seq > watermark.saturating_add(self.limits.max_seq_gap) {
+            self.metrics.batch(BatchOutcome::Rejected);
+            tracing::warn!(
+                node,
+                seq,
+                committed_seq = watermark,
+                "rejected a batch numbered far ahead of its stream"
+            );
+            return Err(Status::invalid_argument(format!(
+                "batch seq {seq} from node {node} is more than {} ahead of the stream's committed seq {watermark} ([limits] max_seq_gap)",
+                self.limits.max_seq_gap
+            )));
+        }
         let rows = validate::batch(batch, &session, self.clock.now_ms(), &self.limits).map_err(
             |invalid| {
                 self.metrics.batch(BatchOutcome::Rejected);
@@ -158,6 +212,7 @@ impl Inner {
                 );
                 // Rules see a batch once, after it is safely stored; replays
                 // are not judged twice.
+                committed.fetch_max(seq, Ordering::Relaxed);
                 if let Some(alerting) = &self.alerting {
                     alerting.observe_batch(&session, &rows).await;
                 }
@@ -166,6 +221,7 @@ impl Inner {
             Ok(WriteOutcome::Duplicate { committed_seq }) => {
                 self.metrics.batch(BatchOutcome::Duplicate);
                 tracing::debug!(node, seq, committed_seq, "replayed batch already stored");
+                committed.fetch_max(committed_seq, Ordering::Relaxed);
                 Ok(pb::Ack {
                     committed_seq: committed_seq.max(seq),
                 })
@@ -184,6 +240,30 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// The status for a registration the store did not take: a refusal the
+    /// agent's operator must act on, or storage trouble to wait out.
+    fn registration_refused(&self, node: &str, error: StoreError) -> Status {
+        match error {
+            StoreError::DeviceOwned { .. } => {
+                self.metrics.registration_refused();
+                tracing::warn!(node, %error, "refused a registration: it claims another node's device");
+                Status::failed_precondition(format!("Register from node {node}: {error}"))
+            }
+            StoreError::TooManyDevices { .. } => {
+                self.metrics.registration_refused();
+                tracing::warn!(node, %error, "refused a registration: too many devices");
+                Status::resource_exhausted(format!("Register from node {node}: {error}"))
+            }
+            error => {
+                self.metrics.storage_error();
+                tracing::error!(%error, node, "storing a registration failed");
+                Status::unavailable(format!("storage unavailable: {error}"))
+            }
+        }
+    }
+}
+
 /// Counts a stream as open for as long as its task lives, however it ends.
 struct StreamOpen(Arc<CollectorMetrics>);
 
@@ -191,6 +271,20 @@ impl Drop for StreamOpen {
     fn drop(&mut self) {
         self.0.stream_closed();
     }
+}
+
+/// The refusal for a message tonic would not decode because of its size.
+fn oversized(status: &Status, limit: usize) -> Option<Status> {
+    let too_large = matches!(
+        status.code(),
+        tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+    ) && status.message().contains("too large");
+    too_large.then(|| {
+        Status::resource_exhausted(format!(
+            "{}; the collector takes messages of up to {limit} bytes ([limits] max_message_bytes)",
+            status.message()
+        ))
+    })
 }
 
 type AckStream = Pin<Box<dyn Stream<Item = Result<pb::Ack, Status>> + Send + 'static>>;
@@ -206,10 +300,10 @@ impl Ingest for IngestService {
         self.inner.auth.check_node(&caller, &request.node, peer)?;
         let registration =
             validate::registration(&request, &self.inner.limits).map_err(|invalid| {
-                tracing::warn!(node = %request.node, reason = %invalid, "rejected registration");
+                tracing::warn!(node = %Clipped(&request.node), reason = %invalid, "rejected registration");
                 Status::invalid_argument(format!(
-                    "Register from node {:?}: {invalid}",
-                    request.node
+                    "Register from node {}: {invalid}",
+                    Clipped(&request.node)
                 ))
             })?;
         let session = self
@@ -217,11 +311,7 @@ impl Ingest for IngestService {
             .store
             .register(&registration, self.inner.clock.now_ms())
             .await
-            .map_err(|error| {
-                self.inner.metrics.storage_error();
-                tracing::error!(%error, node = %registration.node, "storing a registration failed");
-                Status::unavailable(format!("storage unavailable: {error}"))
-            })?;
+            .map_err(|error| self.inner.registration_refused(&registration.node, error))?;
         tracing::info!(node = %session.node, boot_id = %session.boot_id, devices = session.device_ids.len(),
             committed_seq = session.committed_seq, "agent registered");
         let committed_seq = session.committed_seq;
@@ -260,7 +350,16 @@ impl Ingest for IngestService {
                         Err(refused) => Err(refused),
                     },
                     Err(status) => {
-                        tracing::debug!(%status, "agent stream ended with an error");
+                        // A message over the size limit cannot be skipped (the
+                        // stream's framing is lost), so the stream ends with a
+                        // status the agent acts on instead of a silent close.
+                        if let Some(refused) = oversized(&status, inner.limits.max_message_bytes) {
+                            inner.metrics.batch(BatchOutcome::Rejected);
+                            tracing::warn!(peer = ?peer, reason = %refused.message(), "refused an oversized batch");
+                            let _ = acks.send(Err(refused)).await;
+                        } else {
+                            tracing::debug!(%status, "agent stream ended with an error");
+                        }
                         return;
                     }
                 };

@@ -8,8 +8,8 @@ use std::fmt;
 use headroom_proto::v1 as pb;
 
 use headroom_store::model::{
-    AllocatorRow, DeviceInfo, EventRow, GpuSampleRow, MigPlacement, NodeSession, ProcessSampleRow,
-    Registration, StoreBatch,
+    AllocatorRow, DeviceBudget, DeviceInfo, EventRow, GpuSampleRow, MigPlacement, NodeSession,
+    ProcessSampleRow, Registration, StoreBatch,
 };
 
 /// Bounds on what one agent may send (`[limits]` in the collector's
@@ -28,6 +28,26 @@ pub struct Limits {
     /// holds (about four days at the defaults), or a long outage's replay
     /// is refused.
     pub max_age_ms: i64,
+    /// Largest gRPC message (one batch or registration) the collector
+    /// decodes; a bigger one ends the stream with `RESOURCE_EXHAUSTED`.
+    /// Agents cut their batches at 2 MiB, so at least 4 MiB.
+    pub max_message_bytes: usize,
+    /// How far a batch's seq may run ahead of its stream's committed
+    /// watermark. An agent skips numbers only for batches its full spool
+    /// dropped; a jump beyond this is refused, so one forged number cannot
+    /// make the stream's later batches look like replays.
+    pub max_seq_gap: u64,
+    /// Devices a node may have on record, present or absent for less than
+    /// `max_age_ms`; a registration that would add more is refused.
+    pub max_devices_per_node: usize,
+    /// Agent sessions (boots) of one node the collector keeps in memory; the
+    /// least recently used is reloaded from the store when it sends again.
+    pub max_sessions_per_node: usize,
+    /// Concurrent gRPC streams on one connection (an agent uses one).
+    pub max_streams_per_connection: u32,
+    /// A gRPC connection that sends nothing for this long is closed. Agents
+    /// ping every 15 s, even while waiting for an answer.
+    pub grpc_idle_timeout_s: u64,
 }
 
 impl Limits {
@@ -46,6 +66,33 @@ impl Limits {
         }
         if self.max_future_skew_ms < 1000 {
             return Some("[limits] max_future_skew_ms must be at least 1000".into());
+        }
+        if self.max_message_bytes < 4 << 20 {
+            return Some(format!(
+                "[limits] max_message_bytes = {} is below 4 MiB ({}): agents send batches of up to 2 MiB",
+                self.max_message_bytes,
+                4 << 20
+            ));
+        }
+        if self.max_seq_gap < 1000 {
+            return Some("[limits] max_seq_gap must be at least 1000".into());
+        }
+        if self.max_devices_per_node < self.max_devices {
+            return Some(format!(
+                "[limits] max_devices_per_node = {} is below max_devices = {}: a node could not register its own inventory",
+                self.max_devices_per_node, self.max_devices
+            ));
+        }
+        if self.max_sessions_per_node == 0 || self.max_streams_per_connection == 0 {
+            return Some(
+                "[limits] max_sessions_per_node and max_streams_per_connection must be at least 1"
+                    .into(),
+            );
+        }
+        if self.grpc_idle_timeout_s < 30 {
+            return Some(
+                "[limits] grpc_idle_timeout_s must be at least 30: agents ping every 15 s".into(),
+            );
         }
         if self.max_age_ms < 3_600_000 {
             return Some(
@@ -66,6 +113,12 @@ impl Default for Limits {
             max_name_len: 4096,
             max_future_skew_ms: 5 * 60 * 1000,
             max_age_ms: 7 * 24 * 3600 * 1000,
+            max_message_bytes: 16 << 20,
+            max_seq_gap: 10_000_000,
+            max_devices_per_node: 1024,
+            max_sessions_per_node: 8,
+            max_streams_per_connection: 16,
+            grpc_idle_timeout_s: 120,
         }
     }
 }
@@ -76,6 +129,25 @@ pub struct Invalid(pub String);
 
 fn invalid<T>(message: String) -> Result<T, Invalid> {
     Err(Invalid(message))
+}
+
+/// Text from outside as it may appear in a log line or an error sent back:
+/// quoted, and cut after [`Clipped::KEEP`] characters with the full length
+/// stated, so a megabyte of node name costs a line, not a megabyte.
+#[derive(Debug)]
+pub struct Clipped<'a>(pub &'a str);
+
+impl Clipped<'_> {
+    pub const KEEP: usize = 64;
+}
+
+impl fmt::Display for Clipped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.char_indices().nth(Self::KEEP) {
+            None => write!(f, "{:?}", self.0),
+            Some((cut, _)) => write!(f, "{:?}… ({} bytes)", &self.0[..cut], self.0.len()),
+        }
+    }
 }
 
 fn check_text(
@@ -94,7 +166,10 @@ fn check_text(
         ));
     }
     if value.chars().any(char::is_control) {
-        return invalid(format!("{field} {value:?} contains control characters"));
+        return invalid(format!(
+            "{field} {} contains control characters",
+            Clipped(value)
+        ));
     }
     Ok(())
 }
@@ -215,6 +290,10 @@ pub fn registration(req: &pb::RegisterRequest, limits: &Limits) -> Result<Regist
         driver_version: req.driver_version.clone(),
         sample_interval_ms: req.sample_interval_ms,
         devices,
+        budget: DeviceBudget {
+            max_per_node: limits.max_devices_per_node,
+            forget_absent_after_ms: limits.max_age_ms,
+        },
     })
 }
 
@@ -272,7 +351,8 @@ impl fmt::Display for ProcessOn<'_> {
 fn device_id(session: &NodeSession, uuid: &str) -> Result<i64, Invalid> {
     session.device_ids.get(uuid).copied().ok_or_else(|| {
         Invalid(format!(
-            "device {uuid:?} is not in node {}'s registered inventory",
+            "device {} is not in node {}'s registered inventory",
+            Clipped(uuid),
             session.node
         ))
     })
@@ -288,6 +368,12 @@ pub fn batch(
 ) -> Result<StoreBatch, Invalid> {
     if b.seq == 0 {
         return invalid("seq is 0; sequence numbers start at 1".into());
+    }
+    if i64::try_from(b.seq).is_err() {
+        return invalid(format!(
+            "seq {} is above 2^63 - 1, the most a stream can number",
+            b.seq
+        ));
     }
     let count = b.gpu_samples.len() + b.process_samples.len() + b.events.len();
     if count > limits.max_samples_per_batch {
@@ -399,6 +485,15 @@ pub fn batch(
         )?;
         let last = bytes(at("memory_used_last_bytes"), p.memory_used_last_bytes)?;
         let max = bytes(at("memory_used_max_bytes"), p.memory_used_max_bytes)?;
+        if let Some(device) = session.devices.get(&id)
+            && max > device.memory_total
+        {
+            return invalid(format!(
+                "{} = {max} exceeds the device's memory_total_bytes = {}",
+                at("memory_used_max_bytes"),
+                device.memory_total
+            ));
+        }
         if last > max {
             return invalid(format!(
                 "{}: last {last} is above max {max}",

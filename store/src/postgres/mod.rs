@@ -31,7 +31,7 @@ use crate::rollup::{
 };
 use crate::rows::{
     DeviceRow, PROCESS_COLUMNS, ProcessBucket, ProcessKey, ProcessMeta, ProcessRow, SessionDevice,
-    bucket_width_ms, process_series_from, session_from,
+    bucket_width_ms, counted_with, process_series_from, session_from,
 };
 use crate::{
     AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, NodeView,
@@ -151,7 +151,7 @@ async fn load_session(
     committed_seq: i64,
 ) -> Result<NodeSession, StoreError> {
     let rows = sqlx::query_as::<_, SessionDevice>(
-        "SELECT id::int8 AS id, uuid, gpu_index::int8 AS gpu_index, mig_profile, parent_id::int8 AS parent_id
+        "SELECT id::int8 AS id, uuid, gpu_index::int8 AS gpu_index, mig_profile, parent_id::int8 AS parent_id, memory_total
              FROM devices WHERE node_id = $1",
     )
     .bind(node_id)
@@ -166,6 +166,28 @@ crate::tokens::impl_token_store!(PostgresStore);
 impl Store for PostgresStore {
     async fn register(&self, reg: &Registration, now_ms: i64) -> Result<NodeSession, StoreError> {
         let mut tx = self.pool.begin().await?;
+        let uuids: Vec<&str> = reg.devices.iter().map(|d| d.uuid.as_str()).collect();
+        let owned: Option<(String, String)> = sqlx::query_as(
+            "SELECT d.uuid, n.name FROM devices d JOIN nodes n ON n.id = d.node_id
+             WHERE d.uuid = ANY($1) AND d.present AND n.name <> $2 LIMIT 1",
+        )
+        .bind(&uuids)
+        .bind(&reg.node)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some((uuid, owner)) = owned {
+            return Err(StoreError::DeviceOwned { uuid, owner });
+        }
+        let counted: Vec<String> = sqlx::query_scalar(
+            "SELECT d.uuid FROM devices d JOIN nodes n ON n.id = d.node_id
+             WHERE n.name = $1 AND (d.present OR d.absent_since_ms >= $2)",
+        )
+        .bind(&reg.node)
+        .bind(now_ms.saturating_sub(reg.budget.forget_absent_after_ms))
+        .fetch_all(&mut *tx)
+        .await?;
+        let on_record = counted_with(&counted, &uuids);
+        reg.budget.check(&reg.node, on_record)?;
         let node_id: i64 = sqlx::query_scalar(
             "INSERT INTO nodes (name, boot_id, agent_version, driver_version, sample_interval_ms, registered_at_ms, last_seen_ms)
              VALUES ($1, $2, $3, $4, $5, $6, $6)
@@ -196,8 +218,11 @@ impl Store for PostgresStore {
         .bind(&reg.boot_id)
         .fetch_one(&mut *tx)
         .await?;
-        sqlx::query("UPDATE devices SET present = FALSE WHERE node_id = $1")
-            .bind(node_id)
+        sqlx::query(
+            "UPDATE devices SET present = FALSE, absent_since_ms = $2 WHERE node_id = $1 AND present",
+        )
+        .bind(node_id)
+        .bind(now_ms)
             .execute(&mut *tx)
             .await?;
         let mut ids: HashMap<&str, i32> = HashMap::new();
@@ -213,7 +238,7 @@ impl Store for PostgresStore {
                      pcie_generation = EXCLUDED.pcie_generation, pcie_width = EXCLUDED.pcie_width,
                      mig_gpu_instance_id = EXCLUDED.mig_gpu_instance_id,
                      mig_compute_instance_id = EXCLUDED.mig_compute_instance_id,
-                     mig_profile = EXCLUDED.mig_profile, present = TRUE
+                     mig_profile = EXCLUDED.mig_profile, present = TRUE, absent_since_ms = NULL
                  RETURNING id",
             )
             .bind(&d.uuid)
@@ -234,6 +259,18 @@ impl Store for PostgresStore {
         let session = load_session(&mut tx, node_id, &reg.node, &reg.boot_id, committed).await?;
         tx.commit().await?;
         Ok(session)
+    }
+
+    async fn release_device(&self, uuid: &str, now_ms: i64) -> Result<Option<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "UPDATE devices d SET present = FALSE,
+                 absent_since_ms = CASE WHEN d.present THEN $2 ELSE d.absent_since_ms END
+             FROM nodes n WHERE n.id = d.node_id AND d.uuid = $1 RETURNING n.name",
+        )
+        .bind(uuid)
+        .bind(now_ms)
+        .fetch_optional(&self.pool)
+        .await?)
     }
 
     async fn session(&self, node: &str, boot_id: &str) -> Result<Option<NodeSession>, StoreError> {

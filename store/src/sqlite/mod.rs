@@ -22,7 +22,7 @@ use crate::rollup::{
 };
 use crate::rows::{
     DeviceRow, PROCESS_COLUMNS, ProcessBucket, ProcessKey, ProcessMeta, ProcessRow, SessionDevice,
-    bucket_width_ms, process_series_from, session_from,
+    bucket_width_ms, counted_with, process_series_from, session_from,
 };
 use crate::{
     AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, NodeView,
@@ -111,7 +111,7 @@ async fn load_session(
     committed_seq: i64,
 ) -> Result<NodeSession, StoreError> {
     let rows = sqlx::query_as::<_, SessionDevice>(
-        "SELECT id, uuid, gpu_index, mig_profile, parent_id FROM devices WHERE node_id = ?",
+        "SELECT id, uuid, gpu_index, mig_profile, parent_id, memory_total FROM devices WHERE node_id = ?",
     )
     .bind(node_id)
     .fetch_all(&mut **tx)
@@ -141,6 +141,38 @@ impl Store for SqliteStore {
         .bind(now_ms)
         .fetch_one(&mut *tx)
         .await?;
+        let uuids: Vec<&str> = reg.devices.iter().map(|d| d.uuid.as_str()).collect();
+        // Checked after the first write, which takes SQLite's write lock: a
+        // read first would make the transaction fail, not wait, when another
+        // writer holds it. A refusal rolls the node's row back with the rest.
+        // Registrations are rare and SQLite is in-process: a lookup per
+        // device costs less than building an IN list.
+        for uuid in &uuids {
+            let owner: Option<String> = sqlx::query_scalar(
+                "SELECT n.name FROM devices d JOIN nodes n ON n.id = d.node_id
+                 WHERE d.uuid = ?1 AND d.present = 1 AND n.name <> ?2",
+            )
+            .bind(uuid)
+            .bind(&reg.node)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(owner) = owner {
+                return Err(StoreError::DeviceOwned {
+                    uuid: (*uuid).to_owned(),
+                    owner,
+                });
+            }
+        }
+        let counted: Vec<String> = sqlx::query_scalar(
+            "SELECT d.uuid FROM devices d JOIN nodes n ON n.id = d.node_id
+             WHERE n.name = ?1 AND (d.present = 1 OR d.absent_since_ms >= ?2)",
+        )
+        .bind(&reg.node)
+        .bind(now_ms.saturating_sub(reg.budget.forget_absent_after_ms))
+        .fetch_all(&mut *tx)
+        .await?;
+        let on_record = counted_with(&counted, &uuids);
+        reg.budget.check(&reg.node, on_record)?;
         sqlx::query(
             "INSERT INTO agent_boots (node_id, boot_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
         )
@@ -155,8 +187,11 @@ impl Store for SqliteStore {
         .bind(&reg.boot_id)
         .fetch_one(&mut *tx)
         .await?;
-        sqlx::query("UPDATE devices SET present = 0 WHERE node_id = ?1")
-            .bind(node_id)
+        sqlx::query(
+            "UPDATE devices SET present = 0, absent_since_ms = ?2 WHERE node_id = ?1 AND present = 1",
+        )
+        .bind(node_id)
+        .bind(now_ms)
             .execute(&mut *tx)
             .await?;
         let mut ids: HashMap<&str, i64> = HashMap::new();
@@ -172,7 +207,7 @@ impl Store for SqliteStore {
                      pcie_generation = excluded.pcie_generation, pcie_width = excluded.pcie_width,
                      mig_gpu_instance_id = excluded.mig_gpu_instance_id,
                      mig_compute_instance_id = excluded.mig_compute_instance_id,
-                     mig_profile = excluded.mig_profile, present = 1
+                     mig_profile = excluded.mig_profile, present = 1, absent_since_ms = NULL
                  RETURNING id",
             )
             .bind(&d.uuid)
@@ -193,6 +228,28 @@ impl Store for SqliteStore {
         let session = load_session(&mut tx, node_id, &reg.node, &reg.boot_id, committed).await?;
         tx.commit().await?;
         Ok(session)
+    }
+
+    async fn release_device(&self, uuid: &str, now_ms: i64) -> Result<Option<String>, StoreError> {
+        // The write first, so the transaction waits for SQLite's write lock
+        // rather than failing on an upgrade from a read.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "UPDATE devices SET absent_since_ms = CASE WHEN present = 1 THEN ?2 ELSE absent_since_ms END,
+                 present = 0 WHERE uuid = ?1",
+        )
+        .bind(uuid)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?;
+        let owner: Option<String> = sqlx::query_scalar(
+            "SELECT n.name FROM devices d JOIN nodes n ON n.id = d.node_id WHERE d.uuid = ?1",
+        )
+        .bind(uuid)
+        .fetch_optional(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(owner)
     }
 
     async fn session(&self, node: &str, boot_id: &str) -> Result<Option<NodeSession>, StoreError> {

@@ -8,10 +8,10 @@ use headroom_proto::v1 as pb;
 use headroom_store::alerts::{
     ActiveAlertCounts, AlertFilter, AlertUpdate, NewNotification, NewSilence, UpdateKind,
 };
-use headroom_store::model::{NodeSession, StoreBatch, WriteOutcome};
+use headroom_store::model::{DeviceBudget, NodeSession, StoreBatch, WriteOutcome};
 use headroom_store::rollup::{self, DAY_MS, HOUR_MS, MINUTE_MS};
 use headroom_store::tokens::{NewToken, TokenRole};
-use headroom_store::{AllocatorSeriesQuery, Store};
+use headroom_store::{AllocatorSeriesQuery, Store, StoreError};
 use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, GPU1, GPU2, MIG_A, MIG_B, NODE, now_ms};
 use headroom_tests::postgres;
 
@@ -1012,6 +1012,77 @@ async fn tokens_are_enrolled_listed_and_revoked(store: Arc<dyn Store>) {
     assert_eq!(listed[2].name.as_deref(), Some("alice"));
 }
 
+/// A device another node still lists is not taken; once that node drops it,
+/// or the operator releases it, it moves.
+async fn a_device_moves_only_when_its_node_lets_go(store: Arc<dyn Store>) {
+    register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let mut claim = fixtures::register_other_node();
+    claim.gpus[0].uuid = GPU0.into();
+    let reg = validate::registration(&claim, &Limits::default()).unwrap();
+    match store.register(&reg, now_ms()).await {
+        Err(StoreError::DeviceOwned { uuid, owner }) => {
+            assert_eq!((uuid.as_str(), owner.as_str()), (GPU0, NODE));
+        }
+        other => panic!("expected DeviceOwned, got {other:?}"),
+    }
+    // Refused as a whole: the claimant did not even become a node.
+    assert_eq!(store.nodes().await.unwrap().len(), 1);
+    assert_eq!(
+        store
+            .release_device("GPU-nonexistent", now_ms())
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        store
+            .release_device(GPU0, now_ms())
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(NODE)
+    );
+    let moved = store.register(&reg, now_ms()).await.unwrap();
+    assert!(moved.device_ids.contains_key(GPU0));
+    let devices = store.latest_devices().await.unwrap();
+    let gpu0 = devices.iter().find(|d| d.uuid == GPU0).unwrap();
+    assert_eq!(gpu0.node, fixtures::OTHER_NODE);
+}
+
+/// A node's devices on record (present, or absent for less than the
+/// horizon) stay within the budget; devices absent for longer stop counting.
+async fn a_node_cannot_grow_its_devices_past_the_budget(store: Arc<dyn Store>) {
+    let budget = DeviceBudget {
+        max_per_node: 8,
+        forget_absent_after_ms: HOUR_MS,
+    };
+    let inventory = |round: usize| {
+        let mut req = fixtures::register(NODE, &format!("boot-{round}"));
+        req.gpus.truncate(2);
+        for (i, gpu) in req.gpus.iter_mut().enumerate() {
+            gpu.uuid = format!("GPU-round-{round}-{i}");
+        }
+        let mut reg = validate::registration(&req, &Limits::default()).unwrap();
+        reg.budget = budget;
+        reg
+    };
+    let start = now_ms();
+    for round in 0..4 {
+        store.register(&inventory(round), start).await.unwrap();
+    }
+    match store.register(&inventory(4), start).await {
+        Err(StoreError::TooManyDevices { count, limit, .. }) => assert_eq!((count, limit), (10, 8)),
+        other => panic!("expected TooManyDevices, got {other:?}"),
+    }
+    // The same inventory again is no growth.
+    store.register(&inventory(3), start).await.unwrap();
+    // An hour later the devices absent since the start no longer count.
+    store
+        .register(&inventory(4), start + HOUR_MS + 1)
+        .await
+        .unwrap();
+}
+
 async fn sqlite_store() -> (Arc<dyn Store>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("conformance.db").display());
@@ -1063,4 +1134,6 @@ conformance!(
     a_group_of_batches_gets_one_outcome_each,
     steady_processes_are_stored_every_second_and_changes_show_at_once,
     tokens_are_enrolled_listed_and_revoked,
+    a_device_moves_only_when_its_node_lets_go,
+    a_node_cannot_grow_its_devices_past_the_budget,
 );

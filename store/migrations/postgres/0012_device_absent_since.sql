@@ -1,0 +1,5 @@
+-- When a device left its node's inventory: a node's devices count against
+-- its budget while present or recently absent, and absent ones already on
+-- record are counted from the upgrade.
+ALTER TABLE devices ADD COLUMN absent_since_ms BIGINT;
+UPDATE devices SET absent_since_ms = (extract(epoch FROM now()) * 1000)::bigint WHERE NOT present;
