@@ -8,6 +8,7 @@ use headroom_common::tls::{TlsError, read_pem};
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
+use crate::http::HttpServerConfig;
 use crate::http::auth::{HttpAuthConfig, HttpAuthMode};
 use crate::ingest::WriterConfig;
 use crate::ingest::validate::Limits;
@@ -33,6 +34,9 @@ pub struct CollectorConfig {
     pub tls: TlsConfig,
     /// Who may read the dashboard and API, and who may act.
     pub http_auth: HttpAuthConfig,
+    /// What the HTTP server accepts: `Host` names, connections, live-stream
+    /// clients, and how long a connection may be slow or idle.
+    pub http: HttpServerConfig,
     /// Bounds on what one agent may send; more is refused with
     /// `INVALID_ARGUMENT` and counted.
     pub limits: Limits,
@@ -100,6 +104,7 @@ impl Default for CollectorConfig {
             agents: AgentsConfig::default(),
             tls: TlsConfig::default(),
             http_auth: HttpAuthConfig::default(),
+            http: HttpServerConfig::default(),
             limits: Limits::default(),
         }
     }
@@ -169,6 +174,7 @@ impl CollectorConfig {
             .or_else(|| config.ingest.problem())
             .or_else(|| config.tls.problem())
             .or_else(|| config.http_auth.problem())
+            .or_else(|| config.http.problem())
             .or_else(|| config.limits.problem())
         {
             return Err(match file {
@@ -263,6 +269,56 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("raw 30 d") && err.contains("c.toml"), "{err}");
+    }
+
+    #[test]
+    fn http_limits_load_from_the_file_and_nonsense_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        let defaults = CollectorConfig::load(None, Overrides::default()).unwrap();
+        assert_eq!(defaults.http, HttpServerConfig::default());
+        assert_eq!(defaults.http.max_connections, 1024);
+        assert_eq!(defaults.http.max_stream_clients, 256);
+        std::fs::write(
+            &path,
+            "[http]\nallowed_hosts = [\"gpu-monitor.example.com\", \"*.corp.example\"]\n\
+             max_connections = 64\nheader_read_timeout_s = 5\nidle_timeout_s = 30\n\
+             max_stream_clients = 8\n",
+        )
+        .unwrap();
+        let config = CollectorConfig::load(Some(&path), Overrides::default()).unwrap();
+        assert_eq!(
+            config.http,
+            HttpServerConfig {
+                allowed_hosts: vec!["gpu-monitor.example.com".into(), "*.corp.example".into()],
+                max_connections: 64,
+                header_read_timeout_s: 5,
+                idle_timeout_s: 30,
+                max_stream_clients: 8,
+            }
+        );
+        for (text, names) in [
+            ("[http]\nmax_connections = 0\n", "max_connections"),
+            (
+                "[http]\nheader_read_timeout_s = 0\n",
+                "header_read_timeout_s",
+            ),
+            (
+                "[http]\nmax_connections = 100\nmax_stream_clients = 100\n",
+                "max_stream_clients",
+            ),
+            (
+                "[http]\nallowed_hosts = [\"https://gpu.example.com:8080\"]\n",
+                "https://gpu.example.com:8080",
+            ),
+            ("[http]\nallowed_host = []\n", "allowed_host"),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let err = CollectorConfig::load(Some(&path), Overrides::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(names) && err.contains("c.toml"), "{err}");
+        }
     }
 
     #[test]

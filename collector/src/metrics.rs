@@ -17,6 +17,17 @@ const WRITE_BUCKETS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
 
+/// Why the HTTP server turned a client away before any handler ran.
+#[derive(Debug, Clone, Copy)]
+pub enum HttpRefusal {
+    /// `[http] max_connections` were open.
+    Connections,
+    /// `[http] max_stream_clients` were following the live stream.
+    StreamClients,
+    /// The request named a host not in `[http] allowed_hosts`.
+    Host,
+}
+
 /// How a batch ended.
 #[derive(Debug, Clone, Copy)]
 pub enum BatchOutcome {
@@ -32,6 +43,7 @@ pub enum BatchOutcome {
 #[derive(Debug, Default)]
 pub struct CollectorMetrics {
     registrations: AtomicU64,
+    registrations_refused: AtomicU64,
     committed: AtomicU64,
     duplicate: AtomicU64,
     rejected: AtomicU64,
@@ -43,6 +55,12 @@ pub struct CollectorMetrics {
     auth_failures: AtomicU64,
     http_auth_failures: AtomicU64,
     open_streams: AtomicI64,
+    http_connections: AtomicI64,
+    http_stream_clients: AtomicI64,
+    http_stream_reads: AtomicU64,
+    http_refused_connections: AtomicU64,
+    http_refused_stream_clients: AtomicU64,
+    http_refused_host: AtomicU64,
     write_buckets: [AtomicU64; WRITE_BUCKETS.len()],
     write_count: AtomicU64,
     write_micros: AtomicU64,
@@ -71,6 +89,12 @@ pub struct StoreFigures {
 impl CollectorMetrics {
     pub fn registered(&self) {
         self.registrations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A registration refused for claiming another node's device or for
+    /// growing its node's devices past the budget.
+    pub fn registration_refused(&self) {
+        self.registrations_refused.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn batch(&self, outcome: BatchOutcome) {
@@ -168,6 +192,33 @@ impl CollectorMetrics {
         self.open_streams.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// An HTTP connection accepted (`true`) or closed (`false`).
+    pub fn http_connection(&self, open: bool) {
+        self.http_connections
+            .fetch_add(if open { 1 } else { -1 }, Ordering::Relaxed);
+    }
+
+    /// A live-stream client joined (`true`) or left (`false`).
+    pub fn http_stream_client(&self, open: bool) {
+        self.http_stream_clients
+            .fetch_add(if open { 1 } else { -1 }, Ordering::Relaxed);
+    }
+
+    /// The live stream read the fleet from the store (once a period,
+    /// however many clients follow it).
+    pub fn http_stream_read(&self) {
+        self.http_stream_reads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn http_refused(&self, why: HttpRefusal) {
+        let counter = match why {
+            HttpRefusal::Connections => &self.http_refused_connections,
+            HttpRefusal::StreamClients => &self.http_refused_stream_clients,
+            HttpRefusal::Host => &self.http_refused_host,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The Prometheus text exposition format, version 0.0.4.
     pub fn render(&self, store: StoreFigures) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -178,6 +229,13 @@ impl CollectorMetrics {
             "counter",
             "Agent registrations accepted.",
             &[("", get(&self.registrations).to_string())],
+        );
+        family(
+            &mut out,
+            "headroom_collector_registrations_refused_total",
+            "counter",
+            "Agent registrations refused: a device another node lists, or more devices than the node's budget.",
+            &[("", get(&self.registrations_refused).to_string())],
         );
         family(
             &mut out,
@@ -230,6 +288,7 @@ impl CollectorMetrics {
             "Agent streams open now.",
             &[("", self.open_streams.load(Ordering::Relaxed).to_string())],
         );
+        self.render_http(&mut out);
         let _ = writeln!(
             out,
             "# HELP headroom_collector_batch_write_seconds Time from handing one batch to the writers to its commit, queueing included."
@@ -311,6 +370,54 @@ impl CollectorMetrics {
 }
 
 impl CollectorMetrics {
+    fn render_http(&self, out: &mut String) {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed).to_string();
+        family(
+            out,
+            "headroom_collector_http_connections",
+            "gauge",
+            "HTTP connections open now (at most [http] max_connections).",
+            &[(
+                "",
+                self.http_connections.load(Ordering::Relaxed).to_string(),
+            )],
+        );
+        family(
+            out,
+            "headroom_collector_http_stream_clients",
+            "gauge",
+            "Clients following the live stream /api/v1/stream now (at most [http] max_stream_clients).",
+            &[(
+                "",
+                self.http_stream_clients.load(Ordering::Relaxed).to_string(),
+            )],
+        );
+        family(
+            out,
+            "headroom_collector_http_stream_fleet_reads_total",
+            "counter",
+            "Fleet reads from the store for the live stream: one a second at most, shared by all its clients.",
+            &[("", get(&self.http_stream_reads))],
+        );
+        family(
+            out,
+            "headroom_collector_http_refused_total",
+            "counter",
+            "HTTP clients turned away before any handler ran: too many connections, too many live-stream clients, or a Host not in [http] allowed_hosts.",
+            &[
+                (
+                    "reason=\"connections\"",
+                    get(&self.http_refused_connections),
+                ),
+                (
+                    "reason=\"stream_clients\"",
+                    get(&self.http_refused_stream_clients),
+                ),
+                ("reason=\"host\"", get(&self.http_refused_host)),
+            ],
+        );
+    }
+
     fn render_maintenance(&self, out: &mut String) {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed).to_string();
         let passes = self.maintenance_passes.load(Ordering::Relaxed);

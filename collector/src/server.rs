@@ -7,6 +7,7 @@ use std::sync::Arc;
 use headroom_proto::v1::ingest_server::IngestServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::ServerTlsConfig;
 
@@ -16,17 +17,13 @@ use crate::config::CollectorConfig;
 use crate::http::auth::{HttpAuth, HttpAuthConfig};
 use crate::http::{self, AppState};
 use crate::ingest::validate::Limits;
-use crate::ingest::{AgentAuth, Coalescer, IngestService, WriterConfig};
+use crate::ingest::{AgentAuth, Coalescer, IdleTimeout, IngestService, WriterConfig};
 use crate::metrics::CollectorMetrics;
 use headroom_common::Clock;
 use headroom_common::tls::TlsError;
 use headroom_rules::config::RulesConfig;
 use headroom_store::Store;
 use headroom_store::rollup::StorageConfig;
-
-/// Largest gRPC message accepted: a batch of a 16-GPU node with hundreds of
-/// processes is well under 1 MiB.
-pub const MAX_GRPC_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -50,6 +47,7 @@ pub struct Collector {
     storage: StorageConfig,
     require_agent_tokens: bool,
     http_auth: HttpAuthConfig,
+    http: http::HttpServerConfig,
     tls: Option<ServerTlsConfig>,
 }
 
@@ -65,6 +63,7 @@ pub struct CollectorBuilder {
     storage: StorageConfig,
     require_agent_tokens: bool,
     http_auth: HttpAuthConfig,
+    http: http::HttpServerConfig,
     tls: Option<ServerTlsConfig>,
 }
 
@@ -81,6 +80,7 @@ impl Collector {
             storage: StorageConfig::default(),
             require_agent_tokens: false,
             http_auth: HttpAuthConfig::default(),
+            http: http::HttpServerConfig::default(),
             tls: None,
         }
     }
@@ -126,6 +126,9 @@ impl Collector {
             metrics.clone(),
         ));
         let http_auth = Arc::new(HttpAuth::new(self.http_auth, tokens, metrics.clone()));
+        let max_message_bytes = self.limits.max_message_bytes;
+        let streams_per_connection = self.limits.max_streams_per_connection;
+        let idle = std::time::Duration::from_secs(self.limits.grpc_idle_timeout_s);
         let ingest = IngestService::new(
             self.store.clone(),
             agent_auth,
@@ -139,24 +142,23 @@ impl Collector {
         if let Some(tls) = self.tls {
             grpc_server = grpc_server.tls_config(tls)?;
         }
+        let connections = TcpListenerStream::new(grpc)
+            .map(move |accepted| accepted.map(|tcp| IdleTimeout::new(tcp, idle)));
         let grpc_server = grpc_server
-            .add_service(
-                IngestServer::new(ingest).max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES),
-            )
-            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), wait(stopped.clone()));
-        let router = http::router(AppState {
-            store: self.store,
-            clock: self.clock,
-            metrics,
-            auth: http_auth,
-            shutdown: stopped.clone(),
-        });
-        // The peer address feeds the sign-in lockout and the proxy check.
-        let http_server = axum::serve(
-            http,
-            router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-        )
-        .with_graceful_shutdown(wait(stopped));
+            .max_concurrent_streams(streams_per_connection)
+            .add_service(IngestServer::new(ingest).max_decoding_message_size(max_message_bytes))
+            .serve_with_incoming_shutdown(connections, wait(stopped.clone()));
+        let router = http::router(AppState::new(
+            self.store,
+            self.clock,
+            metrics.clone(),
+            http_auth,
+            stopped.clone(),
+            &self.http,
+        ));
+        // With the `[http]` limits; the peer address feeds the sign-in
+        // lockout and the proxy check.
+        let http_server = http::serve_http(http, router, &self.http, metrics, wait(stopped));
         tokio::spawn(async move {
             shutdown.await;
             let _ = stop.send(true);
@@ -180,6 +182,7 @@ impl CollectorBuilder {
             storage: config.storage.clone(),
             require_agent_tokens: config.agents.require_token,
             http_auth: config.http_auth.clone(),
+            http: config.http.clone(),
             limits: config.limits.clone(),
             tls: config.tls.server_config()?,
             ..self
@@ -221,6 +224,12 @@ impl CollectorBuilder {
         Self { http_auth, ..self }
     }
 
+    /// What the HTTP server accepts (`[http]`): host names, connections,
+    /// live-stream clients, timeouts.
+    pub fn http_server(self, http: http::HttpServerConfig) -> Self {
+        Self { http, ..self }
+    }
+
     /// Serve gRPC over TLS (mutual when it names a client CA).
     pub fn tls(self, tls: ServerTlsConfig) -> Self {
         Self {
@@ -246,6 +255,7 @@ impl CollectorBuilder {
             storage: self.storage,
             require_agent_tokens: self.require_agent_tokens,
             http_auth: self.http_auth,
+            http: self.http,
             tls: self.tls,
         })
     }

@@ -1,6 +1,6 @@
 //! Alerts, acknowledgements and silences over the JSON API.
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
@@ -10,9 +10,8 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::api::ApiError;
 use super::auth::Identity;
+use super::text::{Lines, MAX_TEXT_BYTES, check_text};
 use headroom_store::alerts::{AlertFilter, AlertView, NewSilence, SilenceView};
-
-const MAX_TEXT: usize = 1024;
 
 #[derive(Debug, Deserialize)]
 pub struct AlertsQuery {
@@ -24,7 +23,7 @@ pub async fn list(
     State(state): State<AppState>,
     query: Result<Query<AlertsQuery>, QueryRejection>,
 ) -> Result<Json<Vec<AlertView>>, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let Query(q) = query?;
     let limit = q.limit.unwrap_or(500);
     if !(1..=10_000).contains(&limit) {
         return Err(ApiError::BadRequest(format!(
@@ -53,24 +52,21 @@ fn actor(identity: Option<&Identity>, claimed: String) -> String {
     identity.and_then(|i| i.user.clone()).unwrap_or(claimed)
 }
 
-fn check_text(field: &str, value: &str) -> Result<(), ApiError> {
-    if value.trim().is_empty() || value.len() > MAX_TEXT {
-        return Err(ApiError::BadRequest(format!(
-            "`{field}` must be 1..={MAX_TEXT} bytes"
-        )));
-    }
-    Ok(())
+/// A name or label: one line of printable text.
+fn check_line(field: &str, value: &str) -> Result<(), ApiError> {
+    check_text(field, value, Lines::One, MAX_TEXT_BYTES)
 }
 
 pub async fn acknowledge(
     State(state): State<AppState>,
-    Path(id): Path<i64>,
+    id: Result<Path<i64>, PathRejection>,
     identity: Option<Extension<Identity>>,
     body: Result<Json<AckBody>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let Json(body) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let Path(id) = id?;
+    let Json(body) = body?;
     let by = actor(identity.as_ref().map(|Extension(i)| i), body.by);
-    check_text("by", &by)?;
+    check_line("by", &by)?;
     if state
         .store
         .acknowledge_alert(id, &by, state.clock.now_ms())
@@ -91,7 +87,7 @@ pub async fn create_silence(
     identity: Option<Extension<Identity>>,
     body: Result<Json<NewSilence>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let Json(mut silence) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let Json(mut silence) = body?;
     silence.created_by = actor(identity.as_ref().map(|Extension(i)| i), silence.created_by);
     if silence.matchers.is_empty() {
         return Err(ApiError::BadRequest(
@@ -99,11 +95,11 @@ pub async fn create_silence(
         ));
     }
     for (k, v) in &silence.matchers {
-        check_text("matchers", k)?;
-        check_text("matchers", v)?;
+        check_line("matchers (a label name)", k)?;
+        check_line(&format!("matchers.{}", k.escape_debug()), v)?;
     }
-    check_text("comment", &silence.comment)?;
-    check_text("created_by", &silence.created_by)?;
+    check_text("comment", &silence.comment, Lines::Many, MAX_TEXT_BYTES)?;
+    check_line("created_by", &silence.created_by)?;
     let now = state.clock.now_ms();
     if silence.ends_at_ms <= now {
         return Err(ApiError::BadRequest(format!(
@@ -117,8 +113,9 @@ pub async fn create_silence(
 
 pub async fn expire_silence(
     State(state): State<AppState>,
-    Path(id): Path<i64>,
+    id: Result<Path<i64>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    let Path(id) = id?;
     if state.store.expire_silence(id, state.clock.now_ms()).await? {
         Ok(Json(json!({ "expired": true })))
     } else {

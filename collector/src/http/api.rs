@@ -1,13 +1,14 @@
 //! JSON API handlers, `/api/v1/...`.
 
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
+use super::text::check_id;
 use headroom_store::{
     AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, NodeView, ProcessSeries,
     ProcessView, SeriesPoint, StoreError,
@@ -22,7 +23,32 @@ const MAX_RANGE_MS: i64 = 400 * 24 * 3600 * 1000;
 pub enum ApiError {
     BadRequest(String),
     NotFound(String),
+    /// An extractor refused the request (bad JSON, query or path, a body
+    /// over the limit) with the status it chose.
+    Rejected(StatusCode, String),
     Store(StoreError),
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        let status = rejection.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            return Self::Rejected(status, super::errors::too_large());
+        }
+        Self::Rejected(status, rejection.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        Self::Rejected(rejection.status(), rejection.body_text())
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        Self::Rejected(rejection.status(), rejection.body_text())
+    }
 }
 
 impl From<StoreError> for ApiError {
@@ -41,6 +67,7 @@ impl IntoResponse for ApiError {
         let (status, error) = match self {
             Self::BadRequest(m) => (StatusCode::BAD_REQUEST, m),
             Self::NotFound(m) => (StatusCode::NOT_FOUND, m),
+            Self::Rejected(status, m) => (status, m),
             Self::Store(e) => {
                 tracing::error!(error = %e, "API query failed");
                 (
@@ -53,8 +80,9 @@ impl IntoResponse for ApiError {
     }
 }
 
-pub async fn not_found() -> ApiError {
-    ApiError::NotFound("no such page or API route".into())
+pub async fn not_found(uri: axum::http::Uri) -> ApiError {
+    let path: String = uri.path().chars().take(200).collect();
+    ApiError::NotFound(format!("no such page or API route: {path}"))
 }
 
 pub async fn nodes(State(state): State<AppState>) -> Result<Json<Vec<NodeView>>, ApiError> {
@@ -122,7 +150,8 @@ pub async fn series(
     Path(uuid): Path<String>,
     query: Result<Query<SeriesQuery>, QueryRejection>,
 ) -> Result<Json<SeriesResponse>, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    check_id("uuid", &uuid)?;
+    let Query(q) = query?;
     let (from, to, max_points) = q.resolve(state.clock.now_ms())?;
     match state
         .store
@@ -164,10 +193,12 @@ pub struct AllocatorResponse {
 /// reserved, fragmentation, retries and OOMs.
 pub async fn allocator(
     State(state): State<AppState>,
-    Path((uuid, pid)): Path<(String, i64)>,
+    path: Result<Path<(String, i64)>, PathRejection>,
     query: Result<Query<AllocatorQuery>, QueryRejection>,
 ) -> Result<Json<AllocatorResponse>, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let Path((uuid, pid)) = path?;
+    check_id("uuid", &uuid)?;
+    let Query(q) = query?;
     let range = SeriesQuery {
         from: q.from,
         to: q.to,
@@ -205,7 +236,8 @@ pub async fn process_series(
     Path(uuid): Path<String>,
     query: Result<Query<SeriesQuery>, QueryRejection>,
 ) -> Result<Json<ProcessSeriesResponse>, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    check_id("uuid", &uuid)?;
+    let Query(q) = query?;
     let (from, to, max_points) = q.resolve(state.clock.now_ms())?;
     match state
         .store
@@ -238,7 +270,8 @@ pub async fn device_events(
     Path(uuid): Path<String>,
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Json<Vec<EventView>>, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    check_id("uuid", &uuid)?;
+    let Query(q) = query?;
     let range = SeriesQuery {
         from: q.from,
         to: q.to,

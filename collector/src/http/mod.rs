@@ -3,8 +3,16 @@
 mod alerts;
 mod api;
 pub mod auth;
+mod errors;
+pub mod hosts;
+pub mod listener;
 mod session;
+pub mod settings;
 mod stream;
+mod text;
+
+pub use listener::serve_http;
+pub use settings::HttpServerConfig;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +41,36 @@ pub struct AppState {
     /// stream) end then, so a graceful shutdown is not held up by an open
     /// dashboard.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// The live stream's shared fleet reads and its client limit.
+    pub fleet: Arc<stream::FleetFeed>,
+    /// Which `Host` names requests may carry.
+    pub hosts: Arc<hosts::AllowedHosts>,
+}
+
+impl AppState {
+    /// The state of a server with the `[http]` limits of `http`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        clock: Clock,
+        metrics: Arc<CollectorMetrics>,
+        auth: Arc<auth::HttpAuth>,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+        http: &HttpServerConfig,
+    ) -> Self {
+        Self {
+            fleet: Arc::new(stream::FleetFeed::new(
+                store.clone(),
+                http.max_stream_clients,
+                metrics.clone(),
+            )),
+            hosts: Arc::new(hosts::AllowedHosts::new(http, auth.mode(), metrics.clone())),
+            store,
+            clock,
+            metrics,
+            auth,
+            shutdown,
+        }
+    }
 }
 
 const INDEX_HTML: &str = include_str!("../../../web/index.html");
@@ -107,10 +145,18 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,
-            Duration::from_secs(30),
+            REQUEST_TIMEOUT,
         ))
         // The API takes small JSON (a silence, an acknowledgement).
         .layer(RequestBodyLimitLayer::new(MAX_REQUEST_BODY_BYTES))
+        // Before anything else looks at a request: one for another host
+        // (DNS rebinding) gets nowhere, not even the sign-in lockout.
+        .layer(axum::middleware::from_fn_with_state(
+            state.hosts.clone(),
+            hosts::check_host,
+        ))
+        // Outside every layer that answers errors, so all of them are JSON.
+        .layer(axum::middleware::from_fn(errors::json_errors))
         .layer(always(
             header::CONTENT_SECURITY_POLICY,
             CONTENT_SECURITY_POLICY,
@@ -123,6 +169,9 @@ pub fn router(state: AppState) -> Router {
 
 /// Largest request body the API reads; more is `413 Payload Too Large`.
 pub const MAX_REQUEST_BODY_BYTES: usize = 64 * 1024;
+
+/// How long a handler may take to answer; then `408 Request Timeout`.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The dashboard loads only its own scripts and styles, talks only to its
 /// own origin, and may not be framed; no response is sniffed into another
@@ -153,7 +202,10 @@ async fn metrics(axum::extract::State(state): axum::extract::State<AppState>) ->
     )
 }
 
-async fn asset(axum::extract::Path(file): axum::extract::Path<String>) -> axum::response::Response {
+async fn asset(
+    uri: axum::http::Uri,
+    axum::extract::Path(file): axum::extract::Path<String>,
+) -> axum::response::Response {
     match ASSETS.iter().find(|(name, ..)| *name == file) {
         Some((_, content_type, cache, body)) => (
             [
@@ -163,7 +215,7 @@ async fn asset(axum::extract::Path(file): axum::extract::Path<String>) -> axum::
             *body,
         )
             .into_response(),
-        None => api::not_found().await.into_response(),
+        None => api::not_found(uri).await.into_response(),
     }
 }
 

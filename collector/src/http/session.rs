@@ -68,13 +68,7 @@ pub async fn sign_in(
     };
     let Json(SignIn { token }) = match body {
         Ok(body) => body,
-        Err(rejection) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(json!({ "error": rejection.body_text() })),
-            )
-                .into_response();
-        }
+        Err(rejection) => return super::api::ApiError::from(rejection).into_response(),
     };
     let token = token.trim();
     // Only what a dashboard token can look like goes into a cookie.

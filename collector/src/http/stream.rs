@@ -3,23 +3,127 @@
 //! after that, once a second, an `update` carries only the devices whose
 //! latest sample changed (and those that went away), so a dashboard of
 //! thousands of GPUs costs a few kilobytes a second, not a reload.
+//!
+//! What it costs the collector is bounded however many follow it: the
+//! fleet is read from the store once a period for all clients together
+//! ([`FleetFeed`]), each client keeping only what it was last sent, and at
+//! most `[http] max_stream_clients` follow at once; one more is answered
+//! `503` with `Retry-After`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Extension;
 use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
-use futures::{Stream, StreamExt};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
 use serde::Serialize;
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use super::AppState;
 use super::auth::Identity;
+use crate::metrics::{CollectorMetrics, HttpRefusal};
 use headroom_store::alerts::ActiveAlertCounts;
-use headroom_store::{DeviceView, NodeView};
+use headroom_store::{DeviceView, NodeView, Store};
 
 const PERIOD: Duration = Duration::from_secs(1);
+/// What a client over the limit is told to wait before trying again.
+const RETRY_AFTER_S: u32 = 5;
+
+/// The fleet as read at one moment, shared by every client.
+#[derive(Debug)]
+enum Fleet {
+    Read {
+        nodes: Vec<NodeView>,
+        devices: Vec<DeviceView>,
+        alerts: Option<ActiveAlertCounts>,
+    },
+    /// The store could not answer.
+    Unavailable,
+}
+
+/// The stream's one reader of the store and its admission: however many
+/// clients follow, the fleet is read at most once a period, and at most
+/// `max_clients` follow at once.
+#[derive(Debug)]
+pub struct FleetFeed {
+    store: Arc<dyn Store>,
+    metrics: Arc<CollectorMetrics>,
+    slots: Arc<Semaphore>,
+    max_clients: u32,
+    /// The last read and when it finished. Held while reading, so clients
+    /// that ask meanwhile wait for that read instead of starting their own.
+    latest: Mutex<Option<(Instant, Arc<Fleet>)>>,
+}
+
+impl FleetFeed {
+    pub fn new(store: Arc<dyn Store>, max_clients: u32, metrics: Arc<CollectorMetrics>) -> Self {
+        Self {
+            store,
+            metrics,
+            slots: Arc::new(Semaphore::new(max_clients.max(1) as usize)),
+            max_clients,
+            latest: Mutex::new(None),
+        }
+    }
+
+    /// A place for one more client, if there is one.
+    fn join(&self) -> Option<Seat> {
+        let permit = self.slots.clone().try_acquire_owned().ok()?;
+        self.metrics.http_stream_client(true);
+        Some(Seat {
+            _permit: permit,
+            metrics: self.metrics.clone(),
+        })
+    }
+
+    /// The fleet as of at most a period ago.
+    async fn current(&self) -> Arc<Fleet> {
+        let mut latest = self.latest.lock().await;
+        if let Some((at, fleet)) = latest.as_ref()
+            && at.elapsed() < PERIOD
+        {
+            return fleet.clone();
+        }
+        self.metrics.http_stream_read();
+        let fleet = Arc::new(self.read().await);
+        *latest = Some((Instant::now(), fleet.clone()));
+        fleet
+    }
+
+    async fn read(&self) -> Fleet {
+        match (self.store.nodes().await, self.store.latest_devices().await) {
+            (Ok(nodes), Ok(devices)) => Fleet::Read {
+                nodes,
+                devices,
+                alerts: self.store.active_alert_counts().await.ok(),
+            },
+            (Err(error), _) | (_, Err(error)) => {
+                tracing::debug!(%error, "fleet stream: store unavailable");
+                Fleet::Unavailable
+            }
+        }
+    }
+}
+
+/// A client's place among `max_stream_clients`, given back when its stream
+/// ends (the client left, its token was revoked, or the collector stops).
+#[derive(Debug)]
+struct Seat {
+    _permit: OwnedSemaphorePermit,
+    metrics: Arc<CollectorMetrics>,
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        self.metrics.http_stream_client(false);
+    }
+}
 
 #[derive(Serialize)]
 struct FleetMessage<'a> {
@@ -31,6 +135,7 @@ struct FleetMessage<'a> {
 
 struct Follower {
     state: AppState,
+    _seat: Seat,
     /// The token the stream was opened with, checked on every event: a
     /// revoked token ends the stream instead of following the fleet forever.
     token_sha256: Option<String>,
@@ -51,20 +156,18 @@ impl Follower {
     }
 
     async fn next_event(&mut self) -> Event {
-        let (nodes, devices) = match (
-            self.state.store.nodes().await,
-            self.state.store.latest_devices().await,
-        ) {
-            (Ok(nodes), Ok(devices)) => (nodes, devices),
-            (Err(error), _) | (_, Err(error)) => {
-                tracing::debug!(%error, "fleet stream: store unavailable");
-                // Named, so the page can say its figures are stale.
-                return Event::default()
-                    .event("unavailable")
-                    .data("the collector cannot read its store; retrying");
-            }
+        let fleet = self.state.fleet.current().await;
+        let Fleet::Read {
+            nodes,
+            devices,
+            alerts,
+        } = fleet.as_ref()
+        else {
+            // Named, so the page can say its figures are stale.
+            return Event::default()
+                .event("unavailable")
+                .data("the collector cannot read its store; retrying");
         };
-        let alerts = self.state.store.active_alert_counts().await.ok();
         let stamp = |d: &DeviceView| d.latest.as_ref().map(|l| l.timestamp_ms);
         let (kind, changed, removed) = match &self.sent {
             None => ("snapshot", devices.iter().collect(), Vec::new()),
@@ -73,8 +176,7 @@ impl Follower {
                     .iter()
                     .filter(|d| sent.get(&d.uuid) != Some(&stamp(d)))
                     .collect();
-                let present: std::collections::HashSet<&str> =
-                    devices.iter().map(|d| d.uuid.as_str()).collect();
+                let present: HashSet<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
                 let removed: Vec<&str> = sent
                     .keys()
                     .map(String::as_str)
@@ -84,10 +186,10 @@ impl Follower {
             }
         };
         let message = FleetMessage {
-            nodes: &nodes,
+            nodes,
             gpus: changed,
             removed,
-            alerts,
+            alerts: *alerts,
         };
         let event = Event::default()
             .event(kind)
@@ -101,10 +203,26 @@ impl Follower {
 pub async fn fleet(
     State(state): State<AppState>,
     identity: Option<Extension<Identity>>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+) -> Response {
+    let Some(seat) = state.fleet.join() else {
+        state.metrics.http_refused(HttpRefusal::StreamClients);
+        let mut response = (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({ "error": format!(
+                "the live stream has its {} clients ([http] max_stream_clients); retry in {RETRY_AFTER_S} s",
+                state.fleet.max_clients
+            ) })),
+        )
+            .into_response();
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
+        return response;
+    };
     let mut shutdown = state.shutdown.clone();
     let follower = Follower {
         state,
+        _seat: seat,
         token_sha256: identity.and_then(|Extension(i)| i.token_sha256),
         sent: None,
         started: false,
@@ -119,10 +237,12 @@ pub async fn fleet(
         }
         f.started = true;
         let event = f.next_event().await;
-        Some((Ok(event), f))
+        Some((Ok::<_, Infallible>(event), f))
     })
     .take_until(async move {
         let _ = shutdown.wait_for(|stop| *stop).await;
     });
-    Sse::new(events).keep_alive(KeepAlive::default())
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }

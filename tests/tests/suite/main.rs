@@ -20,6 +20,8 @@ mod dashboard_auth;
 mod dashboard_browser;
 mod doc_links;
 mod end_to_end;
+mod hostile_grpc;
+mod hostile_http;
 mod http_hardening;
 mod ingest_grpc;
 mod kubernetes;
