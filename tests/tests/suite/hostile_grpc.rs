@@ -443,3 +443,31 @@ async fn one_connection_gets_only_so_many_streams_at_once() {
         .expect("a stream opens once another closed")
         .unwrap();
 }
+
+/// The operator's way out when a GPU really moved while its old host is
+/// down: `release-device`, on the database `serve` uses.
+#[tokio::test]
+async fn release_device_lets_a_moved_gpu_register_on_its_new_node() {
+    let f = collector_with(Limits::default(), false).await;
+    let mut c = client(&f.collector).await;
+    c.register(fixtures::register(NODE, BOOT)).await.unwrap();
+    let url = format!("sqlite://{}", f._dir.path().join("hostile.db").display());
+    let release = |uuid: &str| {
+        std::process::Command::new(headroom_tests::harness::built("headroom-collector"))
+            .args(["release-device", uuid, "--database-url", &url])
+            .output()
+            .unwrap()
+    };
+    let unknown = release("GPU-nobody");
+    assert!(!unknown.status.success());
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("no device has UUID \"GPU-nobody\""),
+        "{unknown:?}"
+    );
+    let released = release(GPU0);
+    assert!(released.status.success(), "{released:?}");
+    assert!(String::from_utf8_lossy(&released.stdout).contains(NODE));
+    let mut moved = fixtures::register_other_node();
+    moved.gpus[0].uuid = GPU0.into();
+    c.register(moved).await.unwrap();
+}
