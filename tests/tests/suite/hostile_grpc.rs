@@ -452,19 +452,21 @@ async fn release_device_lets_a_moved_gpu_register_on_its_new_node() {
     let mut c = client(&f.collector).await;
     c.register(fixtures::register(NODE, BOOT)).await.unwrap();
     let url = format!("sqlite://{}", f._dir.path().join("hostile.db").display());
+    // Async, so the collector in this test's one-thread runtime keeps
+    // running: a blocking wait could freeze it inside a write transaction
+    // while the command waits for SQLite's write lock.
     let release = |uuid: &str| {
-        std::process::Command::new(headroom_tests::harness::built("headroom-collector"))
+        tokio::process::Command::new(headroom_tests::harness::built("headroom-collector"))
             .args(["release-device", uuid, "--database-url", &url])
             .output()
-            .unwrap()
     };
-    let unknown = release("GPU-nobody");
+    let unknown = release("GPU-nobody").await.unwrap();
     assert!(!unknown.status.success());
     assert!(
         String::from_utf8_lossy(&unknown.stderr).contains("no device has UUID \"GPU-nobody\""),
         "{unknown:?}"
     );
-    let released = release(GPU0);
+    let released = release(GPU0).await.unwrap();
     assert!(released.status.success(), "{released:?}");
     assert!(String::from_utf8_lossy(&released.stdout).contains(NODE));
     let mut moved = fixtures::register_other_node();
