@@ -1,3 +1,4 @@
+mod backtest;
 #[cfg(feature = "demo")]
 mod demo;
 mod status;
@@ -60,15 +61,9 @@ enum Command {
         rules: Option<PathBuf>,
     },
     /// Replay a memory trace (CSV) through the rules and print the alerts
-    /// they would raise, one JSON object per line.
-    Backtest {
-        /// Rules file (TOML); built-in defaults without one.
-        #[arg(long)]
-        rules: Option<PathBuf>,
-        /// Trace: `timestamp_ms,node,gpu,pid,used_bytes,total_bytes` with a header.
-        #[arg(long)]
-        trace: PathBuf,
-    },
+    /// they would raise, one JSON object per line; or score the rules on a
+    /// directory of labelled traces; or write the built-in labelled corpus.
+    Backtest(backtest::BacktestArgs),
     /// Print the fleet's headroom (fullest GPU first) and the firing alerts,
     /// from a running collector's API.
     Status {
@@ -165,7 +160,7 @@ fn main() -> ExitCode {
                 )?;
                 serve(config, rules).await
             }
-            Command::Backtest { rules, trace } => backtest(rules.as_deref(), &trace),
+            Command::Backtest(args) => backtest::run(args),
             Command::Status { url, token } => status::run(&url, token.as_deref()).await,
             #[cfg(feature = "demo")]
             Command::Demo(args) => demo::run(args).await,
@@ -259,27 +254,6 @@ fn read_rules_file(path: &std::path::Path) -> anyhow::Result<RulesConfig> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read rules file {}", path.display()))?;
     Ok(RulesConfig::parse(&text, path)?)
-}
-
-fn backtest(rules: Option<&std::path::Path>, trace: &std::path::Path) -> anyhow::Result<()> {
-    let rules = load_rules(rules)?;
-    let file = std::fs::File::open(trace)
-        .with_context(|| format!("cannot open trace {}", trace.display()))?;
-    let (alerts, errors) = headroom_rules::backtest::run(rules, std::io::BufReader::new(file));
-    for alert in &alerts {
-        println!("{}", serde_json::to_string(alert)?);
-    }
-    for error in &errors {
-        eprintln!("{}: {error}", trace.display());
-    }
-    if !errors.is_empty() {
-        anyhow::bail!(
-            "{} bad line(s) in {} were skipped",
-            errors.len(),
-            trace.display()
-        );
-    }
-    Ok(())
 }
 
 async fn serve(config: CollectorConfig, rules_path: Option<PathBuf>) -> anyhow::Result<()> {

@@ -49,17 +49,18 @@ impl std::fmt::Display for TraceError {
     }
 }
 
+/// One line of a trace.
 #[derive(Debug, Clone, PartialEq)]
-struct Row {
-    ts: i64,
-    node: String,
-    gpu: String,
-    pid: Option<u32>,
-    used: u64,
-    total: u64,
+pub(crate) struct Row {
+    pub(crate) ts: i64,
+    pub(crate) node: String,
+    pub(crate) gpu: String,
+    pub(crate) pid: Option<u32>,
+    pub(crate) used: u64,
+    pub(crate) total: u64,
 }
 
-fn parse_row(line: &str) -> Result<Row, String> {
+pub(crate) fn parse_row(line: &str) -> Result<Row, String> {
     let fields: Vec<&str> = line.split(',').map(str::trim).collect();
     if fields.len() != 6 {
         return Err(format!(

@@ -1,6 +1,8 @@
 //! Memory rules, evaluated on ingest as small per-series state machines: samples
 //! in, alert decisions out, no I/O. `backtest` replays a recorded trace
-//! through the same engine.
+//! through the same engine; `score` measures it on labelled traces (the
+//! built-in `corpus`, or a directory of them: the only file access here)
+//! beside the `predict_linear` baseline.
 //!
 //! Each rule is one file under `rules/`, named in the catalogue there
 //! ([`RuleId`]); the engine keeps the series, the alert lifecycle and the
@@ -10,6 +12,7 @@
 pub mod allocator;
 pub mod backtest;
 pub mod config;
+pub mod corpus;
 mod describe;
 pub mod engine;
 #[cfg(test)]
@@ -17,10 +20,11 @@ mod engine_fixtures;
 pub mod leak;
 pub mod lifecycle;
 pub mod oom;
+pub mod predict_linear;
 mod remedy;
 mod rule;
 mod rules;
-#[cfg(test)]
+pub mod score;
 mod trace_fixtures;
 pub mod trend;
 pub mod xid;

@@ -1,4 +1,4 @@
-//! Shared by the rule tests: synthetic memory traces.
+//! Synthetic memory traces: shared by the rule tests and the labelled corpus.
 
 pub const MIB: f64 = 1024.0 * 1024.0;
 pub const GIB: f64 = 1024.0 * MIB;
