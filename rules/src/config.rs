@@ -120,6 +120,10 @@ pub struct TimeToOomRule {
     pub window: Span,
     pub min_history: Span,
     pub horizon: Span,
+    pub lookback: Span,
+    /// How long a forecast must hold before it warns.
+    #[serde(rename = "for")]
+    pub for_: Span,
 }
 
 impl Default for TimeToOomRule {
@@ -130,6 +134,8 @@ impl Default for TimeToOomRule {
             window: Span(d.window_ms),
             min_history: Span(d.min_history_ms),
             horizon: Span(d.horizon_ms),
+            lookback: Span(d.lookback_ms),
+            for_: Span(60_000),
         }
     }
 }
@@ -140,6 +146,7 @@ impl TimeToOomRule {
             window_ms: self.window.ms(),
             min_history_ms: self.min_history.ms(),
             horizon_ms: self.horizon.ms(),
+            lookback_ms: self.lookback.ms(),
             ..OomConfig::default()
         }
     }
@@ -425,6 +432,8 @@ impl RulesConfig {
             ("time_to_oom.window", self.time_to_oom.window),
             ("time_to_oom.min_history", self.time_to_oom.min_history),
             ("time_to_oom.horizon", self.time_to_oom.horizon),
+            ("time_to_oom.lookback", self.time_to_oom.lookback),
+            ("time_to_oom.for", self.time_to_oom.for_),
             ("leak.window", self.leak.window),
             ("leak.warmup", self.leak.warmup),
             ("unattributed.for", self.unattributed.for_),

@@ -18,6 +18,14 @@ const MIN_POINTS_PER_HALF: usize = 4;
 /// The slower half must climb at least this share of the fastest rate seen
 /// (either half's or the whole window's).
 const HALF_SHARE_OF_RATE: f64 = 1.0 / 3.0;
+/// Memory that fell by more than this share of the window's rise in the
+/// last two windows follows load.
+const REVERSAL_SHARE: f64 = 0.5;
+/// Growth whose recent pace is below this share of its older pace is
+/// levelling off. An exponential approach with a time constant of a window
+/// shows about 0.37 over two windows, a square-root rise 0.41, a steady
+/// leak 1.
+const DECELERATION_SHARE: f64 = 0.7;
 
 /// Thresholds of the leak rule.
 #[derive(Debug, Clone, PartialEq)]
@@ -90,7 +98,13 @@ impl LeakDetector {
     pub fn with_config(first_seen_ms: i64, config: &LeakConfig) -> Self {
         Self {
             first_seen_ms,
-            ring: BucketRing::new(config.bucket_ms, config.window_ms, Extreme::Min),
+            // Two windows: the second is the history the window is judged
+            // against (did the growth slow down, or come down before?).
+            ring: BucketRing::new(
+                config.bucket_ms,
+                config.window_ms.saturating_mul(2),
+                Extreme::Min,
+            ),
         }
     }
 
@@ -156,11 +170,64 @@ impl LeakDetector {
         if !(slowest > 0.0 && slowest >= fastest * HALF_SHARE_OF_RATE) {
             return None;
         }
+        let rise = fit.slope * (config.window_ms as f64 / MINUTE_MS);
+        if !self.keeps_its_pace(config, last_ts, newest_index, rise) {
+            return None;
+        }
         Some(LeakFinding {
             rate_bytes_per_min: fit.slope,
             since_ms: t0,
             p_value: mk.p_value,
         })
+    }
+}
+
+impl LeakDetector {
+    /// Whether the growth in the window is a leak's rather than load or a
+    /// warm-up's, judged over the last two windows (warm-up included) in
+    /// coarse buckets of a sixth of a window, which flatten a sawtooth riding
+    /// on the floor. Memory that came down in that history by more than
+    /// `REVERSAL_SHARE` of the window's rise follows load; growth whose
+    /// recent half climbs at less than `DECELERATION_SHARE` of its older
+    /// half's pace levels off. A leak neither falls nor slows.
+    fn keeps_its_pace(
+        &self,
+        config: &LeakConfig,
+        last_ts: i64,
+        newest_index: i64,
+        rise: f64,
+    ) -> bool {
+        let from = last_ts
+            .saturating_sub(config.window_ms.saturating_mul(2))
+            .max(self.first_seen_ms);
+        let minima: Vec<(i64, u64)> = self
+            .ring
+            .buckets()
+            .filter(|b| b.index != newest_index && self.ring.start_of(b) >= from)
+            .map(|b| (b.value_ts, b.value))
+            .collect();
+        let coarse = downsample_min(&minima, (config.window_ms / 6).max(config.bucket_ms));
+        let mut high = f64::NEG_INFINITY;
+        let mut drawdown: f64 = 0.0;
+        for &(_, v) in &coarse {
+            high = high.max(v as f64);
+            drawdown = drawdown.max(high - v as f64);
+        }
+        if drawdown > REVERSAL_SHARE * rise {
+            return false;
+        }
+        if coarse.len() < 3 {
+            return true;
+        }
+        let (first, middle, last) = (
+            coarse[0],
+            coarse[coarse.len() / 2],
+            coarse[coarse.len() - 1],
+        );
+        let rate =
+            |a: (i64, u64), b: (i64, u64)| (b.1 as f64 - a.1 as f64) / ((b.0 - a.0).max(1) as f64);
+        let (older, recent) = (rate(first, middle), rate(middle, last));
+        !(older > 0.0 && recent < DECELERATION_SHARE * older)
     }
 }
 
@@ -465,7 +532,8 @@ mod tests {
         for t in 0..6 * 3600 {
             detector.observe(t * 1000, 1 << 30);
         }
-        assert!(detector.ring.len() <= (config.window_ms / config.bucket_ms) as usize + 1);
+        // The window and the history before it.
+        assert!(detector.ring.len() <= 2 * (config.window_ms / config.bucket_ms) as usize + 1);
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub mod allocator;
 pub mod backtest;
 pub mod config;
 pub mod corpus;
+#[cfg(test)]
+mod corpus_scorecard;
 mod describe;
 pub mod engine;
 #[cfg(test)]

@@ -21,6 +21,11 @@ const BAND: (f64, f64) = (0.1, 0.9);
 const RELEASE_SWINGS: f64 = 2.0;
 /// Fewest points in any segment that gets its own fit.
 const MIN_SEGMENT_POINTS: usize = 4;
+/// Quantiles of a half's pairwise slopes taken as its slow and fast pace
+/// when judging whether a climb levels off.
+const SLOWDOWN_BAND: (f64, f64) = (0.25, 0.75);
+/// Width of the lookback's buckets.
+const HISTORY_BUCKET_MS: i64 = 60_000;
 
 /// Thresholds of the time-to-OOM rule.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +38,11 @@ pub struct OomConfig {
     pub bucket_ms: i64,
     /// Warn when OOM is predicted sooner than this.
     pub horizon_ms: i64,
+    /// How far back a level memory already held counts: a climb back to it
+    /// (load that comes and goes, a periodic evaluation) is not a march to
+    /// OOM. Longer remembers slower cycles, and delays the warning of a real
+    /// climb that starts below an old spike until it passes that spike.
+    pub lookback_ms: i64,
 }
 
 impl Default for OomConfig {
@@ -42,13 +52,18 @@ impl Default for OomConfig {
             min_history_ms: 5 * 60_000,
             bucket_ms: 10_000,
             horizon_ms: 30 * 60_000,
+            lookback_ms: 120 * 60_000,
         }
     }
 }
 
 impl OomConfig {
     fn is_valid(&self) -> bool {
-        self.window_ms > 0 && self.bucket_ms > 0 && self.horizon_ms > 0 && self.min_history_ms >= 0
+        self.window_ms > 0
+            && self.bucket_ms > 0
+            && self.horizon_ms > 0
+            && self.min_history_ms >= 0
+            && self.lookback_ms >= 0
     }
 }
 
@@ -77,6 +92,8 @@ pub struct OomPrediction {
 #[derive(Debug, Clone)]
 pub struct OomPredictor {
     ring: BucketRing,
+    /// Minute maxima over the lookback: the levels memory already held.
+    history: BucketRing,
 }
 
 impl Default for OomPredictor {
@@ -98,6 +115,7 @@ impl OomPredictor {
     pub fn with_config(config: &OomConfig) -> Self {
         Self {
             ring: BucketRing::new(config.bucket_ms, config.window_ms, Extreme::Max),
+            history: BucketRing::new(HISTORY_BUCKET_MS, config.lookback_ms, Extreme::Max),
         }
     }
 
@@ -105,6 +123,7 @@ impl OomPredictor {
     /// ignored.
     pub fn observe(&mut self, ts_ms: i64, used_bytes: u64) {
         self.ring.push(ts_ms, used_bytes);
+        self.history.push(ts_ms, used_bytes);
     }
 
     /// `limit_bytes` = total − reserved (what can be allocated); `now_ms` the
@@ -199,9 +218,32 @@ impl OomPredictor {
             return None;
         }
 
+        // A level memory held before this window, within the lookback, and
+        // came down from: the climb goes back to where it has been (a KV
+        // cache following load, the next evaluation), not into new
+        // territory. Warn once it passes that level, not before.
+        let prior_high = self
+            .history
+            .buckets()
+            .filter(|b| self.history.start_of(b).saturating_add(HISTORY_BUCKET_MS) <= window_start)
+            .map(|b| b.value)
+            .max();
+        if prior_high.is_some_and(|high| high as f64 + RELEASE_SWINGS * swing >= peak) {
+            return None;
+        }
+
         let limit = limit_bytes as f64;
         let level_now = recent.at(0.0);
         let remaining = limit - level_now;
+        // Growth that slows down levels off: with the older half climbing
+        // faster than the recent one, a rate decaying exponentially at the
+        // pace the halves show adds `rate × τ` more, and a plateau below the
+        // limit is no OOM. A steady climb (the halves alike) gets τ far
+        // beyond the horizon and is forecast as before; an accelerating one
+        // is never held back.
+        if remaining_rise(&envelope, latest.slope).is_some_and(|rise| level_now + rise < limit) {
+            return None;
+        }
         let horizon_s = config.horizon_ms as f64 / 1000.0;
         let (slow, fast) = slope_quantiles(&envelope, BAND.0, BAND.1)?;
         let confidence = (1.0 - mk.p_value).clamp(0.0, 1.0);
@@ -236,6 +278,33 @@ impl OomPredictor {
             confidence,
         })
     }
+}
+
+/// How much more a decelerating climb adds before it levels off, when the
+/// older half of `envelope` climbs faster than the recent half; `None` when
+/// it does not slow down.
+fn remaining_rise(envelope: &[(f64, f64)], rate_now: f64) -> Option<f64> {
+    let n = envelope.len();
+    let (older, recent) = envelope.split_at(n / 2);
+    // Noise alone makes the halves' rates differ, which a long horizon
+    // would turn into a plateau: the older half is taken at the slow end of
+    // its pairwise slopes and the recent half at the fast end, so only a
+    // slowdown larger than the noise counts.
+    let (older_rate, _) = slope_quantiles(older, SLOWDOWN_BAND.0, SLOWDOWN_BAND.1)?;
+    let (_, recent_rate) = slope_quantiles(recent, SLOWDOWN_BAND.0, SLOWDOWN_BAND.1)?;
+    if !(older_rate > 0.0 && recent_rate > 0.0 && recent_rate < older_rate) {
+        return None;
+    }
+    let centre = |part: &[(f64, f64)]| {
+        (part.first().map_or(0.0, |p| p.0) + part.last().map_or(0.0, |p| p.0)) / 2.0
+    };
+    let apart_s = centre(recent) - centre(older);
+    let decay = (older_rate / recent_rate).ln();
+    if !(apart_s > 0.0 && decay > 0.0) {
+        return None;
+    }
+    let tau_s = apart_s / decay;
+    Some(rate_now.max(0.0) * tau_s)
 }
 
 /// `now_ms` plus `seconds`, saturating at `i64::MAX` (never OOM, in effect).

@@ -57,11 +57,11 @@ impl DeviceRule for TimeToOom {
         alert.step_with_remedy(
             o.timestamp_ms,
             condition,
-            0,
+            t.for_.ms(),
             || match &prediction {
                 Some(p) => Message::new(
                     format!(
-                        "{} will run out of memory in about {} (between {} and {}), growing {}/min; {} used of {}",
+                        "{} will run out of memory in about {} (between {} and {}), growing {}/min, trend confidence {:.0} %; {} used of {}",
                         device_name(labels),
                         minutes(p.predicted_oom_at_ms - o.timestamp_ms),
                         minutes(p.earliest_ms - o.timestamp_ms),
@@ -71,6 +71,8 @@ impl DeviceRule for TimeToOom {
                             minutes(p.latest_ms - o.timestamp_ms)
                         },
                         HumanBytes((p.growth_bytes_per_s * 60.0).max(0.0) as u64),
+                        // Floored, so a trend short of certain never reads 100 %.
+                        (p.confidence * 100.0).floor(),
                         HumanBytes(used),
                         HumanBytes(total),
                     ),

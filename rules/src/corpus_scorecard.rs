@@ -1,0 +1,59 @@
+//! The labelled corpus as a test of the default rules: a change that raises
+//! a new false alarm, misses or delays a leak, or warns an OOM later than
+//! its label allows fails here. The traces the rules still get wrong are
+//! named below, so that fixing one fails the test too until its name is
+//! taken off the list: the list only shrinks.
+
+use crate::config::RulesConfig;
+use crate::corpus::Kind;
+use crate::score::{LeakVerdict, OomVerdict, score_corpus};
+
+/// Healthy traces that still get a time-to-OOM warning: the irregular load's
+/// first climb comes before any history shows it falling back, and the
+/// quadratic warm-up slows down linearly, which the exponential levelling-off
+/// model reads as a plateau above capacity.
+const KNOWN_FALSE_OOM_WARNINGS: &[&str] = &["none_load_irregular", "none_warmup_plateau"];
+/// OOM traces warned too late: 4 GiB steps every 5 minutes leave the last
+/// quarter of a 10-minute window flat most of the time.
+const KNOWN_MISSED_OOMS: &[&str] = &["oom_stepwise"];
+
+#[test]
+fn the_default_rules_meet_the_labelled_corpus() {
+    let card = score_corpus(&RulesConfig::default());
+    let mut wrong = Vec::new();
+    for trace in &card.traces {
+        assert!(
+            trace.errors.is_empty(),
+            "{}: {:?}",
+            trace.name,
+            trace.errors
+        );
+        let name = trace.name.as_str();
+        let outcome = &trace.rules;
+        match (trace.label.kind, outcome.leak) {
+            (Kind::Leak, Some(LeakVerdict::Found { .. }))
+            | (Kind::None, Some(LeakVerdict::Quiet))
+            | (Kind::Oom, Some(LeakVerdict::NotScored)) => {}
+            (_, verdict) => wrong.push(format!("{name}: leak {verdict:?}")),
+        }
+        let oom_ok = match outcome.oom {
+            OomVerdict::InTime { .. } | OomVerdict::Quiet => true,
+            OomVerdict::FalseWarnings { .. } => KNOWN_FALSE_OOM_WARNINGS.contains(&name),
+            OomVerdict::Missed | OomVerdict::Late { .. } => KNOWN_MISSED_OOMS.contains(&name),
+        };
+        let known = KNOWN_FALSE_OOM_WARNINGS.contains(&name) || KNOWN_MISSED_OOMS.contains(&name);
+        if !oom_ok
+            || (known && matches!(outcome.oom, OomVerdict::InTime { .. } | OomVerdict::Quiet))
+        {
+            wrong.push(format!("{name}: time_to_oom {:?}", outcome.oom));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the rules changed their verdict on the corpus (a name in a KNOWN_ list that now passes \
+         must leave it):\n{}",
+        wrong.join("\n")
+    );
+    let leak = card.rules.leak.as_ref().expect("the rules detect leaks");
+    assert_eq!((leak.precision, leak.recall), (Some(1.0), Some(1.0)));
+}
