@@ -4,7 +4,9 @@
 //! discards spikes, sawtooth peaks and jitter, and what is left must grow
 //! fast enough, monotonically (Mann–Kendall), and in both halves of the
 //! evidence window, so that allocator warm-up that levels off or a single
-//! step up does not qualify.
+//! step up does not qualify. Over the window before it as well, the floor
+//! must neither have come down (memory following load) nor be slowing down
+//! (a cache or warm-up approaching its plateau over tens of minutes).
 
 use crate::trend::{BucketRing, Extreme, downsample_min, mann_kendall, median, theil_sen};
 

@@ -6,7 +6,9 @@
 //! count as growth) and demands agreement: the whole window and its recent
 //! half must both project OOM within the horizon, the raw peaks must trend up
 //! significantly, and the most recent quarter, on its own, must project OOM
-//! within the horizon too.
+//! within the horizon too. A climb back to a level held earlier in the
+//! lookback (load that comes and goes) and a climb that clearly slows down
+//! towards a plateau below the limit are not forecast.
 
 use crate::trend::{
     Bucket, BucketRing, Extreme, downsample_max, mann_kendall, median, slope_quantiles, theil_sen,
