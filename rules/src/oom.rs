@@ -8,7 +8,8 @@
 //! significantly, and the most recent quarter, on its own, must project OOM
 //! within the horizon too. A climb back to a level held earlier in the
 //! lookback (load that comes and goes) and a climb that clearly slows down
-//! towards a plateau below the limit are not forecast.
+//! towards a plateau below the limit are not forecast. A climb in steps,
+//! flat between them, is forecast from its steps over a longer span.
 
 use crate::trend::{
     Bucket, BucketRing, Extreme, downsample_max, mann_kendall, median, slope_quantiles, theil_sen,
@@ -26,6 +27,16 @@ const MIN_SEGMENT_POINTS: usize = 4;
 /// Quantiles of a half's pairwise slopes taken as its slow and fast pace
 /// when judging whether a climb levels off.
 const SLOWDOWN_BAND: (f64, f64) = (0.25, 0.75);
+/// Windows of minute peaks a staircase is looked for in.
+const STAIRCASE_WINDOWS: i64 = 3;
+/// Fewest separate runs of new highs that make a staircase.
+const MIN_STEPS: usize = 3;
+/// A step rises more than this many typical within-minute swings...
+const STEP_SWINGS: f64 = 4.0;
+/// ...and more than this share of the limit.
+const MIN_STEP_SHARE_OF_LIMIT: f64 = 0.01;
+/// The last step is at most this many typical spacings old.
+const STEP_SPACINGS_LATE: f64 = 1.5;
 /// Width of the lookback's buckets.
 const HISTORY_BUCKET_MS: i64 = 60_000;
 
@@ -141,6 +152,12 @@ impl OomPredictor {
         if !config.is_valid() || limit_bytes == 0 {
             return None;
         }
+        self.trend(config, limit_bytes, now_ms)
+            .or_else(|| self.staircase(config, limit_bytes, now_ms))
+    }
+
+    /// A steady climb over the window, from its 10 s peaks.
+    fn trend(&self, config: &OomConfig, limit_bytes: u64, now_ms: i64) -> Option<OomPrediction> {
         let window_start = now_ms.saturating_sub(config.window_ms);
         let (last_ts, last_used) = self.ring.last()?;
         if last_used >= limit_bytes && last_ts >= window_start {
@@ -277,6 +294,117 @@ impl OomPredictor {
             earliest_ms: after(now_ms, remaining / fast),
             latest_ms,
             growth_bytes_per_s: whole.slope,
+            confidence,
+        })
+    }
+}
+
+impl OomPredictor {
+    /// A climb in steps (a job that grabs another block every few minutes),
+    /// which the trend misses: between two steps the last quarter of the
+    /// window is flat. Over `STAIRCASE_WINDOWS` windows of minute peaks, the
+    /// new highs must come in at least `MIN_STEPS` separate runs, the last
+    /// no longer ago than one and a half typical spacings (still climbing),
+    /// each higher than the noise and a hundredth of the limit; the pace is
+    /// the rise of the later runs over the time they took. A warm-up or a
+    /// ramp is one run, a single step or a spike one as well, and a level
+    /// held before (load, the next spike) makes no new high.
+    fn staircase(
+        &self,
+        config: &OomConfig,
+        limit_bytes: u64,
+        now_ms: i64,
+    ) -> Option<OomPrediction> {
+        let span_start = now_ms.saturating_sub(config.window_ms.saturating_mul(STAIRCASE_WINDOWS));
+        let (last_ts, last_used) = self.history.last()?;
+        let newest_index = last_ts.div_euclid(HISTORY_BUCKET_MS);
+        let minutes: Vec<&Bucket> = self
+            .history
+            .buckets()
+            .filter(|b| b.index != newest_index && self.history.start_of(b) >= span_start)
+            .collect();
+        // The whole span, so that a new series cannot pass a warm-up off as
+        // steps.
+        let span_minutes =
+            (config.window_ms.saturating_mul(STAIRCASE_WINDOWS) / HISTORY_BUCKET_MS) as usize;
+        if minutes.len() + 1 < span_minutes {
+            return None;
+        }
+        let prior_high = self
+            .history
+            .buckets()
+            .filter(|b| self.history.start_of(b) < span_start)
+            .map(|b| b.value)
+            .max()
+            .unwrap_or(0);
+        let mut swings: Vec<f64> = minutes
+            .iter()
+            .map(|b| b.value.abs_diff(b.opposite) as f64)
+            .collect();
+        let swing = median(&mut swings)?;
+        let limit = limit_bytes as f64;
+        let min_step = (STEP_SWINGS * swing).max(limit * MIN_STEP_SHARE_OF_LIMIT);
+
+        // Runs of consecutive minutes that set a new high by more than a
+        // step: (when the run ended, how much it added).
+        let mut high = prior_high as f64;
+        let mut runs: Vec<(i64, f64)> = Vec::new();
+        let mut previous_rose = false;
+        for b in &minutes {
+            let value = b.value as f64;
+            let rose = value - high > min_step;
+            if rose {
+                match runs.last_mut() {
+                    Some(run) if previous_rose => {
+                        run.0 = b.value_ts;
+                        run.1 += value - high;
+                    }
+                    _ => runs.push((b.value_ts, value - high)),
+                }
+            }
+            high = high.max(value);
+            previous_rose = rose;
+        }
+        if runs.len() < MIN_STEPS {
+            return None;
+        }
+        let mut spacings: Vec<f64> = runs.windows(2).map(|w| (w[1].0 - w[0].0) as f64).collect();
+        let spacing = median(&mut spacings)?;
+        let (last_run_ts, _) = *runs.last()?;
+        if (last_ts - last_run_ts) as f64 > STEP_SPACINGS_LATE * spacing {
+            return None;
+        }
+        // Memory given back since the top is not a staircase any more.
+        if high - last_used as f64 > STEP_SWINGS * swing {
+            return None;
+        }
+        let (first_run_ts, _) = runs[0];
+        let added: f64 = runs[1..].iter().map(|r| r.1).sum();
+        let took_s = (last_run_ts - first_run_ts) as f64 / 1000.0;
+        if !(took_s > 0.0 && added > 0.0) {
+            return None;
+        }
+        let rate = added / took_s;
+        let remaining = limit - high;
+        let horizon_s = config.horizon_ms as f64 / 1000.0;
+        let to_oom_s = remaining.max(0.0) / rate;
+        if to_oom_s > horizon_s {
+            return None;
+        }
+        // The fastest and slowest pace between two runs give the range.
+        let paces: Vec<f64> = runs
+            .windows(2)
+            .map(|w| w[1].1 / ((w[1].0 - w[0].0).max(1) as f64 / 1000.0))
+            .collect();
+        let fast = paces.iter().copied().fold(rate, f64::max);
+        let slow = paces.iter().copied().fold(rate, f64::min);
+        let values: Vec<f64> = minutes.iter().map(|b| b.value as f64).collect();
+        let confidence = mann_kendall(&values).map_or(0.0, |mk| (1.0 - mk.p_value).clamp(0.0, 1.0));
+        Some(OomPrediction {
+            predicted_oom_at_ms: after(now_ms, to_oom_s),
+            earliest_ms: after(now_ms, remaining.max(0.0) / fast),
+            latest_ms: after(now_ms, remaining.max(0.0) / slow),
+            growth_bytes_per_s: rate,
             confidence,
         })
     }
@@ -448,6 +576,32 @@ mod tests {
             });
             assert_quiet(&results);
         }
+    }
+
+    #[test]
+    fn a_staircase_to_oom_warns_between_its_steps() {
+        let config = OomConfig::default();
+        // 4 GiB every 5 min from 30 GiB: 80 GiB at 62.5 min.
+        let steps = |t: i64| 30.0 * GIB + 4.0 * GIB * (t / 300) as f64 + jitter(5, t, 64.0 * MIB);
+        let results = run(&config, 80.0 * GIB, 3300, 10, steps);
+        let warned: Vec<i64> = results
+            .iter()
+            .filter(|(_, p)| p.is_some())
+            .map(|(t, _)| *t)
+            .collect();
+        let first = *warned.first().expect("a staircase towards the limit warns");
+        assert!(first <= 40 * 60, "first warning at {first} s");
+        // Between steps the window's last quarter is flat: only the
+        // staircase path sees it, and it keeps warning until the end.
+        assert!(warned.iter().any(|t| t % 300 > 150), "{warned:?}");
+        assert!(results.last().unwrap().1.is_some());
+    }
+
+    #[test]
+    fn a_slow_staircase_far_from_the_limit_stays_quiet() {
+        let config = OomConfig::default();
+        let steps = |t: i64| 30.0 * GIB + 0.5 * GIB * (t / 300) as f64 + jitter(6, t, 64.0 * MIB);
+        assert_quiet(&run(&config, 80.0 * GIB, 7200, 10, steps));
     }
 
     #[test]
