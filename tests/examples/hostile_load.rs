@@ -18,10 +18,9 @@
 //!    in every cached session: memory grows with the square of the calls).
 //! B. 250 fake agents × 8 GPUs (2,000 GPUs) register and stream one batch a
 //!    second (8 GPU samples, 2 process samples, timestamps = now) to a
-//!    collector on Postgres (`DATABASE_URL`, default
-//!    `postgres://postgres@127.0.0.1:5432/test`, names the server; a
-//!    throwaway database is created and dropped; SQLite when no server
-//!    answers). After 10 s, 500 clients open `GET /api/v1/stream` and read
+//!    collector on Postgres (a throwaway database on the server
+//!    `DATABASE_URL` names, or on a throwaway cluster; SQLite when neither
+//!    can be had). After 10 s, 500 clients open `GET /api/v1/stream` and read
 //!    it for 30 s, then disconnect. RSS before the clients, the most while
 //!    they read, right after and 20 s after they leave; the clients accepted
 //!    and refused; `GET /metrics` timed every 5 s while they read; batches
@@ -55,8 +54,7 @@ use headroom_proto::v1 as pb;
 use headroom_proto::v1::ingest_client::IngestClient;
 use headroom_tests::fixtures::now_ms;
 use headroom_tests::harness::{KillOnDrop, free_loopback_addr};
-use sqlx::Connection;
-use sqlx::postgres::PgConnection;
+use headroom_tests::postgres;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -409,57 +407,6 @@ async fn scenario_a(bin: &Path) {
 
 // ------------------------------------------------------------ scenario B
 
-/// A throwaway Postgres database, or `None` when no server answers.
-struct Database {
-    admin_url: String,
-    name: String,
-    url: String,
-}
-
-impl Database {
-    async fn create() -> Option<Self> {
-        let admin_url = std::env::var("DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-        let mut conn =
-            match tokio::time::timeout(Duration::from_secs(5), PgConnection::connect(&admin_url))
-                .await
-            {
-                Ok(Ok(conn)) => conn,
-                Ok(Err(e)) => {
-                    println!("(no Postgres at {admin_url}: {e}; B runs on SQLite)");
-                    return None;
-                }
-                Err(_) => {
-                    println!("(Postgres at {admin_url} did not answer; B runs on SQLite)");
-                    return None;
-                }
-            };
-        let name = format!("bench_hostile_{:08x}", rand::random::<u32>());
-        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        let (base, _) = admin_url.rsplit_once('/').unwrap();
-        let url = format!("{base}/{name}");
-        Some(Self {
-            admin_url,
-            name,
-            url,
-        })
-    }
-
-    async fn drop_database(self) {
-        if let Ok(mut conn) = PgConnection::connect(&self.admin_url).await {
-            let _ = sqlx::query(&format!(
-                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
-                self.name
-            ))
-            .execute(&mut conn)
-            .await;
-        }
-    }
-}
-
 fn gpu_uuid_b(agent: usize, gpu: usize) -> String {
     format!("GPU-{agent:08x}-{gpu:04x}-4000-8000-0000000b0b0b")
 }
@@ -647,7 +594,7 @@ fn acked_per_s(stats: &AgentStats, from: (Instant, u64)) -> f64 {
 
 async fn scenario_b(bin: &Path) {
     let dir = tempfile::tempdir().unwrap();
-    let db = Database::create().await;
+    let db = postgres::fresh_database().await;
     let url = match &db {
         Some(db) => db.url.clone(),
         None => format!("sqlite://{}", dir.path().join("headroom.db").display()),
