@@ -135,7 +135,7 @@ impl Default for TimeToOomRule {
             min_history: Span(d.min_history_ms),
             horizon: Span(d.horizon_ms),
             lookback: Span(d.lookback_ms),
-            for_: Span(60_000),
+            for_: Span(30_000),
         }
     }
 }

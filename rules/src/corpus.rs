@@ -259,6 +259,17 @@ fn steady(seed: u64, noise_mib: f64, level_gib: impl Fn(f64) -> f64) -> impl Fn(
     }
 }
 
+/// An idle GPU for `idle_min` minutes, then `job` as if it started then.
+fn after_idle(idle_min: i64, job: impl Fn(i64) -> Reading) -> impl Fn(i64) -> Reading {
+    move |t_s| {
+        if t_s < idle_min * 60 {
+            Reading::Exited
+        } else {
+            job(t_s - idle_min * 60)
+        }
+    }
+}
+
 /// A process that follows `level_gib` until it fills the GPU at
 /// `oom_at_min`, and dies of it. The noise never reaches the limit early:
 /// the OOM is when the label says.
@@ -323,6 +334,70 @@ fn healthy() -> Vec<LabelledTrace> {
             2.0 + 58.0 * (1.0 - (1.0 - x) * (1.0 - x))
         }),
     ));
+    // Load's first swing, from a trough at the start of the series, with
+    // no history to show it coming back: a quarter of the GPU, around two
+    // levels, at several periods.
+    for (low, high) in [(30.0, 50.0), (40.0, 60.0)] {
+        for period in [16.0, 20.0, 30.0, 45.0] {
+            traces.push(none(
+                &format!("none_load_from_trough_{low:.0}_{high:.0}gib_{period}m"),
+                &format!(
+                    "KV cache following load from its trough: {low} to {high} GiB and back every {period} min"
+                ),
+                steady(61, 128.0, move |t| {
+                    (low + high) / 2.0 - (high - low) / 2.0 * (TAU * t / period).cos()
+                }),
+            ));
+        }
+    }
+    for (seed, name) in [(152, "a"), (153, "b"), (154, "c")] {
+        traces.push(none(
+            &format!("none_load_irregular_5m_{name}"),
+            "KV cache following irregular load: 28 to 52 GiB, a new level every 5 min, eased, with 256 MiB noise",
+            steady(66, 256.0, move |t| eased_levels(seed, 5.0, 40.0, 12.0, t)),
+        ));
+    }
+    for (minutes, plateau) in [(10.0, 50.0), (15.0, 65.0), (30.0, 67.0), (40.0, 60.0)] {
+        traces.push(none(
+            &format!("none_warmup_ease_out_{minutes}m_to_{plateau:.0}gib"),
+            &format!(
+                "warm-up from 5 to {plateau} GiB whose pace falls linearly to zero over {minutes} min"
+            ),
+            steady(63, 128.0, move |t| {
+                let x = (t / minutes).min(1.0);
+                5.0 + (plateau - 5.0) * (1.0 - (1.0 - x) * (1.0 - x))
+            }),
+        ));
+    }
+    traces.push(none(
+        "none_warmup_after_idle",
+        "GPU idle for 30 min, then a job whose warm-up eases out from 5 to 60 GiB over 20 min",
+        after_idle(
+            30,
+            steady(62, 128.0, |t| {
+                let x = (t / 20.0).min(1.0);
+                5.0 + 55.0 * (1.0 - (1.0 - x) * (1.0 - x))
+            }),
+        ),
+    ));
+    for (half_min, plateau) in [(5.0, 60.0), (15.0, 67.0)] {
+        traces.push(none(
+            &format!("none_cache_fill_{half_min}m_to_{plateau:.0}gib"),
+            &format!(
+                "cache filling from 10 towards {plateau} GiB, half-way after {half_min} min and slower ever after"
+            ),
+            steady(64, 128.0, move |t| 10.0 + (plateau - 10.0) * t / (t + half_min)),
+        ));
+    }
+    for (tau, plateau) in [(3.0, 67.0), (10.0, 67.0)] {
+        traces.push(none(
+            &format!("none_plateau_near_capacity_tau{tau}m"),
+            &format!(
+                "warm-up from 5 GiB levelling off at {plateau} GiB, just below the watermark (exponential, time constant {tau} min)"
+            ),
+            steady(65, 64.0, move |t| plateau - (plateau - 5.0) * (-t / tau).exp()),
+        ));
+    }
     traces.push(none(
         "none_eval_sawtooth_5m",
         "eval loop: 30 GiB climbing to 36 GiB over each 5 min, then freed",
@@ -367,13 +442,18 @@ fn healthy() -> Vec<LabelledTrace> {
 /// 45 GiB ± 10 GiB, a new random level every 4 minutes reached by a cosine
 /// ease: load that comes and goes with no period.
 fn irregular_load(minute: f64) -> f64 {
-    const KNOT_MIN: f64 = 4.0;
-    let knot = (minute / KNOT_MIN).floor();
-    let x = minute / KNOT_MIN - knot;
-    let from = jitter(151, knot as i64, 1.0);
-    let to = jitter(151, knot as i64 + 1, 1.0);
+    eased_levels(151, 4.0, 45.0, 10.0, minute)
+}
+
+/// `centre` ± `spread` GiB, a new random level (drawn from `seed`) every
+/// `knot_min` minutes, reached by a cosine ease.
+fn eased_levels(seed: u64, knot_min: f64, centre: f64, spread: f64, minute: f64) -> f64 {
+    let knot = (minute / knot_min).floor();
+    let x = minute / knot_min - knot;
+    let from = jitter(seed, knot as i64, 1.0);
+    let to = jitter(seed, knot as i64 + 1, 1.0);
     let eased = (1.0 - (x * std::f64::consts::PI).cos()) / 2.0;
-    45.0 + 10.0 * (from + (to - from) * eased)
+    centre + spread * (from + (to - from) * eased)
 }
 
 fn leaks() -> Vec<LabelledTrace> {
@@ -470,6 +550,38 @@ fn ooms() -> Vec<LabelledTrace> {
         }),
     ));
     traces.push(oom(
+        "oom_from_job_start",
+        "a job climbing linearly from 10 GiB at its start to OOM at 30 min",
+        30,
+        MIN_LEAD_MIN,
+        until_oom(67, 30, |t| 10.0 + (PROCESS_LIMIT_GIB - 10.0) * t / 30.0),
+    ));
+    traces.push(oom(
+        "oom_after_idle",
+        "GPU idle for 30 min, then a job climbing linearly from 10 GiB at its start to OOM at 60 min",
+        60,
+        MIN_LEAD_MIN,
+        after_idle(
+            30,
+            until_oom(70, 30, |t| 10.0 + (PROCESS_LIMIT_GIB - 10.0) * t / 30.0),
+        ),
+    ));
+    // Growth that slows down, towards a level beyond capacity.
+    for (name, start_min, oom_at) in [
+        ("oom_overshooting_plateau_from_job_start", 0, 42),
+        ("oom_overshooting_plateau", 60, 102),
+    ] {
+        traces.push(oom(
+            name,
+            &format!(
+                "flat 20 GiB until {start_min} min, then levelling off towards 100 GiB, slower and slower, to OOM at {oom_at} min"
+            ),
+            oom_at,
+            MIN_LEAD_MIN,
+            until_oom(68, oom_at, move |t| overshooting_plateau(start_min, oom_at, t)),
+        ));
+    }
+    traces.push(oom(
         "oom_stepwise",
         "31.5 GiB, then 4 GiB more every 5 min from 55 min to OOM at 110 min",
         110,
@@ -480,6 +592,17 @@ fn ooms() -> Vec<LabelledTrace> {
         }),
     ));
     traces
+}
+
+/// 20 GiB until `start_min`, then an exponential approach to 100 GiB timed
+/// to reach the process's limit at `oom_at_min`.
+fn overshooting_plateau(start_min: i64, oom_at_min: i64, minute: f64) -> f64 {
+    const FROM: f64 = 20.0;
+    const TOWARDS: f64 = 100.0;
+    let climb_min = (oom_at_min - start_min) as f64;
+    let tau = climb_min / ((TOWARDS - FROM) / (TOWARDS - PROCESS_LIMIT_GIB)).ln();
+    let t = (minute - start_min as f64).max(0.0);
+    TOWARDS - (TOWARDS - FROM) * (-t / tau).exp()
 }
 
 #[cfg(test)]
@@ -536,12 +659,21 @@ mod tests {
                 "{}",
                 t.name
             );
-            assert_eq!(
-                rows[1].0 - rows[0].0,
-                0,
-                "GPU and process rows share a time"
+            // One GPU row per sample, and the process's (while it lives)
+            // at the same time.
+            let gpu_times: Vec<i64> = rows.iter().filter(|r| r.1.is_none()).map(|r| r.0).collect();
+            assert!(
+                gpu_times.windows(2).all(|w| w[1] - w[0] == 2000),
+                "{}",
+                t.name
             );
-            assert_eq!(rows[2].0 - rows[0].0, 2000);
+            assert!(
+                rows.iter()
+                    .filter(|r| r.1.is_some())
+                    .all(|r| gpu_times.binary_search(&r.0).is_ok()),
+                "{}: GPU and process rows share a time",
+                t.name
+            );
         }
     }
 

@@ -8,11 +8,8 @@ use crate::config::RulesConfig;
 use crate::corpus::Kind;
 use crate::score::{LeakVerdict, OomVerdict, score_corpus};
 
-/// Healthy traces that still get a time-to-OOM warning: the irregular load's
-/// first climb comes before any history shows it falling back, and the
-/// quadratic warm-up slows down linearly, which the exponential levelling-off
-/// model reads as a plateau above capacity.
-const KNOWN_FALSE_OOM_WARNINGS: &[&str] = &["none_load_irregular", "none_warmup_plateau"];
+/// Healthy traces that still get a time-to-OOM warning.
+const KNOWN_FALSE_OOM_WARNINGS: &[&str] = &[];
 /// OOM traces warned too late or not at all.
 const KNOWN_MISSED_OOMS: &[&str] = &[];
 

@@ -5,11 +5,15 @@
 //! one works on the upper envelope of max-filtered buckets (only new peaks
 //! count as growth) and demands agreement: the whole window and its recent
 //! half must both project OOM within the horizon, the raw peaks must trend up
-//! significantly, and the most recent quarter, on its own, must project OOM
-//! within the horizon too. A climb back to a level held earlier in the
-//! lookback (load that comes and goes) and a climb that clearly slows down
-//! towards a plateau below the limit are not forecast. A climb in steps,
-//! flat between them, is forecast from its steps over a longer span.
+//! significantly, the most recent quarter, on its own, must project OOM
+//! within the horizon too, and the last half minute must still be climbing.
+//! A climb back to a level held earlier in the lookback (load that comes and
+//! goes) and a climb that clearly slows down towards a plateau below the
+//! limit are not forecast. A climb with no settled past (a job that has just
+//! started, a GPU that was idle) is forecast only while it climbs steadily:
+//! warm-ups slow down and load's first swing speeds up, a march to OOM
+//! from a standing start does neither. A climb in steps, flat between them,
+//! is forecast from its steps over a longer span.
 
 use crate::trend::{
     Bucket, BucketRing, Extreme, downsample_max, mann_kendall, median, slope_quantiles, theil_sen,
@@ -39,6 +43,24 @@ const MIN_STEP_SHARE_OF_LIMIT: f64 = 0.01;
 const STEP_SPACINGS_LATE: f64 = 1.5;
 /// Width of the lookback's buckets.
 const HISTORY_BUCKET_MS: i64 = 60_000;
+/// Below this share of the limit a device holds no job's memory (an idle
+/// GPU shows the driver's few hundred MiB).
+const IDLE_SHARE_OF_LIMIT: f64 = 0.05;
+/// The newest readings must still climb over at least this many seconds...
+const STILL_CLIMBING_S: f64 = 30.0;
+/// ...or as long as the latest pace takes to add this many typical swings...
+const STILL_CLIMBING_SWINGS: f64 = 2.0;
+/// ...by at least this share of what the latest pace adds over that span.
+const STILL_CLIMBING_SHARE: f64 = 0.5;
+/// Windows of memory held above idle before the current window that make a
+/// past a climb stands on.
+const SETTLE_WINDOWS: i64 = 2;
+/// A climb without a settled past is forecast only when its pace in each
+/// third of the window, and of its minutes since memory was last idle, is
+/// at least this share of the fastest third's.
+const YOUNG_STEADY_RATIO: f64 = 0.9;
+/// Fewest points whose thirds give three paces.
+const STEADY_MIN_POINTS: usize = 4;
 
 /// Thresholds of the time-to-OOM rule.
 #[derive(Debug, Clone, PartialEq)]
@@ -223,16 +245,34 @@ impl OomPredictor {
         if !(whole.slope > 0.0 && recent.slope > 0.0 && latest.slope > 0.0) {
             return None;
         }
-
-        // Memory given back since the peak, by more than readings normally
-        // swing within a bucket, means the climb was a cycle (an eval loop
-        // whose period is about the minimum history), not a march to OOM.
         let mut swings: Vec<f64> = buckets
             .iter()
             .map(|b| b.value.abs_diff(b.opposite) as f64)
             .collect();
         let swing = median(&mut swings)?;
-        let (_, peak) = *envelope.last()?;
+        // Still climbing: over the newest half minute (longer for a climb
+        // slow against the noise, up to the latest quarter) the envelope
+        // has to rise by a fair share of what the latest pace adds. A climb
+        // that has just stopped (an evaluation's memory in place, load that
+        // has reached its level) still leaves a steep slope in every part of
+        // the window for minutes, and only the newest readings tell.
+        let latest_from = envelope[n - (n / 4).max(MIN_SEGMENT_POINTS)].0;
+        let (last_x, peak) = *envelope.last()?;
+        let span_s = (STILL_CLIMBING_SWINGS * swing / latest.slope)
+            .min(last_x - latest_from)
+            .max(STILL_CLIMBING_S);
+        let before = envelope
+            .iter()
+            .rev()
+            .find(|&&(x, _)| x <= last_x - span_s)
+            .map(|&(_, y)| y)?;
+        if peak - before < STILL_CLIMBING_SHARE * latest.slope * span_s {
+            return None;
+        }
+
+        // Memory given back since the peak, by more than readings normally
+        // swing within a bucket, means the climb was a cycle (an eval loop
+        // whose period is about the minimum history), not a march to OOM.
         if peak - last_used as f64 > RELEASE_SWINGS * swing {
             return None;
         }
@@ -254,6 +294,24 @@ impl OomPredictor {
         let limit = limit_bytes as f64;
         let level_now = recent.at(0.0);
         let remaining = limit - level_now;
+        let settled = self.settled(config, limit, window_start);
+        // A climb with no settled past (a job starting on an idle GPU, a
+        // new series) is a warm-up or the first swing of load until it has
+        // shown otherwise: it is forecast only while it climbs steadily.
+        // Warm-ups slow down and a load's first swing speeds up then slows
+        // down; a real march to OOM from a standing start goes at its pace.
+        if !settled {
+            let climb = self.climb_since_idle(limit, now_ms);
+            let since = climb.first().map_or(f64::INFINITY, |p| p.0);
+            let recent_part: Vec<(f64, f64)> =
+                envelope.iter().copied().filter(|p| p.0 >= since).collect();
+            // A climb younger than a few minutes lies wholly in the window's
+            // finer peaks.
+            let climb_steady = climb.len() < STEADY_MIN_POINTS || steady(&climb);
+            if !(climb_steady && steady(&recent_part)) {
+                return None;
+            }
+        }
         // Growth that slows down levels off: with the older half climbing
         // faster than the recent one, a rate decaying exponentially at the
         // pace the halves show adds `rate × τ` more, and a plateau below the
@@ -300,6 +358,52 @@ impl OomPredictor {
 }
 
 impl OomPredictor {
+    /// Whether memory was held (above idle) through the `SETTLE_WINDOWS`
+    /// windows before `window_start`: a past the current climb stands on.
+    fn settled(&self, config: &OomConfig, limit: f64, window_start: i64) -> bool {
+        let span = config.window_ms.saturating_mul(SETTLE_WINDOWS);
+        let since = window_start.saturating_sub(span);
+        let needed = (span / HISTORY_BUCKET_MS).max(1) - 1;
+        let held = self
+            .history
+            .buckets()
+            .filter(|b| {
+                let start = self.history.start_of(b);
+                start >= since && start.saturating_add(HISTORY_BUCKET_MS) <= window_start
+            })
+            .filter(|b| b.value as f64 >= IDLE_SHARE_OF_LIMIT * limit)
+            .count();
+        held as i64 >= needed
+    }
+
+    /// Minute peaks, as a running maximum, since memory last stood idle (or
+    /// the series began), with times in seconds relative to `now_ms`.
+    fn climb_since_idle(&self, limit: f64, now_ms: i64) -> Vec<(f64, f64)> {
+        let Some((last_ts, _)) = self.history.last() else {
+            return Vec::new();
+        };
+        let newest_index = last_ts.div_euclid(HISTORY_BUCKET_MS);
+        let mut climb: Vec<(f64, f64)> = Vec::new();
+        let mut expected_index = None;
+        for b in self.history.buckets().filter(|b| b.index != newest_index) {
+            let held = b.value as f64 >= IDLE_SHARE_OF_LIMIT * limit;
+            // A gap in reporting breaks the climb as idle memory does.
+            if !held || expected_index.is_some_and(|i| i != b.index) {
+                climb.clear();
+            }
+            expected_index = Some(b.index + 1);
+            if held {
+                climb.push(((b.value_ts - now_ms) as f64 / 1000.0, b.value as f64));
+            }
+        }
+        let mut high = f64::NEG_INFINITY;
+        for point in &mut climb {
+            high = high.max(point.1);
+            point.1 = high;
+        }
+        climb
+    }
+
     /// A climb in steps (a job that grabs another block every few minutes),
     /// which the trend misses: between two steps the last quarter of the
     /// window is flat. Over `STAIRCASE_WINDOWS` windows of minute peaks, the
@@ -410,6 +514,23 @@ impl OomPredictor {
     }
 }
 
+/// Whether each third of `envelope` climbs at a pace within
+/// [`YOUNG_STEADY_RATIO`] of the fastest third's.
+fn steady(envelope: &[(f64, f64)]) -> bool {
+    let n = envelope.len();
+    if n < STEADY_MIN_POINTS {
+        return false;
+    }
+    let edges = [0, n / 3, 2 * n / 3, n - 1].map(|i| envelope[i]);
+    let paces: Vec<f64> = edges
+        .windows(2)
+        .map(|w| (w[1].1 - w[0].1) / (w[1].0 - w[0].0))
+        .collect();
+    let fastest = paces.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let slowest = paces.iter().copied().fold(f64::INFINITY, f64::min);
+    fastest.is_finite() && fastest > 0.0 && slowest >= YOUNG_STEADY_RATIO * fastest
+}
+
 /// How much more a decelerating climb adds before it levels off, when the
 /// older half of `envelope` climbs faster than the recent half; `None` when
 /// it does not slow down.
@@ -482,6 +603,22 @@ mod tests {
             }
         }
         out
+    }
+
+    /// No forecast holds for `for_s` running, as the rule's default `for`
+    /// demands before it warns.
+    fn assert_never_held(results: &[(i64, Option<OomPrediction>)], for_s: i64) {
+        let mut since = None;
+        for (t, p) in results {
+            since = match (p, since) {
+                (Some(_), None) => Some(*t),
+                (Some(_), held) => held,
+                (None, _) => None,
+            };
+            if let Some(start) = since {
+                assert!(t - start < for_s, "a forecast held from {start} s to {t} s");
+            }
+        }
     }
 
     fn assert_quiet(results: &[(i64, Option<OomPrediction>)]) {
@@ -563,7 +700,10 @@ mod tests {
         };
         let results = run(&long, 80.0 * GIB, 3600, 10, trace);
         let oom_at_s = 30.0 * GIB / rate;
-        assert_predicts(&results, 310, 3600, oom_at_s, 0.15);
+        // A new series this slow and noisy is not steady enough, minute to
+        // minute, to be told from a warm-up: it is forecast once it has a
+        // settled past.
+        assert_predicts(&results, 1800, 3600, oom_at_s, 0.15);
     }
 
     #[test]
@@ -576,6 +716,84 @@ mod tests {
             });
             assert_quiet(&results);
         }
+    }
+
+    #[test]
+    fn a_new_job_whose_climb_slows_down_never_warns() {
+        let config = OomConfig::default();
+        // Warm-ups whose pace falls linearly to zero (the hardest to tell
+        // from a ramp: nearly straight at first), towards 50-67 GiB of 80.
+        for (minutes, plateau) in [(10.0, 50.0), (20.0, 60.0), (30.0, 67.0), (40.0, 60.0)] {
+            let results = run(&config, 80.0 * GIB, 3600, 10, |t| {
+                let x = (t as f64 / 60.0 / minutes).min(1.0);
+                5.0 * GIB
+                    + (plateau - 5.0) * GIB * (1.0 - (1.0 - x) * (1.0 - x))
+                    + jitter(11, t, 128.0 * MIB)
+            });
+            // The slowest ease-out is nearly straight for its first minutes:
+            // a forecast may flicker, but never for as long as `for`.
+            assert_never_held(&results, 30);
+        }
+    }
+
+    #[test]
+    fn the_first_swing_of_load_never_warns() {
+        let config = OomConfig::default();
+        // From a trough, with no history of coming back down: speeds up,
+        // then slows down.
+        for period_min in [16.0, 20.0, 30.0, 45.0] {
+            let results = run(&config, 80.0 * GIB, 3600, 10, |t| {
+                let phase = std::f64::consts::TAU * t as f64 / 60.0 / period_min;
+                50.0 * GIB - 10.0 * GIB * phase.cos() + jitter(12, t, 128.0 * MIB)
+            });
+            assert_quiet(&results);
+        }
+    }
+
+    #[test]
+    fn a_job_on_an_idle_gpu_is_judged_by_its_own_climb() {
+        let config = OomConfig::default();
+        let idle = 300.0 * MIB;
+        // Idle for 30 min, then a job climbing 2.5 GiB/min from 10 GiB: OOM
+        // 28 min after it starts.
+        let rate = 2.5 * GIB / 60.0;
+        let results = run(&config, 80.0 * GIB, 3400, 10, |t| {
+            if t < 1800 {
+                idle
+            } else {
+                10.0 * GIB + rate * (t - 1800) as f64
+            }
+        });
+        let oom_at_s = 1800.0 + 70.0 * GIB / rate;
+        assert_predicts(&results, 1800 + 600, 3300, oom_at_s, 0.15);
+        // The same idle GPU, then a warm-up easing out at 60 GiB.
+        let results = run(&config, 80.0 * GIB, 5400, 10, |t| {
+            if t < 1800 {
+                return idle;
+            }
+            let x = ((t - 1800) as f64 / 1200.0).min(1.0);
+            5.0 * GIB + 55.0 * GIB * (1.0 - (1.0 - x) * (1.0 - x))
+        });
+        assert_quiet(&results);
+    }
+
+    #[test]
+    fn a_climb_that_has_stopped_is_not_forecast() {
+        let config = OomConfig::default();
+        // 40 min at 50 GiB, then 10 GiB more over 2 min, held: the climb is
+        // steep in every part of the window for minutes after it stops.
+        let results = run(&config, 80.0 * GIB, 3600, 2, |t| {
+            let climb = ((t - 2400) as f64 / 120.0).clamp(0.0, 1.0);
+            50.0 * GIB + 10.0 * GIB * climb + jitter(13, t, 64.0 * MIB)
+        });
+        let after_stop: Vec<_> = results
+            .iter()
+            .filter(|(t, _)| *t >= 2400 + 120 + 60)
+            .collect();
+        assert!(
+            after_stop.iter().all(|(_, p)| p.is_none()),
+            "{after_stop:?}"
+        );
     }
 
     #[test]

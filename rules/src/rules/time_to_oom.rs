@@ -7,8 +7,9 @@
 //! window) is `oom.rs`; this rule feeds it every interval, judges against
 //! the memory that can still be allocated (total less what the driver
 //! reserves), and turns critical when the predicted OOM is within the
-//! nearest third of the horizon. It fires at once, with no `for`: the
-//! predictor already demands minutes of consistent evidence.
+//! nearest third of the horizon. A forecast has to hold for `for` (30 s by
+//! default) before it warns: the end of a fast climb that has just stopped
+//! still looks like a ramp for a few evaluations.
 
 use crate::config::{RulesConfig, Severity};
 use crate::describe::{device_name, minutes};
