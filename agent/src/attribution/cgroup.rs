@@ -20,8 +20,9 @@
 //! | `nerdctl-<id>.scope`, `<id>` under `default` (nerdctl's namespace) | Containerd |
 //! | `crio-<id>.scope`, `crio-<id>` (cgroupfs)  | CriO         |
 //! | `libpod-<id>.scope`, `libpod-<id>`         | Podman       |
+//! | `libpod-payload-<id>` (under a Quadlet unit's `<name>.service`, `--cgroups=split`) | Podman |
 //! | `<slice>:<prefix>:<id>` (runc's systemd path taken literally, as k3s and containerd-in-a-container show it) | by prefix |
-//! | any other bare `<id>` (the kubelet's cgroupfs driver, `--cgroup-parent`) | Unknown |
+//! | any other bare `<id>` (the kubelet's cgroupfs driver, `--cgroup-parent`) | the daemon another line of the file sits in, else Unknown |
 //!
 //! `<id>` is always 64 lowercase hex digits. `crio-conmon-*` and
 //! `libpod-conmon-*` hold the runtimes' monitor processes, not the container,
@@ -114,6 +115,12 @@ impl CgroupOwner {
 /// reliably runtimes manage them, and the first that says anything wins
 /// whole: mixing fields from different lines could pair a pod with a
 /// container that is not its own. Malformed lines are skipped.
+///
+/// A container named by its id alone (the kubelet's cgroupfs driver) gets
+/// its runtime from a line that sits in a runtime daemon's service: on a
+/// hybrid host the unified `0::` line stays with the daemon that started the
+/// container's shim (`containerd.service`, k3s' embedded containerd,
+/// `crio.service`) while the v1 controllers carry the pod path.
 pub fn classify_cgroup_file(contents: &str) -> CgroupOwner {
     let mut lines: Vec<(u8, &str)> = contents
         .lines()
@@ -123,11 +130,35 @@ pub fn classify_cgroup_file(contents: &str) -> CgroupOwner {
         })
         .collect();
     lines.sort_by_key(|&(rank, _)| rank);
-    lines
-        .into_iter()
-        .map(|(_, path)| classify_path(path))
+    let mut owner = lines
+        .iter()
+        .map(|&(_, path)| classify_path(path))
         .find(|owner| !owner.is_empty())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if let Some(container) = owner
+        .container
+        .as_mut()
+        .filter(|c| c.runtime == ContainerRuntime::Unknown)
+        && let Some(runtime) = lines.iter().find_map(|&(_, path)| daemon_runtime(path))
+    {
+        container.runtime = runtime;
+    }
+    owner
+}
+
+/// The runtime whose daemon's systemd service a path is in.
+fn daemon_runtime(path: &str) -> Option<ContainerRuntime> {
+    path.split('/').find_map(|component| match component {
+        "containerd.service"
+        | "snap.microk8s.daemon-containerd.service"
+        | "k3s.service"
+        | "k3s-agent.service"
+        | "rke2-server.service"
+        | "rke2-agent.service" => Some(ContainerRuntime::Containerd),
+        "crio.service" => Some(ContainerRuntime::CriO),
+        "docker.service" | "cri-docker.service" => Some(ContainerRuntime::Docker),
+        _ => None,
+    })
 }
 
 /// Splits `hierarchy-ID:controllers:path`; the path may itself hold `:`.
@@ -217,11 +248,14 @@ fn colon_form(component: &str) -> Option<(Option<Pod>, Container)> {
 
 fn container_component(component: &str, parent: Option<&str>) -> Option<Container> {
     let name = component.strip_suffix(".scope").unwrap_or(component);
-    const PREFIXES: [(&str, ContainerRuntime); 5] = [
+    const PREFIXES: [(&str, ContainerRuntime); 6] = [
         ("cri-containerd-", ContainerRuntime::Containerd),
         ("nerdctl-", ContainerRuntime::Containerd),
         ("crio-", ContainerRuntime::CriO),
         ("docker-", ContainerRuntime::Docker),
+        // `--cgroups=split` (Quadlet's default): the payload in a child of
+        // the unit's own cgroup, conmon in the unit's.
+        ("libpod-payload-", ContainerRuntime::Podman),
         ("libpod-", ContainerRuntime::Podman),
     ];
     let (runtime, id) = PREFIXES
@@ -472,6 +506,35 @@ mod tests {
         assert_eq!(
             classify_path(&path),
             only_container(ContainerRuntime::Podman, ID)
+        );
+    }
+
+    #[test]
+    fn podman_quadlet_payload_under_its_unit() {
+        for path in [
+            format!("/system.slice/inference.service/libpod-payload-{ID}"),
+            // Rootless, from a user unit.
+            format!(
+                "/user.slice/user-1000.slice/user@1000.service/app.slice/inference.service/libpod-payload-{ID}"
+            ),
+            // A Quadlet `.pod`: the pod's unit holds its containers' payloads.
+            format!("/system.slice/trainers-pod.service/libpod-payload-{ID}"),
+        ] {
+            assert_eq!(
+                classify_path(&path),
+                only_container(ContainerRuntime::Podman, ID),
+                "{path}"
+            );
+        }
+        // Podman's cgroupfs manager, without systemd.
+        assert_eq!(
+            classify_path(&format!("/libpod_parent/libpod-{ID}")),
+            only_container(ContainerRuntime::Podman, ID)
+        );
+        // conmon stays in the unit's own cgroup: no container.
+        assert_eq!(
+            classify_path("/system.slice/inference.service"),
+            CgroupOwner::default()
         );
     }
 
@@ -737,6 +800,54 @@ mod tests {
              1:name=systemd:/docker/{ID}\n\
              0::/system.slice/containerd.service\n"
         );
+        assert_eq!(
+            classify_cgroup_file(&file),
+            only_container(ContainerRuntime::Docker, ID)
+        );
+    }
+
+    #[test]
+    fn hybrid_host_names_the_runtime_from_the_daemon_line() {
+        // The kubelet's cgroupfs driver on a hybrid host: the v1 lines carry
+        // the pod path with a bare id, the unified line the daemon that
+        // started the shim.
+        let hybrid = |daemon: &str| {
+            format!(
+                "12:memory:/kubepods/burstable/pod{POD}/{ID}\n\
+                 11:pids:/kubepods/burstable/pod{POD}/{ID}\n\
+                 9:cpu,cpuacct:/kubepods/burstable/pod{POD}/{ID}\n\
+                 1:name=systemd:/kubepods/burstable/pod{POD}/{ID}\n\
+                 0::{daemon}\n"
+            )
+        };
+        for (daemon, runtime) in [
+            (
+                "/system.slice/containerd.service",
+                ContainerRuntime::Containerd,
+            ),
+            (
+                "/system.slice/k3s-agent.service",
+                ContainerRuntime::Containerd,
+            ),
+            ("/system.slice/crio.service", ContainerRuntime::CriO),
+            ("/system.slice/cri-docker.service", ContainerRuntime::Docker),
+            (
+                "/user.slice/user-0.slice/session-1.scope",
+                ContainerRuntime::Unknown,
+            ),
+        ] {
+            assert_eq!(
+                classify_cgroup_file(&hybrid(daemon)),
+                in_pod(Some(QosClass::Burstable), runtime),
+                "{daemon}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_runtime_the_path_names_is_kept_whatever_the_daemon_line_says() {
+        // Docker's shims run under containerd.service on many hosts.
+        let file = format!("11:memory:/docker/{ID}\n0::/system.slice/containerd.service\n");
         assert_eq!(
             classify_cgroup_file(&file),
             only_container(ContainerRuntime::Docker, ID)

@@ -226,6 +226,26 @@ fn owners_by_layout() {
             None,
         ),
         (
+            "podman quadlet v2 system unit",
+            v2(&format!(
+                "/system.slice/inference.service/libpod-payload-{ID}"
+            )),
+            container(Podman),
+            None,
+            None,
+        ),
+        (
+            "k8s v1 cgroupfs burstable on a cri-o hybrid host",
+            format!(
+                "11:memory:/kubepods/burstable/pod{POD}/{ID}\n\
+                 1:name=systemd:/kubepods/burstable/pod{POD}/{ID}\n\
+                 0::/system.slice/crio.service\n"
+            ),
+            container(CriO),
+            pod(Burstable),
+            None,
+        ),
+        (
             "k8s v2 systemd guaranteed containerd",
             v2(&format!(
                 "/kubepods.slice/kubepods-pod{POD_US}.slice/cri-containerd-{ID}.scope"
@@ -264,21 +284,21 @@ fn owners_by_layout() {
         (
             "k8s v1 cgroupfs guaranteed",
             v1(&format!("/kubepods/pod{POD}/{ID}")),
-            container(Unknown),
+            container(Containerd),
             pod(Guaranteed),
             None,
         ),
         (
             "k8s v1 cgroupfs burstable",
             v1(&format!("/kubepods/burstable/pod{POD}/{ID}")),
-            container(Unknown),
+            container(Containerd),
             pod(Burstable),
             None,
         ),
         (
             "k8s v1 cgroupfs besteffort",
             v1(&format!("/kubepods/besteffort/pod{POD}/{ID}")),
-            container(Unknown),
+            container(Containerd),
             pod(BestEffort),
             None,
         ),
