@@ -210,6 +210,58 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// A streaming standby of `primary` (`pg_basebackup -R`), started on a
+    /// port of its own and crash-safe like a production server.
+    pub fn standby_of(primary: &Cluster) -> anyhow::Result<Self> {
+        let basebackup = find_bin("pg_basebackup").context("pg_basebackup not found")?;
+        let dir = tempfile::Builder::new()
+            .prefix("headroom-pg-standby-")
+            .tempdir()?
+            .keep();
+        if is_root() {
+            run(
+                {
+                    let mut c = Command::new("chown");
+                    c.arg("postgres:").arg(&dir);
+                    c
+                },
+                "chown of the standby's folder",
+            )?;
+        }
+        let data = dir.join("data");
+        let mut backup = pg_command(&basebackup);
+        backup
+            .args(["-h", "127.0.0.1", "-p", &primary.port.to_string()])
+            .args(["-U", "postgres", "-D"])
+            .arg(&data)
+            .args(["-R", "-X", "stream", "--no-sync"]);
+        run(backup, "pg_basebackup")?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let standby = Self {
+            dir,
+            data,
+            pg_ctl: primary.pg_ctl.clone(),
+            port,
+            durable: true,
+        };
+        standby.start()?;
+        Ok(standby)
+    }
+
+    /// Makes a standby the primary (`pg_ctl promote`), waiting until it is.
+    pub fn promote(&self) -> anyhow::Result<()> {
+        let mut promote = pg_command(&self.pg_ctl);
+        promote.arg("-D").arg(&self.data).args(["-w", "promote"]);
+        run(promote, "pg_ctl promote")
+    }
+
+    /// `127.0.0.1:PORT`, as a host of a multi-host URL.
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
     pub fn admin_url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }

@@ -4,12 +4,16 @@
 //! and when it dies its connection (and so the lock) goes with it, and the
 //! next pass of another collector takes over.
 
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
+use std::sync::Arc;
+use std::time::Instant;
+
+use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Connection, Postgres, Row, Transaction};
 use tokio::sync::Mutex;
 
 use super::packed::ProcessPoint;
 use super::packing;
+use super::primary::Primary;
 use crate::StoreError;
 use crate::model::GpuSampleRow;
 use crate::rollup::{
@@ -111,14 +115,15 @@ fn keep_ms(keep: Keep, storage: &StorageConfig) -> i64 {
 /// The connection that holds the leader lock, while this collector leads.
 #[derive(Debug)]
 pub(super) struct Leadership {
-    options: PgConnectOptions,
-    held: Mutex<Option<PgConnection>>,
+    primary: Arc<Primary>,
+    /// The connection holding the lock, and when it was opened.
+    held: Mutex<Option<(PgConnection, Instant)>>,
 }
 
 impl Leadership {
-    pub(super) fn new(options: PgConnectOptions) -> Self {
+    pub(super) fn new(primary: Arc<Primary>) -> Self {
         Self {
-            options,
+            primary,
             held: Mutex::new(None),
         }
     }
@@ -126,14 +131,17 @@ impl Leadership {
     /// True while this collector holds the lock; tries to take it when not.
     async fn lead(&self) -> bool {
         let mut held = self.held.lock().await;
-        if let Some(conn) = held.as_mut() {
-            if conn.ping().await.is_ok() {
+        if let Some((conn, opened)) = held.as_mut() {
+            // A lock on a host no longer written to (after a failover) leads
+            // nothing.
+            if *opened >= self.primary.switched_at() && conn.ping().await.is_ok() {
                 return true;
             }
             tracing::warn!("lost the maintenance lock's connection; trying to take it again");
             *held = None;
         }
-        let Ok(mut conn) = PgConnection::connect_with(&self.options).await else {
+        let opened = Instant::now();
+        let Ok(mut conn) = PgConnection::connect_with(&self.primary.options()).await else {
             return false;
         };
         let taken: Result<bool, _> = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
@@ -142,7 +150,7 @@ impl Leadership {
             .await;
         if matches!(taken, Ok(true)) {
             tracing::info!("this collector now runs storage maintenance");
-            *held = Some(conn);
+            *held = Some((conn, opened));
             true
         } else {
             false
@@ -151,7 +159,7 @@ impl Leadership {
 
     /// Gives the lock up (shutdown), so another collector takes over at once.
     pub(super) async fn resign(&self) {
-        if let Some(conn) = self.held.lock().await.take() {
+        if let Some((conn, _)) = self.held.lock().await.take() {
             let _ = conn.close().await;
         }
     }

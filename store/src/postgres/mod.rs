@@ -19,6 +19,7 @@ mod fold;
 mod maintenance;
 mod packed;
 mod packing;
+mod primary;
 
 use packed::ProcessPoint;
 mod process_cache;
@@ -64,25 +65,48 @@ impl PostgresStore {
             .await?)
     }
 
+    /// Connects to the database `url` names. A URL with a host list
+    /// (`postgres://u@db-a:5432,db-b:5432/db?target_session_attrs=read-write`)
+    /// connects to the first host that takes writes and follows a failover
+    /// to another while the store runs (see `primary.rs`).
     pub async fn connect(url: &str, storage: StorageConfig) -> Result<Self, StoreError> {
-        let options: PgConnectOptions = url.parse()?;
-        let pool = PgPoolOptions::new()
+        let primary = Arc::new(primary::Primary::parse(url)?);
+        let mut pool_options = PgPoolOptions::new()
             .max_connections(16)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options.clone())
-            .await?;
+            .acquire_timeout(Duration::from_secs(10));
+        if primary.has_standbys() {
+            primary.find().await?;
+            tracing::info!(host = primary.host(), "writing to this database host");
+            // A connection to the host written to before a failover goes.
+            let follows = Arc::downgrade(&primary);
+            pool_options = pool_options.before_acquire(move |_conn, meta| {
+                let fresh = follows
+                    .upgrade()
+                    .is_none_or(|primary| meta.age <= primary.switched_at().elapsed());
+                Box::pin(async move { Ok(fresh) })
+            });
+        }
+        let options: PgConnectOptions = primary.options();
+        let pool = pool_options.connect_with(options).await?;
         MIGRATOR.run(&pool).await?;
         let store = Self {
             pool,
             storage,
-            leadership: Arc::new(maintenance::Leadership::new(options.clone())),
+            leadership: Arc::new(maintenance::Leadership::new(primary.clone())),
             process_cache: Arc::default(),
             latest_cache: Arc::default(),
             node_cache: Arc::default(),
             process_seen: Arc::default(),
             clock: Clock::System,
-            writers: Arc::new(write_connections::WriteConnections::new(options)),
+            writers: Arc::new(write_connections::WriteConnections::new(primary.clone())),
         };
+        if primary.has_standbys() {
+            tokio::spawn(follow_failover(
+                Arc::downgrade(&primary),
+                Arc::downgrade(&store.writers),
+                store.pool.clone(),
+            ));
+        }
         // Today's partitions exist before the first batch, whoever leads.
         let now = Clock::System.now_ms();
         maintenance::ensure_partitions(
@@ -688,6 +712,49 @@ struct NodeRow {
     id: i64,
     #[sqlx(flatten)]
     view: NodeView,
+}
+
+/// Checks once a second that the host written to still takes writes, and
+/// moves the pool, the ingest writers and (through them) the maintenance
+/// lock to the first host that does when it stops. Ends with the store.
+async fn follow_failover(
+    primary: std::sync::Weak<primary::Primary>,
+    writers: std::sync::Weak<write_connections::WriteConnections>,
+    pool: PgPool,
+) {
+    const EVERY: Duration = Duration::from_secs(1);
+    let mut outage_reported = false;
+    loop {
+        tokio::time::sleep(EVERY).await;
+        let (Some(primary), Some(writers)) = (primary.upgrade(), writers.upgrade()) else {
+            return;
+        };
+        if pool.is_closed() {
+            return;
+        }
+        if primary.current_is_acceptable().await {
+            continue;
+        }
+        let was = primary.host().to_owned();
+        match primary.find().await {
+            Ok(_) => {
+                let now = primary.host().to_owned();
+                if now != was {
+                    pool.set_connect_options(primary.options());
+                    writers.forget_idle();
+                    tracing::warn!(from = %was, to = %now, "the database host taking writes changed; writing there");
+                }
+                outage_reported = false;
+            }
+            Err(error) => {
+                // Once per outage, not once a second.
+                if !outage_reported {
+                    tracing::error!(%error, "no database host takes writes; agents keep their batches until one does");
+                    outage_reported = true;
+                }
+            }
+        }
+    }
 }
 
 /// "no partition of relation … found for row" (a check violation).

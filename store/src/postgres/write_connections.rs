@@ -6,11 +6,12 @@
 //! a few milliseconds of every write's `BEGIN`. A writer's connection here
 //! goes straight back, and keeps its prepared statements.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use sqlx::Connection;
-use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::postgres::PgConnection;
 
+use super::primary::Primary;
 use crate::StoreError;
 
 /// Connections kept at most; a burst of more concurrent writes opens more
@@ -19,24 +20,32 @@ const KEEP: usize = 8;
 
 #[derive(Debug)]
 pub(super) struct WriteConnections {
-    options: PgConnectOptions,
+    primary: Arc<Primary>,
     idle: Mutex<Vec<PgConnection>>,
 }
 
 impl WriteConnections {
-    pub(super) fn new(options: PgConnectOptions) -> Self {
+    pub(super) fn new(primary: Arc<Primary>) -> Self {
         Self {
-            options,
+            primary,
             idle: Mutex::new(Vec::new()),
         }
     }
 
-    /// An idle connection, or a new one.
+    /// An idle connection, or a new one to the host written to now.
     pub(super) async fn take(&self) -> Result<PgConnection, StoreError> {
         let idle = self.idle.lock().ok().and_then(|mut idle| idle.pop());
         match idle {
             Some(conn) => Ok(conn),
-            None => Ok(PgConnection::connect_with(&self.options).await?),
+            None => Ok(PgConnection::connect_with(&self.primary.options()).await?),
+        }
+    }
+
+    /// Drops the idle connections (they are to a host no longer written
+    /// to), without waiting for their goodbyes.
+    pub(super) fn forget_idle(&self) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.clear();
         }
     }
 

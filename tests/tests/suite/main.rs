@@ -28,6 +28,7 @@ mod kubernetes;
 mod nvml_agent;
 mod nvml_source;
 mod postgres_cluster;
+mod postgres_failover;
 mod postgres_packing;
 mod python_client;
 mod store_conformance;
