@@ -145,10 +145,16 @@ fn the_kustomization_applies_every_manifest_and_names_every_image() {
         .collect();
     assert!(!used.is_empty());
     for image in &used {
-        assert!(named.contains(image), "{image} is not in kustomization.yaml's images");
+        assert!(
+            named.contains(image),
+            "{image} is not in kustomization.yaml's images"
+        );
     }
     for image in &named {
-        assert!(used.contains(image), "kustomization.yaml names {image}, which nothing runs");
+        assert!(
+            used.contains(image),
+            "kustomization.yaml names {image}, which nothing runs"
+        );
     }
     let tags = list_values(&kustomization, "images", Some("newTag"));
     assert_eq!(tags.len(), named.len(), "every image gets a tag");

@@ -16,6 +16,7 @@ mod allocator;
 mod architecture;
 mod chaos;
 mod coalesced_writes;
+mod container_image;
 mod dashboard_auth;
 mod dashboard_browser;
 mod doc_links;
