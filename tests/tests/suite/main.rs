@@ -32,6 +32,7 @@ mod postgres_cluster;
 mod postgres_failover;
 mod postgres_packing;
 mod python_client;
+mod release;
 mod store_conformance;
 mod systemd;
 mod uplink_refusals;
