@@ -18,7 +18,7 @@ const level = (frac) => frac >= 0.95 ? "crit" : frac >= 0.9 ? "warn" : "ok";
 const LEVEL_TEXT = { ok: "OK", warn: "HIGH", crit: "CRITICAL", none: "NO DATA" };
 
 // What the page knows, shared by the views; tests read it through window.__headroom.
-const state = { nodes: [], gpus: new Map(), alerts: { pending: 0, firing: 0 }, processes: [], updates: 0, charts: [], connected: false };
+const state = { nodes: [], gpus: new Map(), alerts: { pending: 0, firing: 0 }, deviceAlerts: {}, processes: [], updates: 0, charts: [], connected: false };
 window.__headroom = state;
 
 async function getJson(url, options) {
@@ -68,6 +68,7 @@ function applyFleet(msg, snapshot) {
   for (const d of msg.gpus || []) state.gpus.set(d.uuid, d);
   for (const uuid of msg.removed || []) state.gpus.delete(uuid);
   if (msg.nodes) state.nodes = msg.nodes;
+  if (msg.device_alerts) state.deviceAlerts = msg.device_alerts;
   if (msg.alerts) {
     const changed = msg.alerts.pending !== state.alerts.pending || msg.alerts.firing !== state.alerts.firing;
     state.alerts = msg.alerts;
@@ -206,13 +207,20 @@ function tileNumbers(d) {
 function tileParts(d) {
   const n = tileNumbers(d);
   const label = d.kind === "mig" ? `MIG ${esc(d.mig_profile || "")}` : `GPU ${d.index}`;
+  // A firing alert outranks the memory level: the tile never says OK under one.
+  const firing = state.deviceAlerts[d.uuid];
   if (!n) {
-    return { cls: "tile lvl-none", inner: `<span class="level">${LEVEL_TEXT.none}</span><div class="name">${label}</div><div class="muted">${esc(d.name)}</div>` };
+    const cls = firing ? `tile lvl-${firing.severity === "critical" ? "crit" : "warn"} alerting` : "tile lvl-none";
+    const text = firing ? `ALERT: ${firing.rules.map(esc).join(", ")}` : LEVEL_TEXT.none;
+    return { cls, inner: `<span class="level">${text}</span><div class="name">${label}</div><div class="muted">${esc(d.name)}</div>` };
   }
-  const { s, total, frac, peakFrac, lvl } = n;
+  const { s, total, frac, peakFrac } = n;
+  const alertLvl = firing ? (firing.severity === "critical" ? "crit" : "warn") : "ok";
+  const lvl = [n.lvl, alertLvl].includes("crit") ? "crit" : [n.lvl, alertLvl].includes("warn") ? "warn" : "ok";
+  const levelText = firing ? `ALERT: ${firing.rules.map(esc).join(", ")}` : LEVEL_TEXT[lvl];
   return {
-    cls: `tile lvl-${lvl}`,
-    inner: `<span class="level">${LEVEL_TEXT[lvl]}</span><div class="name">${label}${d.kind === "mig" ? ` <span class="mig muted">GI ${d.mig_gpu_instance_id}</span>` : ""}</div>
+    cls: `tile lvl-${lvl}${firing ? " alerting" : ""}`,
+    inner: `<span class="level">${levelText}</span><div class="name">${label}${d.kind === "mig" ? ` <span class="mig muted">GI ${d.mig_gpu_instance_id}</span>` : ""}</div>
     <div class="big">${fmtBytes(s.memory_used_bytes)} / ${fmtBytes(total)}</div>
     <div class="bar"><span class="used" style="width:${Math.min(100, frac * 100).toFixed(1)}%"></span><span class="peak" style="left:${Math.min(100, peakFrac * 100).toFixed(1)}%"></span></div>
     <div>peak ${fmtBytes(s.memory_used_max_bytes)} · headroom <b>${fmtBytes(s.headroom_bytes)}</b> (${s.headroom_pct.toFixed(0)} %)</div>`,

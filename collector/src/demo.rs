@@ -8,7 +8,6 @@ use anyhow::Context;
 use headroom_agent::AgentSettings;
 use headroom_agent::source::SimSource;
 use headroom_collector::Collector;
-use headroom_rules::config::RulesConfig;
 use headroom_sim::Scenario;
 use tokio::net::TcpListener;
 
@@ -26,6 +25,10 @@ pub struct DemoArgs {
     /// gRPC address for the simulated agents (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     grpc_listen: SocketAddr,
+    /// Rules file (TOML) to try on the demo fleet; built-in defaults
+    /// without one.
+    #[arg(long)]
+    rules: Option<PathBuf>,
 }
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
@@ -54,7 +57,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let http_addr = http.local_addr()?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let collector = Collector::builder(store.clone())
-        .rules(RulesConfig::default())
+        .rules(crate::load_rules(args.rules.as_deref())?)
         .build()
         .await?;
     let collector = tokio::spawn(collector.serve(grpc, http, async move {

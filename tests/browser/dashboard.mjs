@@ -33,7 +33,7 @@ try {
   const loadMs = Date.now() - started;
   const tiles = await page.locator(".tile").count();
   const firstTile = await page.locator(".tile").first().innerText();
-  if (!/GiB/.test(firstTile) || !/(OK|HIGH|CRITICAL)/.test(firstTile)) throw new Error(`tile text says no memory or level: ${firstTile}`);
+  if (!/GiB/.test(firstTile) || !/(OK|HIGH|CRITICAL|ALERT)/.test(firstTile)) throw new Error(`tile text says no memory or level: ${firstTile}`);
   await shot("1-fleet");
 
   step = "live updates arrive over server-sent events and change tiles";
@@ -86,6 +86,21 @@ try {
   await row.locator("button[data-ack]").click();
   await page.waitForSelector(`tr[data-alert="${id}"] td.ack:has-text("ack playwright")`, { timeout: 5000 });
   await shot("3-alerts");
+
+  step = "a device with a firing alert shows it on its tile, never OK";
+  await page.goto(base);
+  const firing = await page.evaluate(async () => {
+    const alerts = await (await fetch("/api/v1/alerts?state=active")).json();
+    return [...new Set(alerts.filter((a) => a.state === "firing" && a.labels.device_uuid).map((a) => a.labels.device_uuid))];
+  });
+  if (firing.length === 0) throw new Error("no firing alert on a device to look for");
+  await page.waitForFunction((uuids) => uuids.every((u) => {
+    const t = document.querySelector(`.tile[data-uuid="${u}"]`);
+    return t && t.classList.contains("alerting") && /ALERT: /.test(t.innerText) && !/\bOK\b/.test(t.innerText);
+  }), firing, { timeout: 10000 });
+  const calm = await page.evaluate(() => [...document.querySelectorAll(".tile.lvl-ok")].filter((t) => t.classList.contains("alerting")).length);
+  if (calm) throw new Error(`${calm} alerting tiles are drawn as OK`);
+  await shot("4-fleet-alerts");
 
   if (errors.length) throw new Error(`errors in the page: ${errors.join(" | ")}`);
   console.log(JSON.stringify({ ok: true, tiles, fleet_load_ms: loadMs }));

@@ -10,7 +10,7 @@
 //! most `[http] max_stream_clients` follow at once; one more is answered
 //! `503` with `Retry-After`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use super::AppState;
 use super::auth::Identity;
 use crate::metrics::{CollectorMetrics, HttpRefusal};
-use headroom_store::alerts::ActiveAlertCounts;
+use headroom_store::alerts::{ActiveAlertCounts, AlertFilter, AlertView};
 use headroom_store::{DeviceView, NodeView, Store};
 
 const PERIOD: Duration = Duration::from_secs(1);
@@ -42,6 +42,8 @@ enum Fleet {
         nodes: Vec<NodeView>,
         devices: Vec<DeviceView>,
         alerts: Option<ActiveAlertCounts>,
+        /// Firing alerts by the device they are on.
+        device_alerts: BTreeMap<String, DeviceAlerts>,
     },
     /// The store could not answer.
     Unavailable,
@@ -102,6 +104,12 @@ impl FleetFeed {
                 nodes,
                 devices,
                 alerts: self.store.active_alert_counts().await.ok(),
+                device_alerts: self
+                    .store
+                    .alerts(AlertFilter::Firing, MAX_FIRING_ALERTS)
+                    .await
+                    .map(|alerts| by_device(&alerts))
+                    .unwrap_or_default(),
             },
             (Err(error), _) | (_, Err(error)) => {
                 tracing::debug!(%error, "fleet stream: store unavailable");
@@ -109,6 +117,40 @@ impl FleetFeed {
             }
         }
     }
+}
+
+/// Firing alerts read for the tiles, at most; past it the tiles of the
+/// rest show their memory level only (the alert counts stay exact).
+const MAX_FIRING_ALERTS: i64 = 10_000;
+
+/// What fires on one device, for its tile: a tile never says "OK" under a
+/// firing alert.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+struct DeviceAlerts {
+    /// "critical" when any is, else "warning".
+    severity: &'static str,
+    /// The rules firing, sorted, each once.
+    rules: Vec<String>,
+}
+
+fn by_device(alerts: &[AlertView]) -> BTreeMap<String, DeviceAlerts> {
+    let mut map: BTreeMap<String, DeviceAlerts> = BTreeMap::new();
+    for alert in alerts {
+        let Some(uuid) = alert.labels.get("device_uuid").and_then(|u| u.as_str()) else {
+            continue;
+        };
+        let entry = map.entry(uuid.to_owned()).or_default();
+        if alert.severity == "critical" || entry.severity == "critical" {
+            entry.severity = "critical";
+        } else {
+            entry.severity = "warning";
+        }
+        if !entry.rules.contains(&alert.rule) {
+            entry.rules.push(alert.rule.clone());
+            entry.rules.sort();
+        }
+    }
+    map
 }
 
 /// A client's place among `max_stream_clients`, given back when its stream
@@ -131,6 +173,9 @@ struct FleetMessage<'a> {
     gpus: Vec<&'a DeviceView>,
     removed: Vec<&'a str>,
     alerts: Option<ActiveAlertCounts>,
+    /// Every device with a firing alert, in every message: the set is small
+    /// and a resolved alert is its absence.
+    device_alerts: &'a BTreeMap<String, DeviceAlerts>,
 }
 
 struct Follower {
@@ -161,6 +206,7 @@ impl Follower {
             nodes,
             devices,
             alerts,
+            device_alerts,
         } = fleet.as_ref()
         else {
             // Named, so the page can say its figures are stale.
@@ -190,6 +236,7 @@ impl Follower {
             gpus: changed,
             removed,
             alerts: *alerts,
+            device_alerts,
         };
         let event = Event::default()
             .event(kind)
@@ -245,4 +292,55 @@ pub async fn fleet(
     Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alert(rule: &str, severity: &str, labels: serde_json::Value) -> AlertView {
+        AlertView {
+            id: 1,
+            fingerprint: String::new(),
+            rule: rule.to_owned(),
+            severity: severity.to_owned(),
+            state: "firing".to_owned(),
+            labels,
+            summary: String::new(),
+            details: serde_json::Value::Null,
+            started_at_ms: 0,
+            fired_at_ms: Some(0),
+            resolved_at_ms: None,
+            updated_at_ms: 0,
+            acknowledged_by: None,
+            acknowledged_at_ms: None,
+            remedy: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_device_shows_its_worst_severity_and_each_rule_once() {
+        let a = serde_json::json!({ "node": "n1", "device_uuid": "GPU-a" });
+        let map = by_device(&[
+            alert("watermark", "warning", a.clone()),
+            alert("time_to_oom", "critical", a.clone()),
+            alert("watermark", "warning", a),
+            alert(
+                "leak",
+                "warning",
+                serde_json::json!({ "device_uuid": "GPU-b", "pid": "7" }),
+            ),
+            // A node's alert is on no device.
+            alert(
+                "agent_silent",
+                "critical",
+                serde_json::json!({ "node": "n1" }),
+            ),
+        ]);
+        assert_eq!(map.len(), 2);
+        assert_eq!(map["GPU-a"].severity, "critical");
+        assert_eq!(map["GPU-a"].rules, ["time_to_oom", "watermark"]);
+        assert_eq!(map["GPU-b"].severity, "warning");
+        assert_eq!(map["GPU-b"].rules, ["leak"]);
+    }
 }
