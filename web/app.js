@@ -480,7 +480,7 @@ async function renderGpuProcesses(uuid, gen) {
   if (!isCurrent(gen)) return;
   const inside = new Set([uuid, ...[...state.gpus.values()].filter((m) => m.parent_uuid === uuid).map((m) => m.uuid)]);
   const procs = state.processes.filter((p) => inside.has(p.device_uuid));
-  document.getElementById("gpu-processes").innerHTML = processTable(procs) ;
+  document.getElementById("gpu-processes").innerHTML = processTable(procs, true);
   const reporting = procs.filter((p) => p.allocator);
   if (reporting.length) {
     const charts = await Promise.all(reporting.slice(0, 6).map(allocatorBlock));
@@ -506,21 +506,33 @@ function owner(p) {
   return [p.slurm_job_id && "job " + p.slurm_job_id, p.pod_uid && "pod " + p.pod_uid.slice(0, 8), p.container_id && "ctr " + p.container_id.slice(0, 12)].filter(Boolean).join(", ") || "—";
 }
 
-function allocatorCells(a) {
-  if (!a) return `<td class="num muted">—</td><td class="num muted">—</td><td class="num muted">—</td><td class="num muted">—</td>`;
-  return `<td class="num">${fmtBytes(a.allocated_bytes)} / ${fmtBytes(a.reserved_bytes)}</td>
-    <td class="num ${a.fragmentation_ratio >= 0.3 ? "text-warn" : ""}">${fmtBytes(a.fragmentation_bytes)} (${(a.fragmentation_ratio * 100).toFixed(0)} %)</td>
-    <td class="num">${a.alloc_retries}</td><td class="num ${a.ooms > 0 ? "text-crit" : ""}">${a.ooms}</td>`;
+// The allocator's figures in one cell: what a reporting process's own
+// allocator says, folded so that the table fits the page.
+function allocatorCell(a) {
+  if (!a) return `<td class="muted">—</td>`;
+  const cache = `<span class="${a.fragmentation_ratio >= 0.3 ? "text-warn" : ""}" title="Reserved but in no live tensor now">${fmtBytes(a.fragmentation_bytes)} not in tensors (${(a.fragmentation_ratio * 100).toFixed(0)} %)</span>`;
+  const trouble = [a.alloc_retries ? `${a.alloc_retries} retries` : "", a.ooms ? `<span class="text-crit">${a.ooms} OOMs</span>` : ""].filter(Boolean).join(" · ");
+  return `<td class="wrap alloc"><span title="Bytes in live tensors / bytes the allocator reserved">${fmtBytes(a.allocated_bytes)} / ${fmtBytes(a.reserved_bytes)}</span> · ${cache}${trouble ? ` · ${trouble}` : ""}</td>`;
 }
 
-function processTable(procs) {
+// Long text cut to its column, whole in the tooltip.
+const clipped = (text, cls = "clip") => `<span class="${cls}" title="${esc(text)}">${esc(text)}</span>`;
+
+// Processes, the columns that matter first. On a GPU's page its node and
+// GPU go without saying; a GPU in MIG mode keeps the instance column.
+function processTable(procs, onGpuPage = false) {
   if (procs.length === 0) return `<p class="muted">none</p>`;
-  return `<table><thead><tr><th>node</th><th>GPU</th><th class="num">pid</th><th>process</th><th>user</th><th>job / pod / container</th><th class="num">memory</th><th class="num">peak</th>
-    <th class="num" title="What the process's own allocator (PyTorch) says: bytes in live tensors / bytes it reserved">allocated / reserved</th>
-    <th class="num" title="Reserved but in no live tensor now">not in tensors</th><th class="num">retries</th><th class="num">OOMs</th></tr></thead><tbody>
-    ${procs.map((p) => `<tr><td>${esc(p.node)}</td><td><a href="/?gpu=${encodeURIComponent(p.device_uuid)}">${p.gpu_index}</a></td><td class="num">${p.pid}</td>
-      <td>${esc(p.name.slice(0, 60))}</td><td>${esc(p.user)}</td><td>${esc(owner(p))}</td>
-      <td class="num">${fmtBytes(p.memory_used_bytes)}</td><td class="num">${fmtBytes(p.memory_peak_bytes)}</td>${allocatorCells(p.allocator)}</tr>`).join("")}
+  const where = !onGpuPage || new Set(procs.map((p) => p.device_uuid)).size > 1;
+  const device = (p) => {
+    const d = state.gpus.get(p.device_uuid);
+    const label = d && d.kind === "mig" ? `MIG ${esc(d.mig_profile || "")}` : `${p.gpu_index}`;
+    return `<a href="/?gpu=${encodeURIComponent(p.device_uuid)}">${label}</a>`;
+  };
+  return `<table class="procs"><thead><tr>${onGpuPage ? "" : "<th>node</th>"}${where ? "<th>GPU</th>" : ""}<th class="num">pid</th><th>process</th><th>user</th><th>job / pod / container</th><th class="num">memory</th><th class="num">peak</th>
+    <th title="What the process's own allocator (PyTorch) says">allocator</th></tr></thead><tbody>
+    ${procs.map((p) => `<tr>${onGpuPage ? "" : `<td>${esc(p.node)}</td>`}${where ? `<td>${device(p)}</td>` : ""}<td class="num">${p.pid}</td>
+      <td>${clipped(p.name)}</td><td>${clipped(p.user, "clip short")}</td><td>${clipped(owner(p), "clip short")}</td>
+      <td class="num">${fmtBytes(p.memory_used_bytes)}</td><td class="num">${fmtBytes(p.memory_peak_bytes)}</td>${allocatorCell(p.allocator)}</tr>`).join("")}
     </tbody></table>`;
 }
 
@@ -584,7 +596,7 @@ async function showProcesses(view, p, gen) {
     </div>
     <h3>Leak suspects</h3>
     ${leaks.length ? `<table><thead><tr><th>state</th><th>process</th><th class="num">growth</th><th>since</th><th>GPU</th></tr></thead><tbody>
-      ${leaks.map((a) => `<tr><td>${esc(a.state)}</td><td>pid ${esc(a.labels.pid)} ${esc(a.labels.process)} (${esc(a.labels.user || "")})</td>
+      ${leaks.map((a) => `<tr><td>${esc(a.state)}</td><td>${clipped(`pid ${a.labels.pid} ${a.labels.process || ""} (${a.labels.user || ""})`)}</td>
         <td class="num">${fmtBytes(a.details.growth_bytes_per_min)}/min</td><td>${a.details.since_ms ? fmtTime(a.details.since_ms) : "—"}</td>
         <td><a href="/?gpu=${encodeURIComponent(a.labels.device_uuid)}">${esc(a.labels.node)} GPU ${esc(a.labels.gpu)}</a></td></tr>`).join("")}</tbody></table>`
       : `<p class="muted">no process leaks right now</p>`}

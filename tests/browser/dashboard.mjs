@@ -67,6 +67,29 @@ try {
   if ((await page.locator("#chart-memory canvas").count()) === 0) throw new Error("no canvas in the memory chart");
   await shot("2-gpu");
 
+  step = "the GPU page and the processes view fit 1280 px without a sideways scroll";
+  await page.setViewportSize({ width: 1280, height: 900 });
+  const fits = () => page.evaluate(() => {
+    const wide = [...document.querySelectorAll("table")].filter((t) => t.scrollWidth > t.parentElement.clientWidth + 1).length;
+    return { page: document.documentElement.scrollWidth, viewport: window.innerWidth, wideTables: wide };
+  });
+  // The widest process rows of the demo: a GPU whose processes report their allocator.
+  const reporting = await page.evaluate(async () => {
+    const procs = await (await fetch("/api/v1/processes")).json();
+    const p = procs.find((x) => x.allocator) || procs[0];
+    return p.device_uuid;
+  });
+  for (const url of [`${base}/?gpu=${encodeURIComponent(reporting)}`, `${base}/?view=processes`]) {
+    await page.goto(url);
+    await page.waitForSelector("table.procs", { timeout: 10000 });
+    const w = await fits();
+    if (w.page > w.viewport || w.wideTables) throw new Error(`${url} at 1280 px: page ${w.page} px wide, ${w.wideTables} tables wider than their box`);
+  }
+  await shot("2b-gpu-1280");
+  await page.setViewportSize({ width: 1400, height: 1000 });
+  await page.goto(`${base}/?gpu=${encodeURIComponent(uuid)}`);
+  await page.waitForFunction(() => window.__headroom.charts.some((c) => c.headroomName === "memory"), null, { timeout: 10000 });
+
   step = "the range picker reads a longer range";
   await page.click("button[data-range='3600000']");
   await page.waitForFunction(() => {
