@@ -2,7 +2,8 @@
 // playwright-core. Usage: node dashboard.mjs BASE_URL ARTIFACT_DIR
 // Opens the fleet overview of the demo fleet, sees its tiles and a live
 // update, follows a tile to its GPU page, sees the memory chart drawn with
-// data, and acknowledges an alert. Saves a screenshot of each step in
+// data, sees the process tables fit 1280 px, acknowledges an alert, and
+// finds each device with a firing alert saying so on its tile. Saves a screenshot of each step in
 // ARTIFACT_DIR. Exits non-zero, naming the step, on the first failure.
 import { launchChromium } from "./chromium.mjs";
 import { mkdirSync } from "node:fs";

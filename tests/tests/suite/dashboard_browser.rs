@@ -1,7 +1,8 @@
 //! The dashboard in a real browser: runs `headroom-collector demo` (SQLite,
 //! the simulated fleet) and drives Debian's Chromium through it with
 //! playwright-core (`tests/browser/dashboard.mjs`): the fleet's tiles, a
-//! live update, a GPU page with its chart drawn, an acknowledged alert.
+//! live update, a GPU page with its chart drawn, process tables that fit
+//! 1280 px, an acknowledged alert, and a firing alert on its device's tile.
 //! A second run signs in (`[http_auth] mode = "tokens"`) as a viewer and an
 //! admin (`tests/browser/signin.mjs`). Screenshots land in
 //! `target/browser-artifacts/`.
