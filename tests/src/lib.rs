@@ -8,6 +8,7 @@ pub mod fake_nvml;
 pub mod fixtures;
 pub mod harness;
 pub mod postgres;
+pub mod processes;
 
 pub use ci::skip_or_fail_under_ci;
 pub mod receiver;

@@ -107,7 +107,26 @@ fn find_bin(name: &str) -> Option<PathBuf> {
     })
 }
 
-fn is_root() -> bool {
+/// A folder of its own for a cluster, kept until the cluster removes it,
+/// and owned by `postgres` when the tests run as root.
+fn cluster_folder(prefix: &str) -> anyhow::Result<PathBuf> {
+    let dir = tempfile::Builder::new().prefix(prefix).tempdir()?.keep();
+    if is_root() {
+        let mut chown = Command::new("chown");
+        chown.arg("postgres:").arg(&dir);
+        run(chown, "chown of the cluster folder")?;
+    }
+    Ok(dir)
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Whether the tests run as root (Postgres refuses to; chroot needs it).
+pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -170,21 +189,8 @@ impl Cluster {
     fn create_with(durable: bool) -> anyhow::Result<Self> {
         let initdb = find_bin("initdb").context("initdb not found (install postgresql)")?;
         let pg_ctl = find_bin("pg_ctl").context("pg_ctl not found")?;
-        let dir = tempfile::Builder::new()
-            .prefix("headroom-pg-")
-            .tempdir()?
-            .keep();
+        let dir = cluster_folder("headroom-pg-")?;
         let data = dir.join("data");
-        if is_root() {
-            run(
-                {
-                    let mut c = Command::new("chown");
-                    c.arg("postgres:").arg(&dir);
-                    c
-                },
-                "chown of the cluster folder",
-            )?;
-        }
         let mut init = pg_command(&initdb);
         init.arg("-D").arg(&data).args([
             "-A",
@@ -196,9 +202,7 @@ impl Cluster {
             "UTF8",
         ]);
         run(init, "initdb")?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
+        let port = free_port()?;
         let cluster = Self {
             dir,
             data,
@@ -214,20 +218,7 @@ impl Cluster {
     /// port of its own and crash-safe like a production server.
     pub fn standby_of(primary: &Cluster) -> anyhow::Result<Self> {
         let basebackup = find_bin("pg_basebackup").context("pg_basebackup not found")?;
-        let dir = tempfile::Builder::new()
-            .prefix("headroom-pg-standby-")
-            .tempdir()?
-            .keep();
-        if is_root() {
-            run(
-                {
-                    let mut c = Command::new("chown");
-                    c.arg("postgres:").arg(&dir);
-                    c
-                },
-                "chown of the standby's folder",
-            )?;
-        }
+        let dir = cluster_folder("headroom-pg-standby-")?;
         let data = dir.join("data");
         let mut backup = pg_command(&basebackup);
         backup
@@ -236,9 +227,7 @@ impl Cluster {
             .arg(&data)
             .args(["-R", "-X", "stream", "--no-sync"]);
         run(backup, "pg_basebackup")?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
+        let port = free_port()?;
         let standby = Self {
             dir,
             data,

@@ -7,103 +7,38 @@
 //! sampled is stored exactly once: the samples of a GPU tile time without a
 //! gap or an overlap, except across the one moment the agent was dead.
 
-use std::fs::File;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use headroom_tests::fixtures::now_ms;
-use headroom_tests::harness::{KillOnDrop, built, eventually, free_loopback_addr};
+use headroom_tests::harness::{KillOnDrop, eventually, free_loopback_addr};
 use headroom_tests::postgres::Cluster;
-use sqlx::Connection;
-use sqlx::postgres::PgConnection;
+use headroom_tests::processes::{self, SimAgent, pending_batches};
 
 const NODE: &str = "chaos-node";
 const SAMPLE_MS: i64 = 20;
 /// The collector's outage, in intervals.
 const OUTAGE_INTERVALS: i64 = 600;
 
-fn log_file(path: &Path) -> File {
-    File::options()
-        .create(true)
-        .append(true)
-        .open(path)
-        .unwrap()
-}
-
 fn start_collector(url: &str, grpc: SocketAddr, http: SocketAddr, log: &Path) -> KillOnDrop {
-    let log = log_file(log);
-    KillOnDrop(
-        Command::new(built("headroom-collector"))
-            .arg("serve")
-            .args(["--grpc-listen", &grpc.to_string()])
-            .args(["--http-listen", &http.to_string()])
-            .env("HEADROOM_DATABASE_URL", url)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    )
+    processes::start_collector(url, None, grpc, http, log)
 }
 
 fn start_agent(grpc: SocketAddr, metrics: SocketAddr, spool: &Path, log: &Path) -> KillOnDrop {
-    let log = log_file(log);
-    KillOnDrop(
-        Command::new(built("headroom-agent"))
-            .args(["--source", "sim", "--sim-node", "gpu-node-01"])
-            .args(["--node-name", NODE])
-            .args(["--collector-url", &format!("http://{grpc}")])
-            .args(["--metrics-listen", &metrics.to_string()])
-            .args(["--poll-interval-ms", "10"])
-            .args(["--sample-interval-ms", &SAMPLE_MS.to_string()])
-            .arg("--no-allocator-socket")
-            .arg("--spool-dir")
-            .arg(spool)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    )
+    processes::start_agent(&SimAgent {
+        sim_node: "gpu-node-01",
+        node: NODE,
+        sample_ms: SAMPLE_MS,
+        grpc,
+        metrics,
+        spool,
+        log,
+    })
 }
 
-/// The agent's count of batches the collector has not acknowledged.
-async fn pending_batches(metrics: SocketAddr) -> Option<u64> {
-    let text = reqwest::get(format!("http://{metrics}/metrics"))
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find(|l| l.starts_with("headroom_agent_pending_batches{"))?
-        .rsplit(' ')
-        .next()?
-        .parse()
-        .ok()
-}
-
-/// (end of interval, its length) of GPU 0's samples, in time order.
 async fn gpu0_samples(url: &str) -> Vec<(i64, i64)> {
-    let Ok(mut conn) = PgConnection::connect(url).await else {
-        return Vec::new();
-    };
-    sqlx::query_as::<_, (i64, i32)>(
-        "SELECT s.ts_ms, s.interval_ms FROM gpu_samples s
-         JOIN devices d ON d.id = s.device_id JOIN nodes n ON n.id = d.node_id
-         WHERE n.name = $1 AND d.parent_id IS NULL AND d.gpu_index = 0
-         ORDER BY s.ts_ms",
-    )
-    .bind(NODE)
-    .fetch_all(&mut conn)
-    .await
-    .unwrap_or_default()
-    .into_iter()
-    .map(|(ts, interval)| (ts, i64::from(interval)))
-    .collect()
+    processes::gpu0_samples(url, NODE).await
 }
 
 /// Batches a live agent has in flight at any moment (one every 20 ms, each

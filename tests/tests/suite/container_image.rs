@@ -29,42 +29,33 @@ fn have(tool: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
+/// Runs `command`, which must succeed; its stdout.
+fn succeed(command: &mut Command) -> Vec<u8> {
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{command:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
 }
 
 fn config(layout: &Path, tag: &str) -> Value {
-    let out = Command::new("skopeo")
-        .args(["inspect", "--config"])
-        .arg(format!("oci:{}:{tag}", layout.display()))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = succeed(
+        Command::new("skopeo")
+            .args(["inspect", "--config"])
+            .arg(format!("oci:{}:{tag}", layout.display())),
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    serde_json::from_slice(&stdout).unwrap()
 }
 
 fn unpack(layout: &Path, tag: &str, into: &Path) -> PathBuf {
-    let out = Command::new("umoci")
-        .args(["unpack", "--image"])
-        .arg(format!("{}:{tag}", layout.display()))
-        .arg(into)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeed(
+        Command::new("umoci")
+            .args(["unpack", "--image"])
+            .arg(format!("{}:{tag}", layout.display()))
+            .arg(into),
     );
     into.join("rootfs")
 }
@@ -100,7 +91,7 @@ async fn the_images_run_as_their_user_with_what_their_binaries_need() {
         .into_iter()
         .filter(|tool| !have(tool))
         .collect();
-    if !missing.is_empty() || !is_root() {
+    if !missing.is_empty() || !headroom_tests::postgres::is_root() {
         headroom_tests::skip_or_fail_under_ci(
             "the container image test",
             format!("needs root and {missing:?} (apt-get install umoci skopeo binutils)"),
@@ -111,17 +102,7 @@ async fn the_images_run_as_their_user_with_what_their_binaries_need() {
     let layout = dir.path().join("oci");
     let bin_dir = built("headroom-collector").parent().unwrap().to_owned();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/container/build-offline.sh");
-    let out = Command::new(&script)
-        .arg(&bin_dir)
-        .arg(&layout)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeed(Command::new(&script).arg(&bin_dir).arg(&layout));
 
     // What a runtime is told.
     for (tag, title) in [

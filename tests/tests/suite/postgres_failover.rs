@@ -7,15 +7,12 @@
 //! fires, and every webhook is delivered once.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use headroom_tests::fixtures::now_ms;
-use headroom_tests::harness::{KillOnDrop, built, eventually, free_loopback_addr};
+use headroom_tests::harness::{eventually, free_loopback_addr};
 use headroom_tests::postgres::Cluster;
+use headroom_tests::processes::{SimAgent, pending_batches, start_agent, start_collector};
 use headroom_tests::receiver::Receiver;
 use serde_json::Value;
 use sqlx::Connection;
@@ -28,101 +25,8 @@ const SAMPLE_MS: i64 = 20;
 /// Batches a live agent has in flight at any moment.
 const LIVE_IN_FLIGHT: u64 = 3;
 
-fn log_file(path: &Path) -> File {
-    File::options()
-        .create(true)
-        .append(true)
-        .open(path)
-        .unwrap()
-}
-
-fn start_collector(
-    url: &str,
-    rules: &Path,
-    grpc: SocketAddr,
-    http: SocketAddr,
-    log: &Path,
-) -> KillOnDrop {
-    let log = log_file(log);
-    KillOnDrop(
-        Command::new(built("headroom-collector"))
-            .arg("serve")
-            .args(["--grpc-listen", &grpc.to_string()])
-            .args(["--http-listen", &http.to_string()])
-            .arg("--rules")
-            .arg(rules)
-            .env("HEADROOM_DATABASE_URL", url)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    )
-}
-
-fn start_agent(
-    sim_node: &str,
-    node: &str,
-    grpc: SocketAddr,
-    metrics: SocketAddr,
-    spool: &Path,
-    log: &Path,
-) -> KillOnDrop {
-    let log = log_file(log);
-    KillOnDrop(
-        Command::new(built("headroom-agent"))
-            .args(["--source", "sim", "--sim-node", sim_node])
-            .args(["--node-name", node])
-            .args(["--collector-url", &format!("http://{grpc}")])
-            .args(["--metrics-listen", &metrics.to_string()])
-            .args(["--poll-interval-ms", "10"])
-            .args(["--sample-interval-ms", &SAMPLE_MS.to_string()])
-            .arg("--no-allocator-socket")
-            .arg("--spool-dir")
-            .arg(spool)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    )
-}
-
-async fn pending_batches(metrics: SocketAddr) -> Option<u64> {
-    let text = reqwest::get(format!("http://{metrics}/metrics"))
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find(|l| l.starts_with("headroom_agent_pending_batches{"))?
-        .rsplit(' ')
-        .next()?
-        .parse()
-        .ok()
-}
-
-/// (end of interval, its length) of GPU 0's samples on `url`, in time order.
 async fn gpu0_samples(url: &str) -> Vec<(i64, i64)> {
-    let Ok(mut conn) = PgConnection::connect(url).await else {
-        return Vec::new();
-    };
-    sqlx::query_as::<_, (i64, i32)>(
-        "SELECT s.ts_ms, s.interval_ms FROM gpu_samples s
-         JOIN devices d ON d.id = s.device_id JOIN nodes n ON n.id = d.node_id
-         WHERE n.name = $1 AND d.parent_id IS NULL AND d.gpu_index = 0
-         ORDER BY s.ts_ms",
-    )
-    .bind(NODE)
-    .fetch_all(&mut conn)
-    .await
-    .unwrap_or_default()
-    .into_iter()
-    .map(|(ts, interval)| (ts, i64::from(interval)))
-    .collect()
+    headroom_tests::processes::gpu0_samples(url, NODE).await
 }
 
 /// Makes every commit on `primary` wait for the standby, and waits until
@@ -207,15 +111,17 @@ async fn the_collector_follows_a_promoted_standby_and_stores_every_interval_once
         free_loopback_addr(),
         free_loopback_addr(),
     );
-    let mut collector = start_collector(&url, &rules, grpc, http, &collector_log);
-    let agent = start_agent(
-        "gpu-node-01",
-        NODE,
+    let mut collector = start_collector(&url, Some(&rules), grpc, http, &collector_log);
+    let spool = dir.path().join("spool");
+    let agent = start_agent(&SimAgent {
+        sim_node: "gpu-node-01",
+        node: NODE,
+        sample_ms: SAMPLE_MS,
         grpc,
         metrics,
-        &dir.path().join("spool"),
-        &agent_log,
-    );
+        spool: &spool,
+        log: &agent_log,
+    });
     let primary_url = primary.admin_url();
     eventually(
         "samples on the primary",
@@ -244,14 +150,16 @@ async fn the_collector_follows_a_promoted_standby_and_stores_every_interval_once
     assert!(collector.is_running(), "{}", logs());
 
     // A node that starts now raises alerts the old primary never saw.
-    let late_agent = start_agent(
-        "gpu-node-02",
-        LATE_NODE,
+    let late_spool = dir.path().join("late-spool");
+    let late_agent = start_agent(&SimAgent {
+        sim_node: "gpu-node-02",
+        node: LATE_NODE,
+        sample_ms: SAMPLE_MS,
         grpc,
-        late_metrics,
-        &dir.path().join("late-spool"),
-        &agent_log,
-    );
+        metrics: late_metrics,
+        spool: &late_spool,
+        log: &agent_log,
+    });
     let firing = |node: &'static str| {
         let receiver = receiver.clone();
         move || {
