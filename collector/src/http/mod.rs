@@ -3,6 +3,7 @@
 mod alerts;
 mod api;
 pub mod auth;
+mod device_summary;
 mod errors;
 pub mod hosts;
 pub mod listener;
@@ -60,6 +61,7 @@ impl AppState {
         Self {
             fleet: Arc::new(stream::FleetFeed::new(
                 store.clone(),
+                clock.clone(),
                 http.max_stream_clients,
                 metrics.clone(),
             )),

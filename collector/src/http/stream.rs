@@ -27,8 +27,10 @@ use tokio::time::Instant;
 
 use super::AppState;
 use super::auth::Identity;
+use super::device_summary::{DeviceAlerts, Owner, alerts_by_device, owners_by_device};
 use crate::metrics::{CollectorMetrics, HttpRefusal};
-use headroom_store::alerts::{ActiveAlertCounts, AlertFilter, AlertView};
+use headroom_common::Clock;
+use headroom_store::alerts::{ActiveAlertCounts, AlertFilter};
 use headroom_store::{DeviceView, NodeView, Store};
 
 const PERIOD: Duration = Duration::from_secs(1);
@@ -42,8 +44,13 @@ enum Fleet {
         nodes: Vec<NodeView>,
         devices: Vec<DeviceView>,
         alerts: Option<ActiveAlertCounts>,
-        /// Firing alerts by the device they are on.
+        /// Active alerts by the device they are on.
         device_alerts: BTreeMap<String, DeviceAlerts>,
+        /// The owners of each device, as of `owners_read_at`: shared by
+        /// reads until it is [`OWNERS_PERIOD`] old, so a client can tell
+        /// an unchanged set by its pointer.
+        owners: Arc<BTreeMap<String, Vec<Owner>>>,
+        owners_read_at: Instant,
     },
     /// The store could not answer.
     Unavailable,
@@ -55,6 +62,7 @@ enum Fleet {
 #[derive(Debug)]
 pub struct FleetFeed {
     store: Arc<dyn Store>,
+    clock: Clock,
     metrics: Arc<CollectorMetrics>,
     slots: Arc<Semaphore>,
     max_clients: u32,
@@ -64,9 +72,15 @@ pub struct FleetFeed {
 }
 
 impl FleetFeed {
-    pub fn new(store: Arc<dyn Store>, max_clients: u32, metrics: Arc<CollectorMetrics>) -> Self {
+    pub fn new(
+        store: Arc<dyn Store>,
+        clock: Clock,
+        max_clients: u32,
+        metrics: Arc<CollectorMetrics>,
+    ) -> Self {
         Self {
             store,
+            clock,
             metrics,
             slots: Arc::new(Semaphore::new(max_clients.max(1) as usize)),
             max_clients,
@@ -93,65 +107,86 @@ impl FleetFeed {
             return fleet.clone();
         }
         self.metrics.http_stream_read();
-        let fleet = Arc::new(self.read().await);
+        let previous = latest.as_ref().map(|(_, fleet)| fleet.clone());
+        let fleet = Arc::new(self.read(previous.as_deref()).await);
         *latest = Some((Instant::now(), fleet.clone()));
         fleet
     }
 
-    async fn read(&self) -> Fleet {
+    async fn read(&self, previous: Option<&Fleet>) -> Fleet {
         match (self.store.nodes().await, self.store.latest_devices().await) {
-            (Ok(nodes), Ok(devices)) => Fleet::Read {
-                nodes,
-                devices,
-                alerts: self.store.active_alert_counts().await.ok(),
-                device_alerts: self
-                    .store
-                    .alerts(AlertFilter::Firing, MAX_FIRING_ALERTS)
-                    .await
-                    .map(|alerts| by_device(&alerts))
-                    .unwrap_or_default(),
-            },
+            (Ok(nodes), Ok(devices)) => {
+                let (owners, owners_read_at) = self.owners(previous, &devices).await;
+                Fleet::Read {
+                    alerts: self.store.active_alert_counts().await.ok(),
+                    device_alerts: self
+                        .store
+                        .alerts(AlertFilter::Active, MAX_ACTIVE_ALERTS)
+                        .await
+                        .map(|alerts| alerts_by_device(&alerts))
+                        .unwrap_or_default(),
+                    nodes,
+                    devices,
+                    owners,
+                    owners_read_at,
+                }
+            }
             (Err(error), _) | (_, Err(error)) => {
                 tracing::debug!(%error, "fleet stream: store unavailable");
                 Fleet::Unavailable
             }
         }
     }
-}
 
-/// Firing alerts read for the tiles, at most; past it the tiles of the
-/// rest show their memory level only (the alert counts stay exact).
-const MAX_FIRING_ALERTS: i64 = 10_000;
-
-/// What fires on one device, for its tile: a tile never says "OK" under a
-/// firing alert.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-struct DeviceAlerts {
-    /// "critical" when any is, else "warning".
-    severity: &'static str,
-    /// The rules firing, sorted, each once.
-    rules: Vec<String>,
-}
-
-fn by_device(alerts: &[AlertView]) -> BTreeMap<String, DeviceAlerts> {
-    let mut map: BTreeMap<String, DeviceAlerts> = BTreeMap::new();
-    for alert in alerts {
-        let Some(uuid) = alert.labels.get("device_uuid").and_then(|u| u.as_str()) else {
-            continue;
+    /// The previous read's owners while they are fresh, else a new read;
+    /// a store that cannot list processes keeps the previous owners.
+    async fn owners(
+        &self,
+        previous: Option<&Fleet>,
+        devices: &[DeviceView],
+    ) -> (Arc<BTreeMap<String, Vec<Owner>>>, Instant) {
+        let kept = match previous {
+            Some(Fleet::Read {
+                owners,
+                owners_read_at,
+                ..
+            }) => Some((owners.clone(), *owners_read_at)),
+            _ => None,
         };
-        let entry = map.entry(uuid.to_owned()).or_default();
-        if alert.severity == "critical" || entry.severity == "critical" {
-            entry.severity = "critical";
-        } else {
-            entry.severity = "warning";
+        if let Some((owners, at)) = &kept
+            && at.elapsed() < OWNERS_PERIOD
+        {
+            return (owners.clone(), *at);
         }
-        if !entry.rules.contains(&alert.rule) {
-            entry.rules.push(alert.rule.clone());
-            entry.rules.sort();
+        match self
+            .store
+            .processes(self.clock.now_ms() - OWNER_WINDOW_MS)
+            .await
+        {
+            Ok(processes) => (
+                Arc::new(owners_by_device(&processes, devices)),
+                Instant::now(),
+            ),
+            Err(error) => {
+                tracing::debug!(%error, "fleet stream: processes unavailable");
+                kept.unwrap_or_else(|| (Arc::default(), Instant::now()))
+            }
         }
     }
-    map
 }
+
+/// Active alerts read for the tiles and the at-risk list, at most; past
+/// it the rest show their memory level only (the alert counts stay exact).
+const MAX_ACTIVE_ALERTS: i64 = 10_000;
+
+/// How often the owners of each device are read: they change when a job
+/// starts or ends, not every second, and the read costs one row per
+/// process in the fleet.
+const OWNERS_PERIOD: Duration = Duration::from_secs(5);
+
+/// A process counts as a device's owner when it was seen this recently
+/// (as in `/api/v1/processes`).
+const OWNER_WINDOW_MS: i64 = 30_000;
 
 /// A client's place among `max_stream_clients`, given back when its stream
 /// ends (the client left, its token was revoked, or the collector stops).
@@ -173,9 +208,13 @@ struct FleetMessage<'a> {
     gpus: Vec<&'a DeviceView>,
     removed: Vec<&'a str>,
     alerts: Option<ActiveAlertCounts>,
-    /// Every device with a firing alert, in every message: the set is small
-    /// and a resolved alert is its absence.
+    /// Every device with an active alert, in every message: the set is
+    /// small and a resolved alert is its absence.
     device_alerts: &'a BTreeMap<String, DeviceAlerts>,
+    /// Owners of the devices whose owners changed since the last message
+    /// (all of them in the snapshot); an empty list: no owner any more.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    owners: BTreeMap<String, &'a [Owner]>,
 }
 
 struct Follower {
@@ -186,6 +225,8 @@ struct Follower {
     token_sha256: Option<String>,
     /// What this client was last sent: each device's latest sample time.
     sent: Option<HashMap<String, Option<i64>>>,
+    /// The owners this client was last sent.
+    sent_owners: Option<Arc<BTreeMap<String, Vec<Owner>>>>,
     /// False until the first event went out: only that one is not paced.
     started: bool,
 }
@@ -207,6 +248,8 @@ impl Follower {
             devices,
             alerts,
             device_alerts,
+            owners,
+            ..
         } = fleet.as_ref()
         else {
             // Named, so the page can say its figures are stale.
@@ -237,14 +280,39 @@ impl Follower {
             removed,
             alerts: *alerts,
             device_alerts,
+            owners: owners_changed(self.sent_owners.as_deref(), owners),
         };
         let event = Event::default()
             .event(kind)
             .json_data(&message)
             .unwrap_or_else(|_| Event::default().comment("encoding failed"));
         self.sent = Some(devices.iter().map(|d| (d.uuid.clone(), stamp(d))).collect());
+        self.sent_owners = Some(owners.clone());
         event
     }
+}
+
+/// The owners that differ from what the client was sent (every one when
+/// it was sent none); a device that lost its owners maps to an empty list.
+fn owners_changed<'a>(
+    sent: Option<&BTreeMap<String, Vec<Owner>>>,
+    now: &'a BTreeMap<String, Vec<Owner>>,
+) -> BTreeMap<String, &'a [Owner]> {
+    let Some(sent) = sent else {
+        return now.iter().map(|(k, v)| (k.clone(), v.as_slice())).collect();
+    };
+    if std::ptr::eq(sent, now) {
+        return BTreeMap::new();
+    }
+    let mut changed: BTreeMap<String, &[Owner]> = now
+        .iter()
+        .filter(|(uuid, owners)| sent.get(uuid.as_str()) != Some(owners))
+        .map(|(k, v)| (k.clone(), v.as_slice()))
+        .collect();
+    for uuid in sent.keys().filter(|uuid| !now.contains_key(uuid.as_str())) {
+        changed.insert(uuid.clone(), &[]);
+    }
+    changed
 }
 
 pub async fn fleet(
@@ -272,6 +340,7 @@ pub async fn fleet(
         _seat: seat,
         token_sha256: identity.and_then(|Extension(i)| i.token_sha256),
         sent: None,
+        sent_owners: None,
         started: false,
     };
     let events = futures::stream::unfold(follower, |mut f| async move {
@@ -298,49 +367,32 @@ pub async fn fleet(
 mod tests {
     use super::*;
 
-    fn alert(rule: &str, severity: &str, labels: serde_json::Value) -> AlertView {
-        AlertView {
-            id: 1,
-            fingerprint: String::new(),
-            rule: rule.to_owned(),
-            severity: severity.to_owned(),
-            state: "firing".to_owned(),
-            labels,
-            summary: String::new(),
-            details: serde_json::Value::Null,
-            started_at_ms: 0,
-            fired_at_ms: Some(0),
-            resolved_at_ms: None,
-            updated_at_ms: 0,
-            acknowledged_by: None,
-            acknowledged_at_ms: None,
-            remedy: String::new(),
+    fn owner(user: &str, memory_bytes: i64) -> Owner {
+        Owner {
+            user: user.to_owned(),
+            slurm_job_id: String::new(),
+            pod_uid: String::new(),
+            memory_bytes,
         }
     }
 
     #[test]
-    fn a_device_shows_its_worst_severity_and_each_rule_once() {
-        let a = serde_json::json!({ "node": "n1", "device_uuid": "GPU-a" });
-        let map = by_device(&[
-            alert("watermark", "warning", a.clone()),
-            alert("time_to_oom", "critical", a.clone()),
-            alert("watermark", "warning", a),
-            alert(
-                "leak",
-                "warning",
-                serde_json::json!({ "device_uuid": "GPU-b", "pid": "7" }),
-            ),
-            // A node's alert is on no device.
-            alert(
-                "agent_silent",
-                "critical",
-                serde_json::json!({ "node": "n1" }),
-            ),
-        ]);
-        assert_eq!(map.len(), 2);
-        assert_eq!(map["GPU-a"].severity, "critical");
-        assert_eq!(map["GPU-a"].rules, ["time_to_oom", "watermark"]);
-        assert_eq!(map["GPU-b"].severity, "warning");
-        assert_eq!(map["GPU-b"].rules, ["leak"]);
+    fn a_client_is_sent_only_the_owners_that_changed_and_those_that_went() {
+        let before: BTreeMap<String, Vec<Owner>> = [
+            ("GPU-a".to_owned(), vec![owner("alice", 1)]),
+            ("GPU-b".to_owned(), vec![owner("bob", 1)]),
+        ]
+        .into();
+        assert_eq!(owners_changed(None, &before).len(), 2);
+        assert!(owners_changed(Some(&before), &before).is_empty());
+        let after: BTreeMap<String, Vec<Owner>> = [
+            ("GPU-a".to_owned(), vec![owner("alice", 1)]),
+            ("GPU-c".to_owned(), vec![owner("carol", 1)]),
+        ]
+        .into();
+        let changed = owners_changed(Some(&before), &after);
+        assert_eq!(changed.keys().collect::<Vec<_>>(), ["GPU-b", "GPU-c"]);
+        assert!(changed["GPU-b"].is_empty());
+        assert_eq!(changed["GPU-c"][0].user, "carol");
     }
 }
