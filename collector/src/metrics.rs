@@ -468,7 +468,7 @@ impl CollectorMetrics {
             out,
             "headroom_collector_rows_expired_total",
             "counter",
-            "Rows deleted past retention where the database has no partitions (SQLite).",
+            "Rows deleted past retention where a table has no partitions (SQLite; the fleet rollups on Postgres).",
             &[("", get(&self.rows_expired))],
         );
         family(

@@ -24,5 +24,6 @@ pub use store::Store;
 pub use tokens::TokenStore;
 pub use views::{
     AllocatorLatest, AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView,
-    LatestSample, MAX_PROCESSES_PER_SERIES, NodeView, ProcessSeries, ProcessView, SeriesPoint,
+    FleetHistoryPoint, LatestSample, MAX_PROCESSES_PER_SERIES, NodeView, ProcessSeries,
+    ProcessView, SeriesPoint,
 };

@@ -179,6 +179,25 @@ pub fn source_bounds(
     }
 }
 
+/// Which part of `[from, to]` the fleet tables serve: the resolution a
+/// device series of the same buckets reads, but minutes where it would
+/// read raw samples, since the fleet has no raw rows (summing every GPU's
+/// samples at query time is what the fleet tables exist to avoid). Past
+/// `minute_end_ms` nothing serves: those minutes are not rolled up yet.
+pub fn fleet_source_bounds(
+    from_ms: i64,
+    to_ms: i64,
+    bucket_width_ms: i64,
+    watermarks: Watermarks,
+    storage: &StorageConfig,
+) -> SourceBounds {
+    let resolution = match resolution_for(from_ms, bucket_width_ms, watermarks, storage) {
+        Resolution::Raw => Resolution::Minute,
+        other => other,
+    };
+    source_bounds(resolution, from_ms, to_ms, watermarks)
+}
+
 /// Where one pass moves the minute watermark from `done_ms`: to the last
 /// minute that ended a grace period ago, at most [`MAX_CATCH_UP_MS`] on.
 /// `None` when there is nothing to move.
@@ -237,7 +256,8 @@ pub struct MaintenanceReport {
     pub leader: bool,
     pub partitions_created: u64,
     pub partitions_dropped: u64,
-    /// Rows removed by retention where the backend has no partitions.
+    /// Rows removed by retention from tables without partitions (every
+    /// table on SQLite, the small fleet rollups on Postgres).
     pub rows_expired: u64,
     pub minutes_rolled_up: u64,
     pub hours_rolled_up: u64,
@@ -328,6 +348,28 @@ mod tests {
             SourceBounds {
                 hour_end_ms: old_end + 1,
                 minute_end_ms: old_end + 1
+            }
+        );
+    }
+
+    #[test]
+    fn the_fleet_reads_minutes_where_a_device_reads_raw_samples_and_hours_for_a_year() {
+        let storage = StorageConfig::default();
+        let m = marks();
+        let from = NOW - HOUR_MS;
+        assert_eq!(
+            fleet_source_bounds(from, NOW, 3_600, m, &storage),
+            SourceBounds {
+                hour_end_ms: from,
+                minute_end_ms: m.minute_ms
+            }
+        );
+        let year = NOW - 365 * DAY_MS;
+        assert_eq!(
+            fleet_source_bounds(year, NOW, 365 * DAY_MS / 1000, m, &storage),
+            SourceBounds {
+                hour_end_ms: m.hour_ms,
+                minute_end_ms: m.minute_ms
             }
         );
     }

@@ -8,8 +8,8 @@ use crate::model::{NodeSession, Registration, StoreBatch, WriteOutcome};
 use crate::rollup::{MaintenanceReport, Watermarks};
 use crate::tokens::TokenStore;
 use crate::views::{
-    AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, NodeView, ProcessSeries,
-    ProcessView, SeriesPoint,
+    AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, FleetHistoryPoint, NodeView,
+    ProcessSeries, ProcessView, SeriesPoint,
 };
 
 #[async_trait]
@@ -77,6 +77,21 @@ pub trait Store: AlertStore + TokenStore + Send + Sync + std::fmt::Debug + 'stat
         to_ms: i64,
         max_points: u32,
     ) -> Result<Option<Vec<SeriesPoint>>, StoreError>;
+
+    /// The whole fleet's memory, low-headroom GPUs and fired alerts in
+    /// `[from_ms, to_ms]`, folded into at most `max_points` buckets (the
+    /// same buckets as [`Store::device_series`]), in time order. Read from
+    /// the fleet rollups only, the minute or hour ones as a device series
+    /// picks its resolution, never from raw samples: the minutes after the
+    /// rollup watermark (the last two to three) have no memory figures yet,
+    /// and a bucket there holds only its alerts. See [`FleetHistoryPoint`]
+    /// for what each figure sums.
+    async fn fleet_history(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+        max_points: u32,
+    ) -> Result<Vec<FleetHistoryPoint>, StoreError>;
 
     /// Processes seen since `since_ms`, with their latest and peak memory.
     async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError>;

@@ -168,6 +168,114 @@ pub struct SeriesPoint {
     pub pcie_rx_bytes_per_s: Option<i64>,
 }
 
+/// The physical GPUs whose memory, in use or reserved, reached this share
+/// of their total (in tenths) count as below 10 % headroom.
+pub(crate) const LOW_HEADROOM_USED_TENTHS: i64 = 9;
+
+/// One bucket of the whole fleet's history, from the fleet rollups
+/// (`fleet_1m`, `fleet_1h`): one row per minute or hour summed over the
+/// fleet's physical GPUs. A MIG instance's memory is part of its parent
+/// GPU's, so instances add nothing to the sums. Where a bucket holds several
+/// rollup rows, the sums are their mean (`used_bytes`) or their highest (the
+/// rest), so a chart of a week reads one row per minute rather than one per
+/// GPU and minute.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FleetHistoryPoint {
+    /// The bucket's last millisecond, at most the range's end: the same
+    /// stamp as a process series' points, and at most one sample interval
+    /// after a device series' point for the same bucket.
+    pub timestamp_ms: i64,
+    /// The sum over GPUs of each one's mean memory used, averaged over the
+    /// bucket.
+    pub used_bytes: i64,
+    /// The sum over GPUs of each one's highest memory used in a minute (an
+    /// hour, on ranges read from hours), the highest such sum in the bucket:
+    /// an upper bound on what the fleet used at any one moment.
+    pub used_max_bytes: i64,
+    /// The sum of the reporting GPUs' memory totals (highest in the bucket).
+    pub capacity_bytes: i64,
+    /// Physical GPUs with data, the most in any one minute (hour) of the
+    /// bucket. 0 in a bucket that holds only alerts (no rollup yet): its
+    /// memory figures are 0 too and mean "no data".
+    pub devices: i64,
+    /// Physical GPUs whose peak (used max + reserved) reached 90 % of their
+    /// total in a minute (hour), themselves or through one of their MIG
+    /// instances (a job on a full instance runs out of memory however much
+    /// the rest of the GPU has free), each counted once; the most in any
+    /// one minute (hour) of the bucket.
+    pub devices_below_10pct: i64,
+    /// Alerts whose `fired_at_ms` falls in the bucket.
+    pub alerts_fired: i64,
+}
+
+/// One fleet rollup row's figures folded into a chart bucket, as both
+/// backends read them; `bucket` numbers the bucket from the range's start.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct FleetBucketRow {
+    pub bucket: i64,
+    pub used_bytes: i64,
+    pub used_max_bytes: i64,
+    pub capacity_bytes: i64,
+    pub devices: i64,
+    pub devices_below_10pct: i64,
+}
+
+/// Alerts fired in one chart bucket.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct AlertBucketRow {
+    pub bucket: i64,
+    pub fired: i64,
+}
+
+/// Joins the rollups' buckets and the alerts' into points in time order,
+/// each stamped with its bucket's last millisecond (at most `to_ms`).
+pub(crate) fn fleet_points(
+    rollups: Vec<FleetBucketRow>,
+    alerts: Vec<AlertBucketRow>,
+    from_ms: i64,
+    to_ms: i64,
+    width_ms: i64,
+) -> Vec<FleetHistoryPoint> {
+    let stamp = |bucket: i64| {
+        from_ms
+            .saturating_add(bucket.saturating_add(1).saturating_mul(width_ms))
+            .saturating_sub(1)
+            .min(to_ms)
+    };
+    let mut points: std::collections::BTreeMap<i64, FleetHistoryPoint> = rollups
+        .into_iter()
+        .map(|r| {
+            (
+                r.bucket,
+                FleetHistoryPoint {
+                    timestamp_ms: stamp(r.bucket),
+                    used_bytes: r.used_bytes,
+                    used_max_bytes: r.used_max_bytes,
+                    capacity_bytes: r.capacity_bytes,
+                    devices: r.devices,
+                    devices_below_10pct: r.devices_below_10pct,
+                    alerts_fired: 0,
+                },
+            )
+        })
+        .collect();
+    for a in alerts {
+        points
+            .entry(a.bucket)
+            .or_insert_with(|| FleetHistoryPoint {
+                timestamp_ms: stamp(a.bucket),
+                used_bytes: 0,
+                used_max_bytes: 0,
+                capacity_bytes: 0,
+                devices: 0,
+                devices_below_10pct: 0,
+                alerts_fired: 0,
+            })
+            .alerts_fired += a.fired;
+    }
+    points.into_values().collect()
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ProcessView {
     pub node: String,
@@ -209,6 +317,40 @@ pub struct AllocatorLatest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fleet_points_join_rollups_and_alerts_stamped_with_their_bucket_end() {
+        let row = |bucket, devices| FleetBucketRow {
+            bucket,
+            used_bytes: 10,
+            used_max_bytes: 20,
+            capacity_bytes: 100,
+            devices,
+            devices_below_10pct: 1,
+        };
+        let alerts = vec![
+            AlertBucketRow {
+                bucket: 1,
+                fired: 2,
+            },
+            AlertBucketRow {
+                bucket: 3,
+                fired: 1,
+            },
+        ];
+        // Buckets of 100 ms from 1,000; the range ends inside bucket 3.
+        let points = fleet_points(vec![row(0, 4), row(1, 5)], alerts, 1000, 1349, 100);
+        let stamps: Vec<(i64, i64, i64)> = points
+            .iter()
+            .map(|p| (p.timestamp_ms, p.devices, p.alerts_fired))
+            .collect();
+        assert_eq!(
+            stamps,
+            vec![(1099, 4, 0), (1199, 5, 2), (1349, 0, 1)],
+            "an alerts-only bucket has no devices; the last ends with the range"
+        );
+        assert_eq!(points[2].capacity_bytes, 0);
+    }
 
     #[test]
     fn headroom_excludes_used_and_reserved() {

@@ -20,6 +20,7 @@ use crate::rollup::{
     DAY_MS, HOUR_MS, MINUTE_MS, MaintenanceReport, StorageConfig, Watermarks, bucket_start,
     contiguous_runs, next_minute_watermark,
 };
+use crate::views::LOW_HEADROOM_USED_TENTHS;
 
 /// `pg_advisory_lock` key of the maintenance leader ("headroom" in ASCII).
 const LEADER_LOCK: i64 = 0x6865_6164_726f_6f6d;
@@ -197,6 +198,7 @@ pub(super) async fn run(
         report.hours_rolled_up = roll_up_hours(pool).await?;
         let marks = watermarks(pool).await?;
         report.partitions_dropped = drop_expired(pool, storage, now_ms, marks).await?;
+        report.rows_expired = expire_fleet(pool, storage, now_ms, marks).await?;
         report.samples_packed =
             packing::pack_cold_days(pool, storage, now_ms, marks.minute_ms).await?;
     }
@@ -324,6 +326,28 @@ async fn drop_expired(
     Ok(dropped)
 }
 
+/// The fleet rollups are a row per minute or hour, too small to partition:
+/// they are deleted by time on the minute and hour tables' retention, the
+/// minutes once the hours hold them.
+async fn expire_fleet(
+    pool: &PgPool,
+    storage: &StorageConfig,
+    now_ms: i64,
+    marks: Watermarks,
+) -> Result<u64, StoreError> {
+    let minute_cutoff = (now_ms - storage.minute_retention_ms()).min(marks.hour_ms);
+    let hour_cutoff = now_ms - storage.hour_retention_ms();
+    let mut expired = 0;
+    for (table, cutoff) in [("fleet_1m", minute_cutoff), ("fleet_1h", hour_cutoff)] {
+        expired += sqlx::query(&format!("DELETE FROM {table} WHERE ts_ms < $1"))
+            .bind(cutoff)
+            .execute(pool)
+            .await?
+            .rows_affected();
+    }
+    Ok(expired)
+}
+
 /// `FOR VALUES FROM ('1764460800000') TO ('1764547200000')` → both bounds.
 fn parse_bound(bound: &str) -> Option<(i64, i64)> {
     let numbers: Vec<i64> = bound
@@ -426,6 +450,51 @@ const PROCESS_ROLLUP_UPDATE: &str =
     samples = EXCLUDED.samples, used_min = EXCLUDED.used_min, used_max = EXCLUDED.used_max,
     used_avg = EXCLUDED.used_avg, used_last = EXCLUDED.used_last";
 
+/// The fleet tables of each step, and the device rollups they sum.
+pub(super) fn fleet_tables(step_ms: i64) -> (&'static str, &'static str) {
+    if step_ms == HOUR_MS {
+        ("gpu_samples_1h", "fleet_1h")
+    } else {
+        ("gpu_samples_1m", "fleet_1m")
+    }
+}
+
+/// Recomputes the fleet's row of every bucket of `step_ms` in `[from, to)`
+/// from all the devices' rollup rows of that bucket, so a bucket redone for
+/// one late device is summed over the whole fleet again. Runs in the
+/// transaction that wrote those device rows, so the fleet row never lags
+/// them. Rows, not deltas: a bucket has no fleet row to fix up by hand.
+pub(super) async fn roll_up_fleet(
+    conn: &mut PgConnection,
+    step_ms: i64,
+    from: i64,
+    to: i64,
+) -> Result<(), StoreError> {
+    let (source, target) = fleet_tables(step_ms);
+    sqlx::query(&format!(
+        "INSERT INTO {target} (ts_ms, used_avg, used_max, capacity, devices, devices_below_10pct)
+         SELECT r.ts_ms,
+             COALESCE(SUM(r.used_avg) FILTER (WHERE d.parent_id IS NULL), 0)::int8,
+             COALESCE(SUM(r.used_max) FILTER (WHERE d.parent_id IS NULL), 0)::int8,
+             COALESCE(SUM(r.total) FILTER (WHERE d.parent_id IS NULL), 0)::int8,
+             COUNT(*) FILTER (WHERE d.parent_id IS NULL)::int4,
+             COUNT(DISTINCT COALESCE(d.parent_id, d.id))
+                 FILTER (WHERE r.total > 0 AND (r.used_max + r.reserved) * 10 >= r.total * $3)::int4
+         FROM {source} r JOIN devices d ON d.id = r.device_id
+         WHERE r.ts_ms >= $1 AND r.ts_ms < $2
+         GROUP BY r.ts_ms
+         ON CONFLICT (ts_ms) DO UPDATE SET used_avg = EXCLUDED.used_avg, used_max = EXCLUDED.used_max,
+             capacity = EXCLUDED.capacity, devices = EXCLUDED.devices,
+             devices_below_10pct = EXCLUDED.devices_below_10pct"
+    ))
+    .bind(from)
+    .bind(to)
+    .bind(LOW_HEADROOM_USED_TENTHS)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 /// Rolls pending minutes up from raw samples into the 1 min tables, and
 /// marks their hours pending. Returns how many minutes it rolled up.
 async fn roll_up_minutes(pool: &PgPool) -> Result<u64, StoreError> {
@@ -469,6 +538,7 @@ async fn roll_up_minutes(pool: &PgPool) -> Result<u64, StoreError> {
             .bind(MINUTE_MS)
             .execute(&mut *tx)
             .await?;
+            roll_up_fleet(&mut tx, MINUTE_MS, from, to).await?;
             sqlx::query(&format!(
                 "INSERT INTO process_samples_1m ({PROCESS_ROLLUP_COLUMNS})
                  SELECT process_id, ts_ms - ts_ms % $3, max(ts_ms), count(*), min(used_last), max(used_max),
@@ -531,6 +601,7 @@ async fn roll_up_hours(pool: &PgPool) -> Result<u64, StoreError> {
             .bind(HOUR_MS)
             .execute(&mut *tx)
             .await?;
+            roll_up_fleet(&mut tx, HOUR_MS, from, to).await?;
             sqlx::query(&format!(
                 "INSERT INTO process_samples_1h ({PROCESS_ROLLUP_COLUMNS})
                  SELECT process_id, ts_ms - ts_ms % $3, max(last_ts_ms), sum(samples), min(used_min), max(used_max),

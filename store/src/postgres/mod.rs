@@ -28,15 +28,17 @@ mod write_connections;
 
 use crate::model::{GpuSampleRow, NodeSession, Registration, StoreBatch, WriteOutcome};
 use crate::rollup::{
-    self, MaintenanceReport, StorageConfig, Watermarks, resolution_for, source_bounds,
+    self, MaintenanceReport, StorageConfig, Watermarks, fleet_source_bounds, resolution_for,
+    source_bounds,
 };
 use crate::rows::{
     DeviceRow, PROCESS_COLUMNS, ProcessBucket, ProcessKey, ProcessMeta, ProcessRow, SessionDevice,
     bucket_width_ms, counted_with, process_series_from, session_from,
 };
+use crate::views::{AlertBucketRow, FleetBucketRow, fleet_points};
 use crate::{
-    AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, NodeView,
-    ProcessSeries, ProcessView, SeriesPoint, Store, StoreError,
+    AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView,
+    FleetHistoryPoint, NodeView, ProcessSeries, ProcessView, SeriesPoint, Store, StoreError,
 };
 use headroom_common::Clock;
 
@@ -161,6 +163,21 @@ impl PostgresStore {
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// Recomputes the fleet rollup rows of `[from_ms, to_ms)` at `step_ms`
+    /// (a minute or an hour) from the device rollups already stored: what a
+    /// rollup pass does for the buckets it rolls up, alone, for a
+    /// benchmark to time it or fill the table after loading device rollups
+    /// by hand.
+    pub async fn refresh_fleet_rollups(
+        &self,
+        step_ms: i64,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        maintenance::roll_up_fleet(&mut conn, step_ms, from_ms, to_ms).await
     }
 }
 
@@ -524,6 +541,50 @@ impl Store for PostgresStore {
         .await?;
         tx.commit().await?;
         Ok(Some(points))
+    }
+
+    async fn fleet_history(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+        max_points: u32,
+    ) -> Result<Vec<FleetHistoryPoint>, StoreError> {
+        let width = bucket_width_ms(from_ms, to_ms, max_points);
+        let marks = maintenance::watermarks(&self.pool).await?;
+        let bounds = fleet_source_bounds(from_ms, to_ms, width, marks, &self.storage);
+        // An hour row weighs as its 60 minutes in a bucket that also holds
+        // minute rows.
+        let rollups = sqlx::query_as::<_, FleetBucketRow>(
+            "WITH src AS (
+                 SELECT ts_ms AS at, 60 AS span, used_avg, used_max, capacity, devices, devices_below_10pct
+                 FROM fleet_1h WHERE ts_ms >= $1 AND ts_ms < $3
+                 UNION ALL
+                 SELECT ts_ms, 1, used_avg, used_max, capacity, devices, devices_below_10pct
+                 FROM fleet_1m WHERE ts_ms >= $3 AND ts_ms < $4)
+             SELECT (at - $1) / $2 AS bucket,
+                 ROUND(SUM(used_avg::numeric * span) / SUM(span))::int8 AS used_bytes,
+                 MAX(used_max) AS used_max_bytes, MAX(capacity) AS capacity_bytes,
+                 MAX(devices)::int8 AS devices, MAX(devices_below_10pct)::int8 AS devices_below_10pct
+             FROM src GROUP BY 1 ORDER BY 1",
+        )
+        .bind(from_ms)
+        .bind(width)
+        .bind(bounds.hour_end_ms)
+        .bind(bounds.minute_end_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        // A few thousand rows at most, and no index on fired_at_ms: read
+        // at query time rather than rolled up.
+        let alerts = sqlx::query_as::<_, AlertBucketRow>(
+            "SELECT (fired_at_ms - $1) / $3 AS bucket, COUNT(*) AS fired FROM alerts
+             WHERE fired_at_ms >= $1 AND fired_at_ms <= $2 GROUP BY 1",
+        )
+        .bind(from_ms)
+        .bind(to_ms)
+        .bind(width)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(fleet_points(rollups, alerts, from_ms, to_ms, width))
     }
 
     async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError> {

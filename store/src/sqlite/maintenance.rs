@@ -3,7 +3,7 @@
 //! process owns an SQLite file, so it always leads; without partitions,
 //! retention deletes by time range on the `ts_ms` indexes.
 
-use sqlx::sqlite::SqlitePool;
+use sqlx::sqlite::{SqliteConnection, SqlitePool};
 use sqlx::{Sqlite, Transaction};
 
 use crate::StoreError;
@@ -11,6 +11,7 @@ use crate::rollup::{
     HOUR_MS, MINUTE_MS, MaintenanceReport, StorageConfig, Watermarks, bucket_start,
     contiguous_runs, next_minute_watermark,
 };
+use crate::views::LOW_HEADROOM_USED_TENTHS;
 
 /// Buckets rolled up per transaction, so writers wait at most one short one.
 const BUCKETS_PER_PASS: i64 = 360;
@@ -111,6 +112,7 @@ async fn roll_up(pool: &SqlitePool, step_ms: i64) -> Result<u64, StoreError> {
             } else {
                 hours_from_minutes(&mut tx, from, to).await?;
             }
+            roll_up_fleet(&mut tx, step_ms, from, to).await?;
         }
         if step_ms == MINUTE_MS {
             let mut hours: Vec<i64> = buckets.iter().map(|m| bucket_start(*m, HOUR_MS)).collect();
@@ -233,6 +235,44 @@ async fn hours_from_minutes(
     Ok(())
 }
 
+/// Recomputes the fleet's row of every bucket of `step_ms` in `[from, to)`
+/// from all the devices' rollup rows of that bucket, in the transaction that
+/// wrote them (see the Postgres twin in store/postgres/maintenance.rs).
+pub(super) async fn roll_up_fleet(
+    conn: &mut SqliteConnection,
+    step_ms: i64,
+    from: i64,
+    to: i64,
+) -> Result<(), StoreError> {
+    let (source, target) = if step_ms == HOUR_MS {
+        ("gpu_samples_1h", "fleet_1h")
+    } else {
+        ("gpu_samples_1m", "fleet_1m")
+    };
+    sqlx::query(&format!(
+        "INSERT INTO {target} (ts_ms, used_avg, used_max, capacity, devices, devices_below_10pct)
+         SELECT r.ts_ms,
+             COALESCE(SUM(CASE WHEN d.parent_id IS NULL THEN r.used_avg END), 0),
+             COALESCE(SUM(CASE WHEN d.parent_id IS NULL THEN r.used_max END), 0),
+             COALESCE(SUM(CASE WHEN d.parent_id IS NULL THEN r.total END), 0),
+             COUNT(CASE WHEN d.parent_id IS NULL THEN 1 END),
+             COUNT(DISTINCT CASE WHEN r.total > 0 AND (r.used_max + r.reserved) * 10 >= r.total * ?3
+                 THEN COALESCE(d.parent_id, d.id) END)
+         FROM {source} r JOIN devices d ON d.id = r.device_id
+         WHERE r.ts_ms >= ?1 AND r.ts_ms < ?2
+         GROUP BY r.ts_ms
+         ON CONFLICT (ts_ms) DO UPDATE SET used_avg = excluded.used_avg, used_max = excluded.used_max,
+             capacity = excluded.capacity, devices = excluded.devices,
+             devices_below_10pct = excluded.devices_below_10pct"
+    ))
+    .bind(from)
+    .bind(to)
+    .bind(LOW_HEADROOM_USED_TENTHS)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 /// Deletes what each table no longer keeps, once the next rollup has it.
 async fn expire(
     pool: &SqlitePool,
@@ -251,6 +291,8 @@ async fn expire(
         ("gpu_samples_1m", minute_cutoff),
         ("process_samples_1m", minute_cutoff),
         ("gpu_samples_1h", hour_cutoff),
+        ("fleet_1m", minute_cutoff),
+        ("fleet_1h", hour_cutoff),
         ("process_samples_1h", hour_cutoff),
     ];
     let mut expired = 0;

@@ -17,16 +17,17 @@ mod maintenance;
 
 use crate::model::{AllocatorRow, NodeSession, Registration, StoreBatch, WriteOutcome};
 use crate::rollup::{
-    MINUTE_MS, MaintenanceReport, StorageConfig, Watermarks, late_minutes, resolution_for,
-    source_bounds,
+    MINUTE_MS, MaintenanceReport, StorageConfig, Watermarks, fleet_source_bounds, late_minutes,
+    resolution_for, source_bounds,
 };
 use crate::rows::{
     DeviceRow, PROCESS_COLUMNS, ProcessBucket, ProcessKey, ProcessMeta, ProcessRow, SessionDevice,
     bucket_width_ms, counted_with, process_series_from, session_from,
 };
+use crate::views::{AlertBucketRow, FleetBucketRow, fleet_points};
 use crate::{
-    AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, NodeView,
-    ProcessSeries, ProcessView, SeriesPoint, Store, StoreError,
+    AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView,
+    FleetHistoryPoint, NodeView, ProcessSeries, ProcessView, SeriesPoint, Store, StoreError,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
@@ -97,6 +98,21 @@ impl SqliteStore {
             reader,
             storage,
         })
+    }
+
+    /// Recomputes the fleet rollup rows of `[from_ms, to_ms)` at `step_ms`
+    /// (a minute or an hour) from the device rollups already stored: what a
+    /// rollup pass does for the buckets it rolls up, alone, for a
+    /// benchmark to time it or fill the table after loading device rollups
+    /// by hand.
+    pub async fn refresh_fleet_rollups(
+        &self,
+        step_ms: i64,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        maintenance::roll_up_fleet(&mut conn, step_ms, from_ms, to_ms).await
     }
 }
 
@@ -368,6 +384,49 @@ impl Store for SqliteStore {
         .fetch_all(&self.reader)
         .await?;
         Ok(rows.into_iter().map(DeviceView::from).collect())
+    }
+
+    async fn fleet_history(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+        max_points: u32,
+    ) -> Result<Vec<FleetHistoryPoint>, StoreError> {
+        let width = bucket_width_ms(from_ms, to_ms, max_points);
+        let marks = maintenance::watermarks(&self.reader).await?;
+        let bounds = fleet_source_bounds(from_ms, to_ms, width, marks, &self.storage);
+        // An hour row weighs as its 60 minutes in a bucket that also holds
+        // minute rows.
+        let rollups = sqlx::query_as::<_, FleetBucketRow>(
+            "WITH src AS (
+                 SELECT ts_ms AS at, 60 AS span, used_avg, used_max, capacity, devices, devices_below_10pct
+                 FROM fleet_1h WHERE ts_ms >= ?1 AND ts_ms < ?3
+                 UNION ALL
+                 SELECT ts_ms, 1, used_avg, used_max, capacity, devices, devices_below_10pct
+                 FROM fleet_1m WHERE ts_ms >= ?3 AND ts_ms < ?4)
+             SELECT (at - ?1) / ?2 AS bucket,
+                 CAST(ROUND(SUM(CAST(used_avg AS REAL) * span) / SUM(span)) AS INTEGER) AS used_bytes,
+                 MAX(used_max) AS used_max_bytes, MAX(capacity) AS capacity_bytes,
+                 MAX(devices) AS devices, MAX(devices_below_10pct) AS devices_below_10pct
+             FROM src GROUP BY 1 ORDER BY 1",
+        )
+        .bind(from_ms)
+        .bind(width)
+        .bind(bounds.hour_end_ms)
+        .bind(bounds.minute_end_ms)
+        .fetch_all(&self.reader)
+        .await?;
+        // A few thousand rows at most: read at query time, not rolled up.
+        let alerts = sqlx::query_as::<_, AlertBucketRow>(
+            "SELECT (fired_at_ms - ?1) / ?3 AS bucket, COUNT(*) AS fired FROM alerts
+             WHERE fired_at_ms >= ?1 AND fired_at_ms <= ?2 GROUP BY 1",
+        )
+        .bind(from_ms)
+        .bind(to_ms)
+        .bind(width)
+        .fetch_all(&self.reader)
+        .await?;
+        Ok(fleet_points(rollups, alerts, from_ms, to_ms, width))
     }
 
     async fn device_series(

@@ -11,7 +11,7 @@ use headroom_store::alerts::{
 use headroom_store::model::{DeviceBudget, NodeSession, StoreBatch, WriteOutcome};
 use headroom_store::rollup::{self, DAY_MS, HOUR_MS, MINUTE_MS};
 use headroom_store::tokens::{NewToken, TokenRole};
-use headroom_store::{AllocatorSeriesQuery, Store, StoreError};
+use headroom_store::{AllocatorSeriesQuery, FleetHistoryPoint, Store, StoreError};
 use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, GPU1, GPU2, MIG_A, MIG_B, NODE, now_ms};
 use headroom_tests::postgres;
 
@@ -736,6 +736,147 @@ async fn late_samples_are_rolled_up_again(store: Arc<dyn Store>) {
     assert_eq!(after[0].memory_used_bytes, (30 * GIB) as i64);
 }
 
+/// A batch of GPU samples only, `(uuid, used GiB)` each: GPUs of 80 GiB, MIG
+/// instances of 40 GiB, every one with max = used + 1 GiB and 0.5 GiB
+/// reserved.
+fn fleet_batch(seq: u64, ts: i64, used_gib: &[(&str, u64)]) -> pb::Batch {
+    let mut b = fixtures::batch(seq, ts);
+    b.process_samples.clear();
+    b.gpu_samples = used_gib
+        .iter()
+        .map(|(uuid, used)| {
+            let mut sample = fixtures::gpu_sample(uuid, ts, used * GIB);
+            if uuid.starts_with("MIG-") {
+                sample.memory_total_bytes = 40 * GIB;
+            }
+            sample
+        })
+        .collect();
+    b
+}
+
+/// The fleet's history sums the physical GPUs' rollups per minute and per
+/// hour, counts a GPU low on headroom through its MIG instance, follows a
+/// late sample into both rollups, and counts the alerts fired per bucket.
+async fn fleet_history_sums_the_rollups_and_counts_alerts(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let now = now_ms();
+    let base = rollup::bucket_start(now - 3 * HOUR_MS, HOUR_MS);
+    let g = |gib: u64| (gib * GIB) as i64;
+    // Minute 0: GPU1 peaks at 73.5 of 80 GiB, MIG_A (on GPU2) at 39.5 of 40:
+    // two GPUs below 10 % headroom. Minute 2: GPU2 sends nothing.
+    let batches = [
+        fleet_batch(
+            1,
+            base + 10_000,
+            &[(GPU0, 40), (GPU1, 72), (GPU2, 20), (MIG_A, 38), (MIG_B, 1)],
+        ),
+        fleet_batch(
+            2,
+            base + 70_000,
+            &[(GPU0, 40), (GPU1, 12), (GPU2, 20), (MIG_A, 10)],
+        ),
+        fleet_batch(3, base + 130_000, &[(GPU0, 40), (GPU1, 12)]),
+    ];
+    for b in &batches {
+        store.write_batch(&rows_at(&session, b, now)).await.unwrap();
+    }
+    // Two alerts fire (minutes 0 and 2); one stays pending and counts not.
+    for (fingerprint, kind, at) in [
+        (
+            "fp-a",
+            UpdateKind::Firing { escalated: false },
+            base + 30_000,
+        ),
+        (
+            "fp-b",
+            UpdateKind::Firing { escalated: false },
+            base + 150_000,
+        ),
+        ("fp-c", UpdateKind::Pending, base + 90_000),
+        (
+            "fp-d",
+            UpdateKind::Firing { escalated: false },
+            now - 30_000,
+        ),
+    ] {
+        let mut u = update(kind, at, &[]);
+        u.fingerprint = fingerprint.into();
+        store.apply_alert(&u).await.unwrap();
+    }
+    store.maintain(now).await.unwrap();
+
+    let minutes = || store.fleet_history(base, base + 3 * MINUTE_MS - 1, 3);
+    let before = minutes().await.unwrap();
+    let figures = |p: &FleetHistoryPoint| {
+        (
+            p.used_bytes,
+            p.used_max_bytes,
+            p.capacity_bytes,
+            p.devices,
+            p.devices_below_10pct,
+            p.alerts_fired,
+        )
+    };
+    assert_eq!(
+        before.iter().map(|p| p.timestamp_ms).collect::<Vec<_>>(),
+        vec![base + 59_999, base + 119_999, base + 179_999],
+        "each point carries its bucket's end"
+    );
+    assert_eq!(
+        before.iter().map(figures).collect::<Vec<_>>(),
+        vec![
+            (g(132), g(135), g(240), 3, 2, 1),
+            (g(72), g(75), g(240), 3, 0, 0),
+            (g(52), g(54), g(160), 2, 0, 1),
+        ],
+        "MIG instances add nothing to the sums"
+    );
+
+    // GPU0 spikes to 76 GiB in minute 0, after that minute was rolled up.
+    let late = fleet_batch(4, base + 20_000, &[(GPU0, 76)]);
+    store
+        .write_batch(&rows_at(&session, &late, now + 1000))
+        .await
+        .unwrap();
+    let report = store.maintain(now + 1000).await.unwrap();
+    assert_eq!(report.minutes_rolled_up, 1, "only the late minute");
+    let after = minutes().await.unwrap();
+    assert_eq!(
+        figures(&after[0]),
+        (g(58 + 72 + 20), g(77 + 73 + 21), g(240), 3, 3, 1),
+        "GPU0's mean is (40 + 76) / 2 and its peak is low on headroom"
+    );
+    assert_eq!(figures(&after[1]), figures(&before[1]));
+
+    // One bucket of three minute rows: their mean, their highest.
+    let folded = store
+        .fleet_history(base, base + 3 * MINUTE_MS - 1, 1)
+        .await
+        .unwrap();
+    assert_eq!(folded.len(), 1);
+    let mean = ((150 + 72 + 52) as f64 * GIB as f64 / 3.0).round() as i64;
+    assert_eq!(figures(&folded[0]), (mean, g(171), g(240), 3, 3, 2));
+
+    // An hour-wide bucket reads the hour rollup, redone for the late sample:
+    // GPU0 (40, 76, 40, 40) / 4, GPU1 (72, 12, 12) / 3, GPU2 20.
+    let hour = store
+        .fleet_history(base, base + HOUR_MS - 1, 1)
+        .await
+        .unwrap();
+    assert_eq!(hour.len(), 1);
+    assert_eq!(hour[0].timestamp_ms, base + HOUR_MS - 1);
+    assert_eq!(
+        figures(&hour[0]),
+        (g(49 + 32 + 20), g(77 + 73 + 21), g(240), 3, 3, 2)
+    );
+
+    // Newer than the rollup watermark: the alert, and no memory figures.
+    let recent = store.fleet_history(now - MINUTE_MS, now, 1).await.unwrap();
+    assert_eq!(recent.len(), 1);
+    assert_eq!(figures(&recent[0]), (0, 0, 0, 0, 0, 1));
+}
+
 /// Raw samples of a day long past are packed into chunks on Postgres
 /// (SQLite keeps them as rows): a chart fine enough for raw samples reads
 /// exactly the same after maintenance, and a sample that arrives for a
@@ -1129,6 +1270,7 @@ conformance!(
     silences_match_until_they_expire,
     rollups_keep_min_max_avg_and_last,
     late_samples_are_rolled_up_again,
+    fleet_history_sums_the_rollups_and_counts_alerts,
     cold_days_chart_the_same_once_packed,
     retention_drops_raw_samples_and_rollups_keep_the_peak,
     a_group_of_batches_gets_one_outcome_each,
