@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use super::AppState;
 use super::text::check_id;
 use headroom_store::{
-    AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, NodeView, ProcessSeries,
-    ProcessView, SeriesPoint, StoreError,
+    AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, FleetHistoryPoint, NodeView,
+    ProcessSeries, ProcessView, SeriesPoint, StoreError,
 };
 
 /// A process counts as current when it was seen this recently.
@@ -168,6 +168,26 @@ pub async fn series(
             "no GPU or MIG instance {uuid:?}"
         ))),
     }
+}
+
+#[derive(Debug, Serialize)]
+pub struct FleetHistoryResponse {
+    from: i64,
+    to: i64,
+    points: Vec<FleetHistoryPoint>,
+}
+
+/// The whole fleet's memory against its capacity, GPUs low on headroom and
+/// alerts fired over a range, from the fleet rollups (the newest two to
+/// three minutes are not rolled up yet).
+pub async fn fleet_history(
+    State(state): State<AppState>,
+    query: Result<Query<SeriesQuery>, QueryRejection>,
+) -> Result<Json<FleetHistoryResponse>, ApiError> {
+    let Query(q) = query?;
+    let (from, to, max_points) = q.resolve(state.clock.now_ms())?;
+    let points = state.store.fleet_history(from, to, max_points).await?;
+    Ok(Json(FleetHistoryResponse { from, to, points }))
 }
 
 /// The fields of [`SeriesQuery`] plus the process incarnation (not

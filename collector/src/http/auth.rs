@@ -588,6 +588,7 @@ mod tests {
         assert_eq!(needs(&Method::POST, "/api/v1/session"), Needs::Nothing);
         assert_eq!(needs(&Method::GET, "/metrics"), Needs::Viewer);
         assert_eq!(needs(&Method::GET, "/api/v1/gpus"), Needs::Viewer);
+        assert_eq!(needs(&Method::GET, "/api/v1/fleet/history"), Needs::Viewer);
         assert_eq!(needs(&Method::POST, "/api/v1/alerts/1/ack"), Needs::Admin);
         assert_eq!(needs(&Method::DELETE, "/api/v1/silences/3"), Needs::Admin);
     }

@@ -115,6 +115,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/nodes", get(api::nodes))
         .route("/api/v1/gpus", get(api::gpus))
         .route("/api/v1/gpus/{uuid}/series", get(api::series))
+        .route("/api/v1/fleet/history", get(api::fleet_history))
         .route("/assets/{file}", get(asset))
         .route("/api/v1/stream", get(stream::fleet))
         .route(

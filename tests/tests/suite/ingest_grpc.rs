@@ -281,5 +281,30 @@ async fn api_rejects_bad_ranges_and_unknown_devices_clearly() {
         .await
         .unwrap();
     assert_eq!(r.status(), 404);
+
+    // The fleet's history takes the same range parameters.
+    let r = reqwest::get(f.collector.api("/api/v1/fleet/history?max_points=100"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert!(body["points"].is_array(), "{body}");
+    assert!(body["to"].as_i64() > body["from"].as_i64(), "{body}");
+    let r = reqwest::get(f.collector.api("/api/v1/fleet/history?from=10&to=5"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("`from` (10) must be before `to` (5)"),
+        "{body}"
+    );
+    let r = reqwest::get(f.collector.api("/api/v1/fleet/history?max_points=0"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
     f.collector.stop().await;
 }
