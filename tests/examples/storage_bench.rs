@@ -8,7 +8,9 @@
 //! ```
 //!
 //! PHASES (default `ingest,storage`; queries need the storage phase's data)
-//! picks what runs: `ingest` alone is the quick A/B of a write-path change.
+//! picks what runs: `ingest` alone is the quick A/B of a write-path change;
+//! `fleet` (alone, ROUNDS = calls per range, default 200) times the fleet
+//! history on SQLite and on Postgres.
 //! `BENCH_WRITERS=N` sets the collector's `[ingest] writers` (default 0: 2
 //! on Postgres).
 //!
@@ -39,6 +41,12 @@
 //!    (`GET /api/v1/gpus`), a 24 h chart of one GPU
 //!    (`GET /api/v1/gpus/{uuid}/series`, 1,000 points) and a 1 h chart of
 //!    the packed day at one point per sample, 300 of each.
+//! 4. Fleet history (`fleet`): 1,000 GPUs × 7 days of minute and hour
+//!    rollups loaded straight into their tables, on SQLite and on Postgres;
+//!    the fleet rows are filled as the rollup pass fills them (timed per
+//!    minute and per hour: what a pass adds), then `Store::fleet_history`
+//!    is timed over 7 d, 24 h and 1 h at 1,000 points, beside the same sums
+//!    computed at query time from the device rollups.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: fail loudly
 
 use std::fmt::Write as _;
@@ -51,8 +59,8 @@ use headroom_collector::server::Collector;
 use headroom_proto::v1 as pb;
 use headroom_proto::v1::ingest_client::IngestClient;
 use headroom_store::model::{NodeSession, StoreBatch};
-use headroom_store::rollup::{DAY_MS, HOUR_MS, StorageConfig, bucket_start};
-use headroom_store::{PostgresStore, Store};
+use headroom_store::rollup::{DAY_MS, HOUR_MS, MINUTE_MS, StorageConfig, bucket_start};
+use headroom_store::{PostgresStore, SqliteStore, Store};
 use headroom_tests::fixtures::now_ms;
 use headroom_tests::harness::RunningCollector;
 use headroom_tests::postgres;
@@ -727,8 +735,11 @@ async fn main() {
     let phases = args.get(4).map_or("ingest,storage", String::as_str);
     let ingest_phase = phases.split(',').any(|p| p == "ingest");
     let storage_phase = phases.split(',').any(|p| p == "storage");
-    if !ingest_phase && !storage_phase {
-        eprintln!("PHASES is a comma-separated list of `ingest` and `storage`, not {phases:?}");
+    let fleet_phase = phases.split(',').any(|p| p == "fleet");
+    if !ingest_phase && !storage_phase && !fleet_phase {
+        eprintln!(
+            "PHASES is a comma-separated list of `ingest`, `storage` and `fleet`, not {phases:?}"
+        );
         std::process::exit(2);
     }
     if ingest_phase {
@@ -736,6 +747,10 @@ async fn main() {
     }
     if storage_phase {
         storage_and_queries(history_nodes).await;
+    }
+    if fleet_phase {
+        // ROUNDS doubles as the calls per range here: 200 unless told.
+        fleet_history_phase(args.get(3).and_then(|a| a.parse().ok()).unwrap_or(200)).await;
     }
 }
 
@@ -971,4 +986,246 @@ async fn storage_and_queries(history_nodes: usize) {
     collector.stop().await;
     shared.close().await;
     db.drop_database().await;
+}
+
+/// What the fleet phase needs of a backend: raw SQL for the load and for
+/// the query-time alternative, the store's own calls for the rest.
+enum FleetDb {
+    Postgres(PostgresStore),
+    Sqlite(SqliteStore, sqlx::SqlitePool),
+}
+
+impl FleetDb {
+    fn store(&self) -> &dyn Store {
+        match self {
+            Self::Postgres(s) => s,
+            Self::Sqlite(s, _) => s,
+        }
+    }
+
+    async fn execute(&self, sql: &str) {
+        match self {
+            Self::Postgres(s) => {
+                sqlx::query(sql).execute(s.pool()).await.unwrap();
+            }
+            Self::Sqlite(_, pool) => {
+                sqlx::query(sql).execute(pool).await.unwrap();
+            }
+        }
+    }
+
+    async fn refresh(&self, step_ms: i64, from_ms: i64, to_ms: i64) {
+        match self {
+            Self::Postgres(s) => s.refresh_fleet_rollups(step_ms, from_ms, to_ms).await,
+            Self::Sqlite(s, _) => s.refresh_fleet_rollups(step_ms, from_ms, to_ms).await,
+        }
+        .unwrap();
+    }
+
+    /// The fleet's buckets summed from every GPU's rollup rows at query
+    /// time: what `fleet_history` would cost without the fleet tables.
+    async fn aggregate_at_query_time(&self, table: &str, from_ms: i64, to_ms: i64, width: i64) {
+        let sql = format!(
+            "SELECT b, AVG(used), MAX(peak), MAX(cap), MAX(n), MAX(low) FROM (
+                 SELECT r.ts_ms, (r.ts_ms - {from_ms}) / {width} AS b, SUM(r.used_avg) AS used,
+                     SUM(r.used_max) AS peak, SUM(r.total) AS cap, COUNT(*) AS n,
+                     SUM(CASE WHEN (r.used_max + r.reserved) * 10 >= r.total * 9 THEN 1 ELSE 0 END) AS low
+                 FROM {table} r JOIN devices d ON d.id = r.device_id
+                 WHERE d.parent_id IS NULL AND r.ts_ms >= {from_ms} AND r.ts_ms <= {to_ms}
+                 GROUP BY r.ts_ms) m GROUP BY b"
+        );
+        match self {
+            Self::Postgres(s) => {
+                sqlx::query(&sql).fetch_all(s.pool()).await.unwrap();
+            }
+            Self::Sqlite(_, pool) => {
+                sqlx::query(&sql).fetch_all(pool).await.unwrap();
+            }
+        }
+    }
+}
+
+/// The figures of one GPU's rollup rows, as SQL over `d` (device id) and
+/// `ts` (bucket start): a plateau per GPU, a slow swing, and one bucket in
+/// 25 peaking within 10 % of the total, so that every bucket has GPUs low
+/// on headroom (at 79 GiB: 84,825,604,096 bytes, a literal Postgres reads
+/// as 64-bit). Figures: used_avg, used_max, reserved, total.
+const FLEET_ROLLUP_FIGURES: &str = "(20 + d % 40) * 1073741824 + ((ts / 60000 + d * 97) % 1200) * 1048576,
+    (20 + d % 40) * 1073741824 + ((ts / 60000 + d * 97) % 1200) * 1048576
+        + CASE WHEN (ts / 60000 + d) % 25 = 0 THEN 84825604096 - ((20 + d % 40) * 1073741824 + ((ts / 60000 + d * 97) % 1200) * 1048576)
+          ELSE 536870912 END,
+    536870912, 85899345920";
+
+/// Phase 4: the fleet history, on both backends. 1,000 GPUs with a week of
+/// minute and hour rollups, loaded directly into the rollup tables; then the
+/// fleet tables are filled the way the rollup pass fills them, and
+/// `fleet_history` is timed over 7 days, 24 h and 1 h.
+async fn fleet_history_phase(runs: usize) {
+    println!("## 4. Fleet history: {FLEET_GPUS} GPUs, 7 days of rollups, {runs} calls per range");
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite_path = dir.path().join("fleet.db");
+    let sqlite_url = format!("sqlite://{}", sqlite_path.display());
+    let store = SqliteStore::connect(&sqlite_url, StorageConfig::default())
+        .await
+        .unwrap();
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&sqlite_path)
+        .busy_timeout(Duration::from_secs(60));
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    fleet_history_on("SQLite", FleetDb::Sqlite(store, pool), runs).await;
+    match postgres::fresh_database().await {
+        Some(db) => {
+            let store = PostgresStore::connect(&db.url, StorageConfig::default())
+                .await
+                .unwrap();
+            fleet_history_on("Postgres", FleetDb::Postgres(store), runs).await;
+            db.drop_database().await;
+        }
+        None => println!("(no Postgres: DATABASE_URL unset and no initdb)"),
+    }
+}
+
+async fn fleet_history_on(backend: &str, db: FleetDb, runs: usize) {
+    let store = db.store();
+    let limits = Limits::default();
+    let now = now_ms();
+    for node in 0..FLEET_GPUS / GPUS_PER_NODE {
+        let reg = validate::registration(&register_request(node, "bench"), &limits).unwrap();
+        store.register(&reg, now).await.unwrap();
+    }
+    let end = bucket_start(now - 3 * MINUTE_MS, HOUR_MS);
+    let start = end - 7 * DAY_MS;
+    let postgres = matches!(db, FleetDb::Postgres(_));
+    if postgres {
+        for (table, width) in [("gpu_samples_1m", DAY_MS), ("gpu_samples_1h", 7 * DAY_MS)] {
+            db.execute(&format!(
+                "SELECT headroom_create_partitions('{table}', {width}, {start}, {end})"
+            ))
+            .await;
+        }
+    }
+    let started = Instant::now();
+    for (table, step) in [("gpu_samples_1m", MINUTE_MS), ("gpu_samples_1h", HOUR_MS)] {
+        // A day at a time, so no one statement holds the whole week.
+        for day in 0..7 {
+            let (from, to) = (start + day * DAY_MS, start + (day + 1) * DAY_MS - step);
+            let series = if postgres {
+                format!(
+                    "(SELECT id::int8 AS d FROM devices) dev CROSS JOIN generate_series({from}::int8, {to}::int8, {step}::int8) AS ts"
+                )
+            } else {
+                format!(
+                    "(SELECT id AS d FROM devices) dev CROSS JOIN (WITH RECURSIVE t(ts) AS (SELECT {from} UNION ALL SELECT ts + {step} FROM t WHERE ts < {to}) SELECT ts FROM t)"
+                )
+            };
+            db.execute(&format!(
+                "INSERT INTO {table} (device_id, ts_ms, last_ts_ms, samples, used_avg, used_max, reserved, total,
+                     used_min, used_last, utilization, pcie_tx, pcie_rx)
+                 SELECT d, ts, ts + {step} - 1000, {samples}, {FLEET_ROLLUP_FIGURES},
+                     (20 + d % 40) * 1073741824, (20 + d % 40) * 1073741824, 80, 1000000, 2000000
+                 FROM {series} ORDER BY d, ts",
+                samples = step / 1000,
+            ))
+            .await;
+        }
+    }
+    let load_s = started.elapsed().as_secs_f64();
+    db.execute(&format!(
+        "UPDATE rollup_progress SET done_until_ms = {end} WHERE step_ms IN ({MINUTE_MS}, {HOUR_MS})"
+    ))
+    .await;
+    db.execute(if postgres {
+        "VACUUM ANALYZE"
+    } else {
+        "ANALYZE"
+    })
+    .await;
+
+    // What the rollup passes add: one minute's (and one hour's) fleet row
+    // from 1,000 device rows, and the whole week, as the migration does.
+    let mut minute_ms = Vec::new();
+    for i in 0..60 {
+        let m = end - (i + 1) * MINUTE_MS;
+        let t = Instant::now();
+        db.refresh(MINUTE_MS, m, m + MINUTE_MS).await;
+        minute_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let mut hour_ms = Vec::new();
+    for i in 0..24 {
+        let h = end - (i + 1) * HOUR_MS;
+        let t = Instant::now();
+        db.refresh(HOUR_MS, h, h + HOUR_MS).await;
+        hour_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let t = Instant::now();
+    db.refresh(MINUTE_MS, start, end).await;
+    db.refresh(HOUR_MS, start, end).await;
+    let week_s = t.elapsed().as_secs_f64();
+    minute_ms.sort_by(f64::total_cmp);
+    hour_ms.sort_by(f64::total_cmp);
+    println!(
+        "### {backend}\n\nloaded {} minute and {} hour rows in {load_s:.0} s",
+        FLEET_GPUS as i64 * 7 * DAY_MS / MINUTE_MS,
+        FLEET_GPUS as i64 * 7 * DAY_MS / HOUR_MS,
+    );
+    println!(
+        "fleet rows per rollup pass: a minute {:.1} / {:.1} ms, an hour {:.1} / {:.1} ms (p50 / p99); the week's backfill {week_s:.1} s",
+        percentile(&minute_ms, 0.5),
+        percentile(&minute_ms, 0.99),
+        percentile(&hour_ms, 0.5),
+        percentile(&hour_ms, 0.99),
+    );
+    println!(
+        "\n| range, 1,000 points | points | p50 | p99 | query-time sum of device rollups (p50, 5 runs) |"
+    );
+    println!("|---|---|---|---|---|");
+    for (label, span) in [("7 d", 7 * DAY_MS), ("24 h", DAY_MS), ("1 h", HOUR_MS)] {
+        let (from, to) = (end - span, end - 1);
+        let mut points = 0;
+        for _ in 0..20 {
+            points = store.fleet_history(from, to, 1000).await.unwrap().len();
+        }
+        let mut ms = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let t = Instant::now();
+            store.fleet_history(from, to, 1000).await.unwrap();
+            ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        ms.sort_by(f64::total_cmp);
+        // The minute rows, as `fleet_history` picks for 1,000 points.
+        let width = (span + 999) / 1000;
+        let mut alt = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            db.aggregate_at_query_time("gpu_samples_1m", from, to, width)
+                .await;
+            alt.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        alt.sort_by(f64::total_cmp);
+        println!(
+            "| {label} | {points} | {:.2} ms | {:.2} ms | {:.0} ms |",
+            percentile(&ms, 0.5),
+            percentile(&ms, 0.99),
+            percentile(&alt, 0.5),
+        );
+    }
+    // The hour rows summed at query time, the cheapest week without fleet
+    // tables (168 points).
+    let mut alt = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        db.aggregate_at_query_time("gpu_samples_1h", end - 7 * DAY_MS, end - 1, HOUR_MS)
+            .await;
+        alt.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    alt.sort_by(f64::total_cmp);
+    println!(
+        "\nquery-time sum of the hour rollups, 7 d at 168 points: {:.0} ms (p50, 5 runs)\n",
+        percentile(&alt, 0.5)
+    );
+    store.close().await;
 }
