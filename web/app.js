@@ -1,7 +1,7 @@
 "use strict";
 // Headroom's dashboard: one page, four views chosen by the URL, so every
 // view (and a GPU with its time range) has a link a Slack alert can carry:
-//   /                       fleet overview, live over server-sent events
+//   /?show=grid|tiles       fleet overview, live over server-sent events
 //   /?gpu=UUID&from=&to=    one GPU or MIG instance
 //   /?view=processes        memory by user, pod and job; leak suspects
 //   /?view=alerts           firing, pending, resolved; acknowledge, silence
@@ -18,7 +18,7 @@ const level = (frac) => frac >= 0.95 ? "crit" : frac >= 0.9 ? "warn" : "ok";
 const LEVEL_TEXT = { ok: "OK", warn: "HIGH", crit: "CRITICAL", none: "NO DATA" };
 
 // What the page knows, shared by the views; tests read it through window.__headroom.
-const state = { nodes: [], gpus: new Map(), alerts: { pending: 0, firing: 0 }, deviceAlerts: {}, processes: [], updates: 0, charts: [], connected: false };
+const state = { nodes: [], gpus: new Map(), alerts: { pending: 0, firing: 0 }, deviceAlerts: {}, owners: {}, processes: [], updates: 0, charts: [], connected: false };
 window.__headroom = state;
 
 async function getJson(url, options) {
@@ -69,6 +69,10 @@ function applyFleet(msg, snapshot) {
   for (const uuid of msg.removed || []) state.gpus.delete(uuid);
   if (msg.nodes) state.nodes = msg.nodes;
   if (msg.device_alerts) state.deviceAlerts = msg.device_alerts;
+  if (snapshot) state.owners = {};
+  for (const [uuid, owners] of Object.entries(msg.owners || {})) {
+    if (owners.length) state.owners[uuid] = owners; else delete state.owners[uuid];
+  }
   if (msg.alerts) {
     const changed = msg.alerts.pending !== state.alerts.pending || msg.alerts.firing !== state.alerts.firing;
     state.alerts = msg.alerts;
@@ -130,13 +134,19 @@ function route() {
 
 // ---------------------------------------------------------------- fleet
 
-const fleetFilter = { node: "", user: "", job: "", pod: "", sort: "name" };
+// A fleet view shows tiles while they fit a screen or two, and one small
+// cell per device beyond that: 2,000 GPUs on one screen.
+const TILES_UP_TO = 64;
+const fleetFilter = { node: "", user: "", job: "", pod: "", sort: "name", mode: "auto" };
 let fleetRenderPending = false;
 
 async function showFleet(view, p, gen) {
   document.title = "Headroom — fleet";
+  // `/?show=grid` or `/?show=tiles`: a link that opens the fleet in that view.
+  if (["auto", "grid", "tiles"].includes(p.get("show"))) fleetFilter.mode = p.get("show");
   view.innerHTML = `
     <div class="controls">
+      <label>show <select id="f-mode"><option value="auto">grid, tiles when few</option><option value="grid">grid of cells</option><option value="tiles">tiles</option></select></label>
       <label>sort <select id="f-sort"><option value="name">node, GPU</option><option value="headroom">headroom, least first</option><option value="used">used, most first</option></select></label>
       <label>node <input id="f-node" placeholder="gpu-node-0"></label>
       <label>user <input id="f-user" placeholder="alice"></label>
@@ -144,20 +154,27 @@ async function showFleet(view, p, gen) {
       <label>pod <input id="f-pod" placeholder="pod uid"></label>
       <span class="muted" id="f-count"></span>
     </div>
-    <div id="fleet"></div>`;
-  for (const key of ["node", "user", "job", "pod", "sort"]) {
+    <section id="at-risk" aria-labelledby="at-risk-title"><h2 id="at-risk-title">At risk</h2><div id="at-risk-list"></div></section>
+    <div id="fleet"></div>
+    <div id="cell-tip" role="tooltip" hidden></div>
+    <section id="fleet-history"><h2>Fleet history</h2><div class="ranges" id="history-ranges"></div>
+      <div id="chart-fleet-memory" class="chart"></div><div id="chart-fleet-risk" class="chart"></div></section>`;
+  for (const key of ["node", "user", "job", "pod", "sort", "mode"]) {
     const el = document.getElementById(`f-${key}`);
     el.value = fleetFilter[key];
     el.addEventListener("input", async () => {
       fleetFilter[key] = el.value.trim();
       // The process list is needed only to filter by user, job or pod:
       // fetched then, not on every load of a large fleet.
-      if (key !== "node" && key !== "sort") await refreshProcesses();
+      if (["user", "job", "pod"].includes(key)) await refreshProcesses();
       scheduleFleetRender();
     });
   }
+  wireGrid(document.getElementById("fleet"));
   if (fleetFilter.user || fleetFilter.job || fleetFilter.pod) await refreshProcesses();
-  if (isCurrent(gen)) scheduleFleetRender();
+  if (!isCurrent(gen)) return;
+  scheduleFleetRender();
+  showFleetHistory(gen, 24 * 60 * MIN);
 }
 
 async function refreshProcesses() {
@@ -202,33 +219,109 @@ function tileNumbers(d) {
   return { s, total, frac, peakFrac, lvl: level(Math.max(frac, peakFrac)) };
 }
 
+// What fires on a device (`null` when nothing does) and the level it shows:
+// a firing alert outranks the memory level, so a device never says OK under one.
+function deviceLevel(d) {
+  const a = state.deviceAlerts[d.uuid];
+  const firing = a && a.rules.length ? a : null;
+  const n = tileNumbers(d);
+  const alertLvl = firing ? (firing.severity === "critical" ? "crit" : "warn") : null;
+  const memLvl = n ? n.lvl : "none";
+  const lvl = [memLvl, alertLvl].includes("crit") ? "crit" : [memLvl, alertLvl].includes("warn") ? "warn" : memLvl;
+  return { n, firing, pending: a && a.pending.length ? a : null, lvl };
+}
+
+const deviceLabel = (d) => d.kind === "mig" ? `GPU ${d.index} MIG ${d.mig_profile || ""}` : `GPU ${d.index}`;
+const shortId = (s, n) => s.length > n ? s.slice(0, n) : s;
+// "alice (job 4817263)", "bob (pod 1a2b3c4d)": who holds the memory.
+const ownerText = (o) => `${o.user || "?"}${o.slurm_job_id ? ` (job ${o.slurm_job_id})` : o.pod_uid ? ` (pod ${shortId(o.pod_uid, 8)})` : ""}`;
+const ownersText = (uuid) => (state.owners[uuid] || []).map(ownerText).join(", ");
+const untilText = (ms) => { const m = Math.max(0, Math.round((ms - Date.now()) / MIN)); return m < 1 ? "under a minute" : `${m} min`; };
+
 // A tile's class and contents; the element itself is kept across updates
 // so that a click or a hover is never lost to a re-render.
 function tileParts(d) {
-  const n = tileNumbers(d);
+  const { n, firing, lvl } = deviceLevel(d);
   const label = d.kind === "mig" ? `MIG ${esc(d.mig_profile || "")}` : `GPU ${d.index}`;
-  // A firing alert outranks the memory level: the tile never says OK under one.
-  const firing = state.deviceAlerts[d.uuid];
-  if (!n) {
-    const cls = firing ? `tile lvl-${firing.severity === "critical" ? "crit" : "warn"} alerting` : "tile lvl-none";
-    const text = firing ? `ALERT: ${firing.rules.map(esc).join(", ")}` : LEVEL_TEXT.none;
-    return { cls, inner: `<span class="level">${text}</span><div class="name">${label}</div><div class="muted">${esc(d.name)}</div>` };
-  }
-  const { s, total, frac, peakFrac } = n;
-  const alertLvl = firing ? (firing.severity === "critical" ? "crit" : "warn") : "ok";
-  const lvl = [n.lvl, alertLvl].includes("crit") ? "crit" : [n.lvl, alertLvl].includes("warn") ? "warn" : "ok";
   const levelText = firing ? `ALERT: ${firing.rules.map(esc).join(", ")}` : LEVEL_TEXT[lvl];
+  const owners = ownersText(d.uuid);
+  const ownerLine = owners ? `<div class="owners" title="${esc(owners)}">${esc(owners)}</div>` : "";
+  const cls = `tile lvl-${lvl}${firing ? " alerting" : ""}`;
+  if (!n) return { cls, inner: `<span class="level">${levelText}</span><div class="name">${label}</div><div class="muted">${esc(d.name)}</div>${ownerLine}` };
+  const { s, total, frac, peakFrac } = n;
   return {
-    cls: `tile lvl-${lvl}${firing ? " alerting" : ""}`,
+    cls,
     inner: `<span class="level">${levelText}</span><div class="name">${label}${d.kind === "mig" ? ` <span class="mig muted">GI ${d.mig_gpu_instance_id}</span>` : ""}</div>
     <div class="big">${fmtBytes(s.memory_used_bytes)} / ${fmtBytes(total)}</div>
     <div class="bar"><span class="used" style="width:${Math.min(100, frac * 100).toFixed(1)}%"></span><span class="peak" style="left:${Math.min(100, peakFrac * 100).toFixed(1)}%"></span></div>
-    <div>peak ${fmtBytes(s.memory_used_max_bytes)} · headroom <b>${fmtBytes(s.headroom_bytes)}</b> (${s.headroom_pct.toFixed(0)} %)</div>`,
+    <div>peak ${fmtBytes(s.memory_used_max_bytes)} · headroom <b>${fmtBytes(s.headroom_bytes)}</b> (${s.headroom_pct.toFixed(0)} %)</div>${ownerLine}`,
   };
 }
 
+// A cell's class and its text equivalent (what a screen reader says): the
+// level is in a pattern and in words, not only in colour. The words change
+// only when the level, the headroom's whole percent, an alert or an owner
+// does, so a live update rewrites few of 2,000 labels; the tooltip has the bytes.
+function cellParts(d) {
+  const { n, firing, pending, lvl } = deviceLevel(d);
+  const a = state.deviceAlerts[d.uuid];
+  const parts = [`${d.node} ${deviceLabel(d)}`, LEVEL_TEXT[lvl]];
+  if (n) parts.push(`headroom ${n.s.headroom_pct.toFixed(0)} %`);
+  if (firing) parts.push(`ALERT: ${firing.rules.join(", ")}`);
+  if (pending) parts.push(`pending: ${pending.pending.join(", ")}`);
+  if (a && a.oom_at_ms) parts.push(`OOM forecast in ${untilText(a.oom_at_ms)}`);
+  const owners = ownersText(d.uuid);
+  if (owners) parts.push(`used by ${owners}`);
+  return { cls: `cell lvl-${lvl}${firing ? " firing" : pending ? " pending" : ""}`, label: parts.join(" · ") };
+}
+
+// Ranked for the at-risk list: firing critical, firing, pending or
+// forecast, below 10 % headroom; then the least headroom. Exposed for the
+// browser test, which checks the ranking on fixtures too.
+function rankAtRisk(devices, deviceAlerts) {
+  const tier = (d, a) => {
+    if (a && a.rules.length) return a.severity === "critical" ? 0 : 1;
+    if (a && (a.pending.length || a.oom_at_ms)) return 2;
+    return d.latest && d.latest.headroom_pct < 10 ? 3 : 4;
+  };
+  return devices.map((d) => {
+    const a = deviceAlerts[d.uuid];
+    return { d, a, tier: tier(d, a), oom: a && a.oom_at_ms ? a.oom_at_ms : Infinity, headroom: d.latest ? d.latest.headroom_pct : Infinity };
+  }).sort((x, y) => (x.tier - y.tier) || (x.oom - y.oom) || (x.headroom - y.headroom) || x.d.uuid.localeCompare(y.d.uuid));
+}
+window.__headroomRankAtRisk = rankAtRisk;
+const AT_RISK_ROWS = 6;
+
+function renderAtRisk(devices) {
+  const box = document.getElementById("at-risk-list");
+  if (!box) return;
+  const ranked = rankAtRisk(devices.filter((d) => d.latest || state.deviceAlerts[d.uuid]), state.deviceAlerts);
+  const atRisk = ranked.filter((r) => r.tier < 4).length;
+  const rows = ranked.slice(0, AT_RISK_ROWS).map(({ d, a, tier }) => {
+    const why = [];
+    if (a && a.rules.length) why.push(`<span class="${a.severity === "critical" ? "text-crit" : "text-warn"}">ALERT: ${a.rules.map(esc).join(", ")}</span>`);
+    if (a && a.pending.length) why.push(`<span class="text-warn">pending: ${a.pending.map(esc).join(", ")}</span>`);
+    if (a && a.oom_at_ms) why.push(`OOM forecast in <b>${untilText(a.oom_at_ms)}</b>`);
+    if (!why.length) why.push(tier === 3 ? "below 10 % headroom" : "least headroom");
+    const s = d.latest;
+    return `<tr data-uuid="${esc(d.uuid)}"><td><a href="/?gpu=${encodeURIComponent(d.uuid)}">${esc(d.node)} · ${esc(deviceLabel(d))}</a></td><td class="wrap">${why.join(" · ")}</td>
+      <td class="num">${s ? `${fmtBytes(s.headroom_bytes)} (${s.headroom_pct.toFixed(0)} %)` : "—"}</td><td>${clipped(ownersText(d.uuid) || "—")}</td></tr>`;
+  });
+  const html = rows.length ? `<table class="at-risk"><thead><tr><th>device</th><th>why</th><th class="num">headroom</th><th>used by</th></tr></thead><tbody>${rows.join("")}</tbody></table>
+    <p class="muted small">${atRisk} of ${devices.length} devices at risk (alert firing or pending, OOM forecast, or below 10 % headroom)${atRisk > AT_RISK_ROWS ? ` · <a href="/?view=alerts">all alerts</a> · sort the tiles by headroom to see more` : ""}</p>`
+    : `<p class="muted">no device</p>`;
+  if (box.dataset.sig !== html) { box.innerHTML = html; box.dataset.sig = html; }
+}
+
 const tileShell = (d) => `<a class="tile" href="/?gpu=${encodeURIComponent(d.uuid)}" data-uuid="${esc(d.uuid)}" title="${esc(d.node)}: ${esc(d.name)}"></a>`;
+const cellShell = (d) => `<a class="cell" href="/?gpu=${encodeURIComponent(d.uuid)}" data-uuid="${esc(d.uuid)}" tabindex="-1"></a>`;
 let fleetLayoutKey = "";
+
+// GPUs in index order, each followed by its MIG instances.
+function byNodeOrder(list) {
+  const rank = (d) => [d.index, d.kind === "mig" ? 1 : 0, d.mig_gpu_instance_id || 0, d.mig_compute_instance_id || 0];
+  return list.sort((a, b) => { const x = rank(a), y = rank(b); for (let i = 0; i < x.length; i++) if (x[i] !== y[i]) return x[i] - y[i]; return 0; });
+}
 
 function renderFleet() {
   const box = document.getElementById("fleet");
@@ -237,15 +330,19 @@ function renderFleet() {
   const nodeFilter = fleetFilter.node;
   const devices = [...state.gpus.values()].filter((d) =>
     (!nodeFilter || d.node.includes(nodeFilter)) && (!byProcess || byProcess.has(d.uuid)));
+  renderAtRisk(devices);
   const headroom = (d) => d.latest ? d.latest.headroom_pct : Infinity;
   const used = (d) => d.latest ? (d.latest.memory_used_bytes + d.latest.memory_reserved_bytes) / Math.max(1, d.latest.memory_total_bytes) : -1;
   const byName = fleetFilter.sort === "name";
   if (!byName) devices.sort(fleetFilter.sort === "headroom" ? (a, b) => headroom(a) - headroom(b) : (a, b) => used(b) - used(a));
-  // Rebuild the layout only when the set or order of tiles changes; every
-  // other update rewrites the tiles that changed, in place.
-  const key = `${fleetFilter.sort}|${state.nodes.map((n) => n.name).join(",")}|${devices.map((d) => d.uuid).join(",")}`;
+  const grid = fleetFilter.mode === "grid" || (fleetFilter.mode === "auto" && devices.length > TILES_UP_TO);
+  // Rebuild the layout only when the set or order of devices changes;
+  // every other update rewrites the tiles or cells that changed, in place.
+  const key = `${grid}|${fleetFilter.sort}|${state.nodes.map((n) => n.name).join(",")}|${devices.map((d) => d.uuid).join(",")}`;
   if (key !== fleetLayoutKey || !box.firstChild) {
     fleetLayoutKey = key;
+    const shell = grid ? cellShell : tileShell;
+    const wrap = (list) => grid ? `<div class="cells">${list.map(shell).join("")}</div>` : `<div class="tiles">${list.map(shell).join("")}</div>`;
     let html = "";
     if (byName) {
       const groups = new Map();
@@ -256,13 +353,22 @@ function renderFleet() {
       for (const n of state.nodes) {
         const list = groups.get(n.name);
         if (!list) continue;
-        html += `<div class="node-group"><h2>${esc(n.name)} <span class="muted">${n.gpu_count} GPUs${n.mig_instance_count ? `, ${n.mig_instance_count} MIG instances` : ""}, driver ${esc(n.driver_version)}</span><span class="stale" data-node="${esc(n.name)}"></span></h2>
-          <div class="tiles">${list.map(tileShell).join("")}</div></div>`;
+        byNodeOrder(list);
+        html += grid
+          ? `<div class="cell-group" role="group" aria-label="${esc(n.name)}" style="--cols:${Math.min(8, list.length)}"><div class="cell-node" title="${esc(n.name)}">${esc(n.name)}<span class="stale" data-node="${esc(n.name)}"></span></div>${wrap(list)}</div>`
+          : `<div class="node-group"><h2>${esc(n.name)} <span class="muted">${n.gpu_count} GPUs${n.mig_instance_count ? `, ${n.mig_instance_count} MIG instances` : ""}, driver ${esc(n.driver_version)}</span><span class="stale" data-node="${esc(n.name)}"></span></h2>
+          ${wrap(list)}</div>`;
       }
     } else {
-      html = `<div class="tiles">${devices.map(tileShell).join("")}</div>`;
+      html = grid ? `<div class="cell-group" style="--cols:${Math.min(64, devices.length)}">${wrap(devices)}</div>` : wrap(devices);
     }
-    box.innerHTML = html || `<p class="muted">no device matches</p>`;
+    box.className = grid ? "grid-view" : "";
+    box.setAttribute("aria-label", grid ? "devices by node; arrow keys move, Enter opens" : "devices");
+    box.innerHTML = html ? (grid ? `${gridLegend()}<div class="cell-groups" role="group" aria-label="devices by node; arrow keys move between devices, Enter opens one">${html}</div>` : html)
+      : `<p class="muted">no device matches</p>`;
+    const first = box.querySelector(".cell");
+    if (first) first.tabIndex = 0;
+    if (grid) fitGrid(box);
   }
   for (const el of box.querySelectorAll(".tile")) {
     const d = state.gpus.get(el.dataset.uuid);
@@ -271,6 +377,19 @@ function renderFleet() {
     if (el.className !== cls) el.className = cls;
     if (el.dataset.sig !== inner) { el.innerHTML = inner; el.dataset.sig = inner; }
   }
+  const counts = { ok: 0, warn: 0, crit: 0, none: 0, firing: 0 };
+  for (const el of box.querySelectorAll(".cell")) {
+    const d = state.gpus.get(el.dataset.uuid);
+    if (!d) continue;
+    const { cls, label } = cellParts(d);
+    counts[cls.split(" ")[1].slice(4)] += 1;
+    if (cls.includes(" firing")) counts.firing += 1;
+    if (el.className !== cls) el.className = cls;
+    if (el.dataset.sig !== label) { el.setAttribute("aria-label", label); el.dataset.sig = label; }
+  }
+  const legend = box.querySelector(".legend");
+  if (legend) for (const [k, v] of Object.entries(counts)) { const c = legend.querySelector(`[data-count="${k}"]`); if (c) c.textContent = v; }
+  if (tipUuid) showTip(tipUuid);
   for (const el of box.querySelectorAll(".stale")) {
     const n = state.nodes.find((x) => x.name === el.dataset.node);
     const ageS = n ? Math.round((Date.now() - n.last_seen_ms) / 1000) : 0;
@@ -279,6 +398,172 @@ function renderFleet() {
   }
   document.getElementById("f-count").textContent = `${devices.length} of ${state.gpus.size} devices`;
 }
+
+// The legend says what each colour and pattern means, with counts: the
+// grid's summary in words.
+function gridLegend() {
+  const item = (cls, text, key) => `<span><i class="${cls}" aria-hidden="true"></i> ${text} <b data-count="${key}">0</b></span>`;
+  return `<div class="legend" aria-live="off">${item("swatch lvl-ok", "OK", "ok")}${item("swatch lvl-warn", "HIGH (≥ 90 % at peak)", "warn")}${item("swatch lvl-crit", "CRITICAL (≥ 95 %)", "crit")}${item("swatch lvl-none", "no data", "none")}${item("swatch lvl-ok firing", "alert firing", "firing")}
+    <span class="muted">hover or focus a cell for its figures and owners; arrow keys move, Enter opens</span></div>`;
+}
+
+// The largest cell that lets the whole grid fit the window's height, so a
+// fleet of 2,000 GPUs needs no scrolling; at least 6 px.
+const CELL_SIZES = [20, 18, 16, 14, 12, 11, 10, 9, 8, 7, 6];
+function fitGrid(box) {
+  const groups = box.querySelector(".cell-groups");
+  if (!groups) return;
+  const top = groups.getBoundingClientRect().top + window.scrollY;
+  const room = window.innerHeight - top - 6;
+  let lo = 0, hi = CELL_SIZES.length - 1;
+  // Binary search for the first (largest) size that fits.
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    groups.style.setProperty("--cell", `${CELL_SIZES[mid]}px`);
+    if (groups.scrollHeight <= room) hi = mid; else lo = mid + 1;
+  }
+  groups.style.setProperty("--cell", `${CELL_SIZES[lo]}px`);
+}
+let resizeTimer = null;
+window.addEventListener("resize", () => {
+  clearTimeout(resizeTimer);
+  resizeTimer = setTimeout(() => {
+    const box = document.getElementById("fleet");
+    if (box && currentView === "fleet") fitGrid(box);
+    // Charts follow the window's width, so a narrower window never scrolls sideways.
+    for (const c of state.charts) {
+      const width = Math.max(320, c.root.parentElement.clientWidth - 10);
+      if (width !== c.width) c.setSize({ width, height: c.height });
+    }
+  }, 150);
+});
+
+// Hover or focus: the device's figures and owners beside its cell.
+let tipUuid = null;
+function showTip(uuid, anchor) {
+  const tip = document.getElementById("cell-tip");
+  const d = state.gpus.get(uuid);
+  if (!tip || !d) return hideTip();
+  tipUuid = uuid;
+  const { n, firing, pending } = deviceLevel(d);
+  const a = state.deviceAlerts[uuid];
+  const owners = state.owners[uuid] || [];
+  tip.innerHTML = `<b>${esc(d.node)} · ${esc(deviceLabel(d))}</b> <span class="muted">${esc(d.name)}</span>
+    ${n ? `<div>${fmtBytes(n.s.memory_used_bytes)} of ${fmtBytes(n.total)} used · peak ${fmtBytes(n.s.memory_used_max_bytes)} · headroom <b>${fmtBytes(n.s.headroom_bytes)} (${n.s.headroom_pct.toFixed(0)} %)</b></div>` : `<div class="muted">no sample yet</div>`}
+    ${firing ? `<div class="${firing.severity === "critical" ? "text-crit" : "text-warn"}">ALERT: ${firing.rules.map(esc).join(", ")}</div>` : ""}
+    ${pending ? `<div class="text-warn">pending: ${pending.pending.map(esc).join(", ")}</div>` : ""}
+    ${a && a.oom_at_ms ? `<div>OOM forecast in <b>${untilText(a.oom_at_ms)}</b></div>` : ""}
+    <div>${owners.length ? owners.map((o) => `${esc(ownerText(o))} ${fmtBytes(o.memory_bytes)}`).join("<br>") : `<span class="muted">no process</span>`}</div>`;
+  tip.hidden = false;
+  const el = anchor || document.querySelector(`.cell[data-uuid="${CSS.escape(uuid)}"]`);
+  if (!el) return;
+  const r = el.getBoundingClientRect();
+  const w = tip.offsetWidth, h = tip.offsetHeight;
+  const left = Math.min(window.innerWidth - w - 8, Math.max(8, r.left));
+  const below = r.bottom + 6 + h < window.innerHeight;
+  tip.style.left = `${left + window.scrollX}px`;
+  tip.style.top = `${(below ? r.bottom + 6 : r.top - h - 6) + window.scrollY}px`;
+}
+function hideTip() {
+  tipUuid = null;
+  const tip = document.getElementById("cell-tip");
+  if (tip) tip.hidden = true;
+}
+
+// One tab stop for the grid; arrows move between cells in reading order
+// (left, right) and to the nearest cell of the row above or below.
+function wireGrid(box) {
+  box.addEventListener("mouseover", (e) => { const c = e.target.closest(".cell"); if (c) showTip(c.dataset.uuid, c); });
+  box.addEventListener("mouseout", (e) => { if (e.target.closest(".cell") && !e.relatedTarget?.closest?.(".cell")) hideTip(); });
+  box.addEventListener("focusin", (e) => {
+    const c = e.target.closest(".cell");
+    if (!c) return;
+    for (const other of box.querySelectorAll(".cell[tabindex='0']")) if (other !== c) other.tabIndex = -1;
+    c.tabIndex = 0;
+    showTip(c.dataset.uuid, c);
+  });
+  box.addEventListener("focusout", (e) => { if (!e.relatedTarget?.closest?.(".cell")) hideTip(); });
+  box.addEventListener("keydown", (e) => {
+    const c = e.target.closest(".cell");
+    if (!c) return;
+    const cells = [...box.querySelectorAll(".cell")];
+    const i = cells.indexOf(c);
+    let next = null;
+    if (e.key === "ArrowRight") next = cells[i + 1];
+    else if (e.key === "ArrowLeft") next = cells[i - 1];
+    else if (e.key === "Home") next = cells[0];
+    else if (e.key === "End") next = cells[cells.length - 1];
+    else if (e.key === "ArrowDown" || e.key === "ArrowUp") next = verticalNeighbour(cells, c, e.key === "ArrowDown");
+    else if (e.key === "Escape") { hideTip(); return; }
+    else return;
+    e.preventDefault();
+    if (next) next.focus();
+  });
+}
+
+function verticalNeighbour(cells, from, down) {
+  const r = from.getBoundingClientRect();
+  const cx = r.left + r.width / 2;
+  let rowTop = null, best = null, bestDx = Infinity;
+  for (const el of cells) {
+    const q = el.getBoundingClientRect();
+    const beyond = down ? q.top > r.top + r.height / 2 : q.top < r.top - r.height / 2;
+    if (!beyond) continue;
+    if (rowTop === null || (down ? q.top < rowTop - 0.5 : q.top > rowTop + 0.5)) { rowTop = q.top; best = null; bestDx = Infinity; }
+    if (Math.abs(q.top - rowTop) > 0.5) continue;
+    const dx = Math.abs(q.left + q.width / 2 - cx);
+    if (dx < bestDx) { bestDx = dx; best = el; }
+  }
+  return best;
+}
+
+// The fleet over a range, from the rollups: memory used against capacity,
+// and devices short of headroom with the alerts that fired; the charts
+// share one time axis and one cursor.
+const HISTORY_RANGES = [["6h", 360 * MIN], ["24h", 1440 * MIN], ["7d", 7 * 1440 * MIN], ["30d", 30 * 1440 * MIN]];
+async function showFleetHistory(gen, span) {
+  const ranges = document.getElementById("history-ranges");
+  if (!ranges) return;
+  ranges.innerHTML = HISTORY_RANGES.map(([name, ms]) => `<button data-range="${ms}" class="${ms === span ? "active" : ""}">${name}</button>`).join("") +
+    ` <span class="muted">from the minute and hour rollups; the last two minutes are not in them yet</span>`;
+  for (const b of ranges.querySelectorAll("button")) b.addEventListener("click", () => showFleetHistory(gen, Number(b.dataset.range)));
+  const to = Date.now(), from = to - span;
+  let history;
+  try { history = await getJson(`/api/v1/fleet/history?from=${from}&to=${to}&max_points=600`); } catch (err) {
+    if (isCurrent(gen)) document.getElementById("chart-fleet-memory").innerHTML = `<p class="muted">${esc(err.message)}</p>`;
+    return;
+  }
+  if (!isCurrent(gen)) return;
+  for (const c of state.charts.filter((c) => c.headroomName?.startsWith("fleet-"))) c.destroy();
+  state.charts = state.charts.filter((c) => !c.headroomName?.startsWith("fleet-"));
+  const pts = history.points || history;
+  const x = pts.map((p) => seconds(p.timestamp_ms));
+  const common = { scales: { x: { time: true, min: seconds(from), max: seconds(to) } }, cursor: { sync: { key: "fleet" } } };
+  const memory = document.getElementById("chart-fleet-memory"), risk = document.getElementById("chart-fleet-risk");
+  memory.innerHTML = ""; risk.innerHTML = "";
+  const m = new uPlot({
+    ...common, width: chartWidth("chart-fleet-memory"), height: 200,
+    scales: { ...common.scales, y: { range: (u, min, max) => [0, Math.max(max, 1)] } },
+    series: [{}, { label: "used (average)", stroke: "#1565c0", width: 1.5, value: (u, v) => fmtBytes(v) },
+      { label: "used at peaks", stroke: "rgba(198,40,40,.7)", width: 1, value: (u, v) => fmtBytes(v) },
+      { label: "capacity", stroke: "#333", width: 1.5, value: (u, v) => fmtBytes(v) }],
+    axes: [{}, { ...gibAxis, size: AXIS_SIZE, values: (u, vals) => vals.map((v) => fmtTiB(v)) }],
+  }, [x, ...["used_bytes", "used_max_bytes", "capacity_bytes"].map((k) => pts.map((p) => memoryKnown(p) ? p[k] : null))], memory);
+  m.headroomName = "fleet-memory";
+  const r = new uPlot({
+    ...common, width: chartWidth("chart-fleet-risk"), height: 160,
+    scales: { ...common.scales, y: { range: (u, min, max) => [0, Math.max(max, 1)] } },
+    series: [{}, { label: "devices below 10 % headroom", stroke: "#b26a00", width: 1.5, fill: "rgba(178,106,0,.12)" },
+      { label: "alerts fired", stroke: "#c62828", width: 0, points: { show: true, size: 6, fill: "#c62828" } }],
+    axes: [{}, { size: AXIS_SIZE }],
+  }, [x, pts.map((p) => memoryKnown(p) ? p.devices_below_10pct : null), pts.map((p) => p.alerts_fired || null)], risk);
+  r.headroomName = "fleet-risk";
+  state.charts.push(m, r);
+}
+// A bucket newer than the rollups carries only its alerts: a gap in the
+// memory lines, not a dip to zero.
+const memoryKnown = (p) => p.devices > 0;
+const fmtTiB = (b) => b >= 1024 * GiB ? (b / 1024 / GiB).toFixed(1) + " TiB" : (b / GiB).toFixed(0) + " GiB";
 
 // ---------------------------------------------------------------- one GPU
 
@@ -310,10 +595,8 @@ async function showGpu(view, p, gen) {
     <p>${s ? `used ${fmtBytes(s.memory_used_bytes)} of ${fmtBytes(s.memory_total_bytes)}, peak ${fmtBytes(s.memory_used_max_bytes)}, reserved ${fmtBytes(s.memory_reserved_bytes)}, <b>headroom ${fmtBytes(s.headroom_bytes)} (${s.headroom_pct.toFixed(1)} %)</b>` : "no sample yet"}</p>
     <div class="ranges">${rangeButtons} <span class="muted">${fmtTime(from)} → ${live ? "now" : fmtTime(to)}</span></div>
     <h3>Memory</h3><div id="chart-memory" class="chart"></div>
-    <div class="grid2">
-      <div><h3>Memory by process (stacked)</h3><div id="chart-processes" class="chart"></div></div>
-      <div><h3>PCIe</h3><div id="chart-pcie" class="chart"></div></div>
-    </div>
+    <h3>Memory by process (stacked)</h3><div id="chart-processes" class="chart"></div>
+    <h3>PCIe</h3><div id="chart-pcie" class="chart"></div>
     <div id="mig-layout"></div>
     <h3>Processes now</h3><div id="gpu-processes"></div>
     <h3>Allocator of reporting processes</h3><div id="gpu-allocators" class="muted">none reports</div>
@@ -371,7 +654,12 @@ function markerPlugin(markers) {
   };
 }
 
-const gibAxis = { size: 64, values: (u, vals) => vals.map((v) => (v / GiB).toFixed(0) + " GiB") };
+// Charts on one page share one time axis: the same range, the same width,
+// the same room for the value axis (so their times line up one above the
+// other) and one cursor.
+const AXIS_SIZE = 72;
+const gibAxis = { size: AXIS_SIZE, values: (u, vals) => vals.map((v) => (v / GiB).toFixed(0) + " GiB") };
+const gpuCursor = { sync: { key: "gpu" } };
 
 function drawMemoryChart(series, markers, from, to) {
   const pts = series.points;
@@ -386,6 +674,7 @@ function drawMemoryChart(series, markers, from, to) {
       { label: "reserved", stroke: "#7b1fa2", width: 1, dash: [4, 4] }, { label: "total", stroke: "#333", width: 1.5 }],
     bands: [{ series: [3, 2], fill: "rgba(21,101,192,.12)" }],
     axes: [{}, gibAxis],
+    cursor: gpuCursor,
     plugins: [markerPlugin(markers)],
   }, data, document.getElementById("chart-memory"));
   chart.headroomName = "memory";
@@ -424,6 +713,7 @@ function drawProcessChart(procSeries, from, to) {
     series: [{}, ...order.map((i) => ({ label: labels[i], stroke: PALETTE[i % PALETTE.length], fill: PALETTE[i % PALETTE.length] + "99", width: 1,
       value: (u, v, si, di) => di == null ? "—" : fmtBytes(columns[i][di]) }))],
     axes: [{}, gibAxis],
+    cursor: gpuCursor,
     legend: { live: true },
   }, [times.map(seconds), ...order.map((i) => stacked[i])], box);
   chart.headroomName = "processes";
@@ -438,7 +728,8 @@ function drawPcieChart(series, from, to, isMig) {
     width: chartWidth("chart-pcie"), height: 220,
     scales: { x: { time: true, min: seconds(from), max: seconds(to) } },
     series: [{}, { label: "TX", stroke: "#00838f", width: 1.5, value: (u, v) => fmtRate(v) }, { label: "RX", stroke: "#ef6c00", width: 1.5, value: (u, v) => fmtRate(v) }],
-    axes: [{}, { size: 72, values: (u, vals) => vals.map((v) => (v / 1e9).toFixed(1) + " GB/s") }],
+    axes: [{}, { size: AXIS_SIZE, values: (u, vals) => vals.map((v) => (v / 1e9).toFixed(1) + " GB/s") }],
+    cursor: gpuCursor,
   }, [pts.map((p) => seconds(p.timestamp_ms)), pts.map((p) => p.pcie_tx_bytes_per_s), pts.map((p) => p.pcie_rx_bytes_per_s)], box);
   chart.headroomName = "pcie";
   state.charts.push(chart);

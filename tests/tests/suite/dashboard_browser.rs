@@ -3,6 +3,9 @@
 //! playwright-core (`tests/browser/dashboard.mjs`): the fleet's tiles, a
 //! live update, a GPU page with its chart drawn, process tables that fit
 //! 1280 px, an acknowledged alert, and a firing alert on its device's tile.
+//! A fleet of 2,000 GPUs (`tests/browser/fleet_grid.mjs`): one cell per
+//! device on one 1440x900 screen, the at-risk list against the API, owners,
+//! keyboard navigation, charts sharing a time axis.
 //! A second run signs in (`[http_auth] mode = "tokens"`) as a viewer and an
 //! admin (`tests/browser/signin.mjs`). Screenshots land in
 //! `target/browser-artifacts/`.
@@ -67,21 +70,13 @@ fn run_script(script: &str, args: &[&str]) {
     assert!(stdout.contains("\"ok\":true"), "{stdout}");
 }
 
-#[test]
-fn dashboard_in_chromium_shows_the_fleet_a_gpu_chart_and_acknowledges_an_alert() {
-    if !browser_available() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    // Unattributed memory fires at once instead of after 2 min, so that
-    // the fleet has a firing alert for its tiles to show.
-    let rules = dir.path().join("rules.toml");
-    std::fs::write(&rules, "[unattributed]\nfor = \"0s\"\n").unwrap();
+/// Runs `headroom-collector demo` with `args` on a SQLite file in `dir`;
+/// returns it (killed on drop) and its dashboard's URL once it prints one.
+fn start_demo(dir: &Path, args: &[&std::ffi::OsStr]) -> (KillOnDrop, String) {
     let mut demo = Command::new(built("headroom-collector"))
         .args(["demo", "--http-listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.path())
-        .arg("--rules")
-        .arg(&rules)
+        .arg(dir)
+        .args(args)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -103,22 +98,97 @@ fn dashboard_in_chromium_shows_the_fleet_a_gpu_chart_and_acknowledges_an_alert()
     let url = url_rx
         .recv_timeout(Duration::from_secs(60))
         .expect("the demo printed no dashboard URL");
+    (demo, url)
+}
 
+/// Runs `script` against `url`, after removing the screenshots it must
+/// make, and checks that it made them.
+fn run_with_shots(script: &str, url: &str, shots: &[&str]) {
     let artifacts = artifacts_dir();
     // Screenshots of an earlier run must not pass for this one's.
-    let shots = [
-        "1-fleet.png",
-        "2-gpu.png",
-        "3-alerts.png",
-        "4-fleet-alerts.png",
-    ];
     for shot in shots {
         let _ = std::fs::remove_file(artifacts.join(shot));
     }
-    run_script("dashboard.mjs", &[&url, &artifacts.to_string_lossy()]);
+    run_script(script, &[url, &artifacts.to_string_lossy()]);
     for shot in shots {
         assert!(artifacts.join(shot).exists(), "{shot} missing");
     }
+}
+
+#[test]
+fn dashboard_in_chromium_shows_the_fleet_a_gpu_chart_and_acknowledges_an_alert() {
+    if !browser_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Unattributed memory fires at once instead of after 2 min, so that
+    // the fleet has a firing alert for its tiles to show.
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(&rules, "[unattributed]\nfor = \"0s\"\n").unwrap();
+    let (demo, url) = start_demo(dir.path(), &["--rules".as_ref(), rules.as_os_str()]);
+    run_with_shots(
+        "dashboard.mjs",
+        &url,
+        &[
+            "1-fleet.png",
+            "2-gpu.png",
+            "3-alerts.png",
+            "4-fleet-alerts.png",
+        ],
+    );
+    drop(demo);
+}
+
+/// 250 nodes of 8 GPUs: seven training GPUs (a Slurm job per node) and
+/// one serving GPU (a pod), every fortieth of which holds 77 of 80 GiB, so
+/// that the watermark fires on a few devices among 2,000.
+fn fleet_of_2000() -> String {
+    const USERS: [&str; 7] = ["alice", "bob", "carol", "dave", "erin", "frank", "grace"];
+    let mut out = String::new();
+    for n in 0..250_usize {
+        let train_level = 30 + n % 30;
+        let serve_level = if n % 40 == 3 { 77 } else { 20 + n % 50 };
+        out += &format!(
+            "[[node]]\nname = \"gpu-{n:03}\"\n\
+             [[node.gpu]]\nmodel = \"NVIDIA H100 80GB HBM3\"\nmemory_total = \"80GiB\"\nreserved = \"512MiB\"\ncount = 7\n\
+             [[node.gpu.process]]\npid = 2000\nname = \"python train.py\"\nuser = \"{train_user}\"\nslurm_job_id = \"{job}\"\n\
+             memory = {{ shape = \"steady\", level = \"{train_level}GiB\", jitter = \"256MiB\" }}\n\
+             [[node.gpu]]\nmodel = \"NVIDIA H100 80GB HBM3\"\nmemory_total = \"80GiB\"\nreserved = \"512MiB\"\n\
+             [[node.gpu.process]]\npid = 9000\nname = \"python serve.py\"\nuser = \"{serve_user}\"\npod_uid = \"{n:08x}-0000-4000-8000-000000000000\"\n\
+             memory = {{ shape = \"steady\", level = \"{serve_level}GiB\", jitter = \"128MiB\" }}\n",
+            train_user = USERS[n % USERS.len()],
+            serve_user = USERS[(n + 3) % USERS.len()],
+            job = 4_100_000 + n,
+        );
+    }
+    out
+}
+
+#[test]
+fn the_fleet_view_of_2000_gpus_fits_one_screen_ranks_what_is_at_risk_and_names_owners() {
+    if !browser_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("fleet.toml");
+    std::fs::write(&scenario, fleet_of_2000()).unwrap();
+    // The watermark fires on the first sample over the line.
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(&rules, "[watermark]\nfor = \"0s\"\n").unwrap();
+    let (demo, url) = start_demo(
+        dir.path(),
+        &[
+            "--scenario".as_ref(),
+            scenario.as_os_str(),
+            "--rules".as_ref(),
+            rules.as_os_str(),
+        ],
+    );
+    run_with_shots(
+        "fleet_grid.mjs",
+        &url,
+        &["5-grid.png", "6-grid-tooltip.png", "7-node-tiles.png"],
+    );
     drop(demo);
 }
 
