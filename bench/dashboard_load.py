@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""The dashboard with 1,000 GPUs: load time and live-update cost in Chromium.
+"""The dashboard with a large fleet: load time and live-update cost in Chromium.
 
-Builds the release collector, writes a scenario of 125 nodes x 8 GPUs (one
-process each), runs `headroom-collector demo` on it (125 simulated agents
+Builds the release collector, writes a scenario of N nodes x 8 GPUs (one
+process each), runs `headroom-collector demo` on it (N simulated agents
 streaming over gRPC into SQLite), waits until every GPU has a sample, then
-runs tests/browser/fleet_load.mjs in Debian's Chromium: 5 fresh loads of the
-fleet view to all 1,000 tiles filled, the bytes transferred, and 20 s of live
-updates (sample-to-tile latency, cost of each render).
+runs tests/browser/fleet_load.mjs in Debian's Chromium once per view (the
+grid of cells, the tiles), side by side on the same fleet: fresh loads of the
+fleet view to every device filled, the bytes transferred, and 20 s of live
+updates (sample-to-screen latency, cost of each render).
 
 Needs chromium and `npm ci --prefix tests/browser`.
-Usage: python3 bench/dashboard_load.py [--nodes 125]
+Usage: python3 bench/dashboard_load.py [--nodes 125] [--views grid,tiles] [--loads 5]
 """
 
 import argparse
@@ -38,6 +39,8 @@ def scenario(nodes):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=125)
+    parser.add_argument("--views", default="grid,tiles", help="comma-separated: grid, tiles")
+    parser.add_argument("--loads", type=int, default=5, help="fresh loads per view")
     args = parser.parse_args()
     subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "headroom-collector"], cwd=ROOT, check=True)
     work = Path(tempfile.mkdtemp(prefix="headroom-dash-bench-"))
@@ -65,9 +68,10 @@ def main():
             time.sleep(1)
         else:
             sys.exit("not every GPU reported within 2 minutes")
-        result = subprocess.run(["node", str(ROOT / "tests/browser/fleet_load.mjs"), url, str(want)],
-                                capture_output=True, text=True, check=True)
-        print(result.stdout.strip())
+        for view in args.views.split(","):
+            result = subprocess.run(["node", str(ROOT / "tests/browser/fleet_load.mjs"), url, str(want), view, str(args.loads)],
+                                    capture_output=True, text=True, check=True)
+            print(result.stdout.strip(), flush=True)
     finally:
         demo.terminate()
         demo.wait()
