@@ -219,17 +219,30 @@ function tileNumbers(d) {
   return { s, total, frac, peakFrac, lvl: level(Math.max(frac, peakFrac)) };
 }
 
-// What fires on a device (`null` when nothing does) and the level it shows:
-// a firing alert outranks the memory level, so a device never says OK under one.
+// A device's active alerts (`a`, undefined when none), whether one fires,
+// and the level it shows: a firing alert outranks the memory level, so a
+// device never says OK under one.
 function deviceLevel(d) {
   const a = state.deviceAlerts[d.uuid];
-  const firing = a && a.rules.length ? a : null;
+  const firing = Boolean(a && a.rules.length);
   const n = tileNumbers(d);
-  const alertLvl = firing ? (firing.severity === "critical" ? "crit" : "warn") : null;
+  const alertLvl = firing ? (a.severity === "critical" ? "crit" : "warn") : null;
   const memLvl = n ? n.lvl : "none";
   const lvl = [memLvl, alertLvl].includes("crit") ? "crit" : [memLvl, alertLvl].includes("warn") ? "warn" : memLvl;
-  return { n, firing, pending: a && a.pending.length ? a : null, lvl };
+  return { n, a, firing, lvl };
 }
+
+// What a device's active alerts say, in words, each with the class that
+// colours it: one wording for the cell's label, its tooltip and the at-risk list.
+function alertNotes(a) {
+  if (!a) return [];
+  const notes = [];
+  if (a.rules.length) notes.push({ text: `ALERT: ${a.rules.join(", ")}`, cls: a.severity === "critical" ? "text-crit" : "text-warn" });
+  if (a.pending.length) notes.push({ text: `pending: ${a.pending.join(", ")}`, cls: "text-warn" });
+  if (a.oom_at_ms) notes.push({ text: `OOM forecast in ${untilText(a.oom_at_ms)}`, cls: "forecast" });
+  return notes;
+}
+const noteHtml = (note, tag = "span") => `<${tag} class="${note.cls}">${esc(note.text)}</${tag}>`;
 
 const deviceLabel = (d) => d.kind === "mig" ? `GPU ${d.index} MIG ${d.mig_profile || ""}` : `GPU ${d.index}`;
 const shortId = (s, n) => s.length > n ? s.slice(0, n) : s;
@@ -241,9 +254,9 @@ const untilText = (ms) => { const m = Math.max(0, Math.round((ms - Date.now()) /
 // A tile's class and contents; the element itself is kept across updates
 // so that a click or a hover is never lost to a re-render.
 function tileParts(d) {
-  const { n, firing, lvl } = deviceLevel(d);
+  const { n, a, firing, lvl } = deviceLevel(d);
   const label = d.kind === "mig" ? `MIG ${esc(d.mig_profile || "")}` : `GPU ${d.index}`;
-  const levelText = firing ? `ALERT: ${firing.rules.map(esc).join(", ")}` : LEVEL_TEXT[lvl];
+  const levelText = firing ? `ALERT: ${a.rules.map(esc).join(", ")}` : LEVEL_TEXT[lvl];
   const owners = ownersText(d.uuid);
   const ownerLine = owners ? `<div class="owners" title="${esc(owners)}">${esc(owners)}</div>` : "";
   const cls = `tile lvl-${lvl}${firing ? " alerting" : ""}`;
@@ -263,15 +276,13 @@ function tileParts(d) {
 // only when the level, the headroom's whole percent, an alert or an owner
 // does, so a live update rewrites few of 2,000 labels; the tooltip has the bytes.
 function cellParts(d) {
-  const { n, firing, pending, lvl } = deviceLevel(d);
-  const a = state.deviceAlerts[d.uuid];
+  const { n, a, firing, lvl } = deviceLevel(d);
   const parts = [`${d.node} ${deviceLabel(d)}`, LEVEL_TEXT[lvl]];
   if (n) parts.push(`headroom ${n.s.headroom_pct.toFixed(0)} %`);
-  if (firing) parts.push(`ALERT: ${firing.rules.join(", ")}`);
-  if (pending) parts.push(`pending: ${pending.pending.join(", ")}`);
-  if (a && a.oom_at_ms) parts.push(`OOM forecast in ${untilText(a.oom_at_ms)}`);
+  parts.push(...alertNotes(a).map((note) => note.text));
   const owners = ownersText(d.uuid);
   if (owners) parts.push(`used by ${owners}`);
+  const pending = a && a.pending.length;
   return { cls: `cell lvl-${lvl}${firing ? " firing" : pending ? " pending" : ""}`, label: parts.join(" · ") };
 }
 
@@ -298,10 +309,7 @@ function renderAtRisk(devices) {
   const ranked = rankAtRisk(devices.filter((d) => d.latest || state.deviceAlerts[d.uuid]), state.deviceAlerts);
   const atRisk = ranked.filter((r) => r.tier < 4).length;
   const rows = ranked.slice(0, AT_RISK_ROWS).map(({ d, a, tier }) => {
-    const why = [];
-    if (a && a.rules.length) why.push(`<span class="${a.severity === "critical" ? "text-crit" : "text-warn"}">ALERT: ${a.rules.map(esc).join(", ")}</span>`);
-    if (a && a.pending.length) why.push(`<span class="text-warn">pending: ${a.pending.map(esc).join(", ")}</span>`);
-    if (a && a.oom_at_ms) why.push(`OOM forecast in <b>${untilText(a.oom_at_ms)}</b>`);
+    const why = alertNotes(a).map((note) => noteHtml(note));
     if (!why.length) why.push(tier === 3 ? "below 10 % headroom" : "least headroom");
     const s = d.latest;
     return `<tr data-uuid="${esc(d.uuid)}"><td><a href="/?gpu=${encodeURIComponent(d.uuid)}">${esc(d.node)} · ${esc(deviceLabel(d))}</a></td><td class="wrap">${why.join(" · ")}</td>
@@ -445,14 +453,11 @@ function showTip(uuid, anchor) {
   const d = state.gpus.get(uuid);
   if (!tip || !d) return hideTip();
   tipUuid = uuid;
-  const { n, firing, pending } = deviceLevel(d);
-  const a = state.deviceAlerts[uuid];
+  const { n, a } = deviceLevel(d);
   const owners = state.owners[uuid] || [];
   tip.innerHTML = `<b>${esc(d.node)} · ${esc(deviceLabel(d))}</b> <span class="muted">${esc(d.name)}</span>
     ${n ? `<div>${fmtBytes(n.s.memory_used_bytes)} of ${fmtBytes(n.total)} used · peak ${fmtBytes(n.s.memory_used_max_bytes)} · headroom <b>${fmtBytes(n.s.headroom_bytes)} (${n.s.headroom_pct.toFixed(0)} %)</b></div>` : `<div class="muted">no sample yet</div>`}
-    ${firing ? `<div class="${firing.severity === "critical" ? "text-crit" : "text-warn"}">ALERT: ${firing.rules.map(esc).join(", ")}</div>` : ""}
-    ${pending ? `<div class="text-warn">pending: ${pending.pending.map(esc).join(", ")}</div>` : ""}
-    ${a && a.oom_at_ms ? `<div>OOM forecast in <b>${untilText(a.oom_at_ms)}</b></div>` : ""}
+    ${alertNotes(a).map((note) => noteHtml(note, "div")).join("")}
     <div>${owners.length ? owners.map((o) => `${esc(ownerText(o))} ${fmtBytes(o.memory_bytes)}`).join("<br>") : `<span class="muted">no process</span>`}</div>`;
   tip.hidden = false;
   const el = anchor || document.querySelector(`.cell[data-uuid="${CSS.escape(uuid)}"]`);
