@@ -246,6 +246,15 @@ async fn bad_registrations_are_rejected_by_name() {
     f.collector.stop().await;
 }
 
+/// What the API answers a bad request at `path`: a 400 whose JSON names
+/// the problem in `error`.
+async fn refused(collector: &RunningCollector, path: &str) -> String {
+    let r = reqwest::get(collector.api(path)).await.unwrap();
+    assert_eq!(r.status(), 400, "{path}");
+    let body: serde_json::Value = r.json().await.unwrap();
+    body["error"].as_str().unwrap_or_default().to_owned()
+}
+
 #[tokio::test]
 async fn api_rejects_bad_ranges_and_unknown_devices_clearly() {
     let f = collector().await;
@@ -254,29 +263,21 @@ async fn api_rejects_bad_ranges_and_unknown_devices_clearly() {
         .register(fixtures::register(NODE, BOOT))
         .await
         .unwrap();
-    let r = reqwest::get(
-        f.collector
-            .api(&format!("/api/v1/gpus/{GPU0}/series?from=10&to=5")),
+    let error = refused(
+        &f.collector,
+        &format!("/api/v1/gpus/{GPU0}/series?from=10&to=5"),
     )
-    .await
-    .unwrap();
-    assert_eq!(r.status(), 400);
-    let body: serde_json::Value = r.json().await.unwrap();
+    .await;
     assert!(
-        body["error"]
-            .as_str()
-            .unwrap()
-            .contains("`from` (10) must be before `to` (5)")
+        error.contains("`from` (10) must be before `to` (5)"),
+        "{error}"
     );
-    let r = reqwest::get(
-        f.collector
-            .api(&format!("/api/v1/gpus/{GPU0}/series?from=abc")),
+    let error = refused(
+        &f.collector,
+        &format!("/api/v1/gpus/{GPU0}/series?from=abc"),
     )
-    .await
-    .unwrap();
-    assert_eq!(r.status(), 400);
-    let body: serde_json::Value = r.json().await.unwrap();
-    assert!(body["error"].as_str().unwrap().contains("from"), "{body}");
+    .await;
+    assert!(error.contains("from"), "{error}");
     let r = reqwest::get(f.collector.api("/api/v1/gpus/GPU-nope/series"))
         .await
         .unwrap();
@@ -290,21 +291,11 @@ async fn api_rejects_bad_ranges_and_unknown_devices_clearly() {
     let body: serde_json::Value = r.json().await.unwrap();
     assert!(body["points"].is_array(), "{body}");
     assert!(body["to"].as_i64() > body["from"].as_i64(), "{body}");
-    let r = reqwest::get(f.collector.api("/api/v1/fleet/history?from=10&to=5"))
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
-    let body: serde_json::Value = r.json().await.unwrap();
+    let error = refused(&f.collector, "/api/v1/fleet/history?from=10&to=5").await;
     assert!(
-        body["error"]
-            .as_str()
-            .unwrap()
-            .contains("`from` (10) must be before `to` (5)"),
-        "{body}"
+        error.contains("`from` (10) must be before `to` (5)"),
+        "{error}"
     );
-    let r = reqwest::get(f.collector.api("/api/v1/fleet/history?max_points=0"))
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
+    refused(&f.collector, "/api/v1/fleet/history?max_points=0").await;
     f.collector.stop().await;
 }
