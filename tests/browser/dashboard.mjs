@@ -45,11 +45,11 @@ try {
   step = "filters and sorting";
   await page.selectOption("#f-sort", "headroom");
   await page.fill("#f-user", "alice");
-  await page.waitForFunction(() => /of \d+ devices/.test(document.getElementById("f-count").textContent)
+  await page.waitForFunction(() => /of \d+ devices/.test(document.getElementById("f-count")?.textContent ?? "")
     && document.querySelectorAll(".tile").length > 0 && document.querySelectorAll(".tile").length < 35, null, { timeout: 5000 });
   await page.fill("#f-user", "");
   await page.selectOption("#f-sort", "name");
-  await page.waitForFunction(() => /^35 of 35 devices/.test(document.getElementById("f-count").textContent), null, { timeout: 5000 });
+  await page.waitForFunction(() => /^35 of 35 devices/.test(document.getElementById("f-count")?.textContent ?? ""), null, { timeout: 5000 });
 
   step = "a tile leads to its GPU page with the memory chart drawn";
   const uuid = await page.locator(".tile.lvl-ok, .tile.lvl-warn, .tile.lvl-crit").first().getAttribute("data-uuid");

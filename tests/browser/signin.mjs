@@ -54,15 +54,15 @@ try {
   step = "a wrong token is refused on the form";
   await page.fill("#token", "hrd_" + "0".repeat(64));
   await page.click("#sign-in button[type=submit]");
-  await page.waitForFunction(() => /unknown or revoked/.test(document.getElementById("sign-in-error").textContent), null, { timeout: 5000 });
+  await page.waitForFunction(() => /unknown or revoked/.test(document.getElementById("sign-in-error")?.textContent ?? ""), null, { timeout: 5000 });
 
   step = "a viewer reads the alerts view but is offered no action";
   await signIn(viewer);
-  await page.waitForFunction(() => /carol · viewer/.test(document.getElementById("who").textContent), null, { timeout: 5000 });
+  await page.waitForFunction(() => /carol · viewer/.test(document.getElementById("who")?.textContent ?? ""), null, { timeout: 5000 });
   const cookieSeen = await page.evaluate(() => document.cookie.includes("headroom_token"));
   if (cookieSeen) throw new Error("the sign-in cookie is readable by scripts");
   await page.goto(`${base}/?view=alerts`);
-  await page.waitForFunction(() => /maintenance/.test(document.getElementById("silence-list").textContent), null, { timeout: 5000 });
+  await page.waitForFunction(() => /maintenance/.test(document.getElementById("silence-list")?.textContent ?? ""), null, { timeout: 5000 });
   if (await page.locator("button[data-expire]").count() !== 0) throw new Error("a viewer is offered to expire a silence");
   if (await page.locator("#operator").count() !== 0) throw new Error("a signed-in user is asked for a name");
   const by = await page.locator("#silence-list td").nth(1).innerText();
@@ -79,7 +79,7 @@ try {
   await page.goto(`${base}/?view=alerts`);
   await page.waitForSelector("button[data-expire]", { timeout: 5000 });
   await page.click("button[data-expire]");
-  await page.waitForFunction(() => /none/.test(document.getElementById("silence-list").textContent), null, { timeout: 5000 });
+  await page.waitForFunction(() => /none/.test(document.getElementById("silence-list")?.textContent ?? ""), null, { timeout: 5000 });
   await shot("signin-3-admin");
 
   if (errors.length) throw new Error(`page errors: ${errors.join("; ")}`);

@@ -52,6 +52,19 @@ fn artifacts_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/browser-artifacts")
 }
 
+static ONE_BROWSER_TEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Held for the whole of each browser test, collector included: one at a
+/// time, so that the 2,000-GPU fleet's 250 simulated agents never starve
+/// another test's page of the machine's cores (their waits are sized for a
+/// page that has them).
+fn browser_turn() -> std::sync::MutexGuard<'static, ()> {
+    // A test that failed poisons the lock; the next one may still run.
+    ONE_BROWSER_TEST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Runs `tests/browser/{script}` with `args`; fails the test with its output
 /// unless it reports `"ok":true`.
 fn run_script(script: &str, args: &[&str]) {
@@ -120,6 +133,7 @@ fn dashboard_in_chromium_shows_the_fleet_a_gpu_chart_and_acknowledges_an_alert()
     if !browser_available() {
         return;
     }
+    let _turn = browser_turn();
     let dir = tempfile::tempdir().unwrap();
     // Unattributed memory fires at once instead of after 2 min, so that
     // the fleet has a firing alert for its tiles to show.
@@ -169,6 +183,7 @@ fn the_fleet_view_of_2000_gpus_fits_one_screen_ranks_what_is_at_risk_and_names_o
     if !browser_available() {
         return;
     }
+    let _turn = browser_turn();
     let dir = tempfile::tempdir().unwrap();
     let scenario = dir.path().join("fleet.toml");
     std::fs::write(&scenario, fleet_of_2000()).unwrap();
@@ -197,6 +212,7 @@ fn signing_in_with_tokens_in_chromium_separates_viewers_from_admins() {
     if !browser_available() {
         return;
     }
+    let _turn = browser_turn();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("collector.toml");
     std::fs::write(
