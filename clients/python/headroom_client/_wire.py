@@ -10,15 +10,32 @@ Device dicts coming from a stats provider are sanitised here: unknown keys are
 ignored, counters become non-negative ints, ``uuid`` is kept only when it looks
 like a device UUID, and at most ``MAX_DEVICES`` devices are kept so that a
 line never exceeds ``MAX_LINE_BYTES``.
+
+Version 2 adds, on any device, what the client counted in the job's own
+tensors (``_composition``), by part and dtype::
+
+    {"v":2,...,"devices":[{"index":0,...,"ooms":0,
+     "composition":{"params":{"bfloat16":456},"grads":{},"optimizer":{"float32":246}}}]}
+
+A part left out is unknown; ``{}`` is known to be zero bytes. A report uses
+version 2 only when at least one device carries a composition, so a client
+that tracks nothing sends exactly the version 1 lines that older agents read.
 """
 
 import json
 import re
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 WIRE_VERSION = 1
 MAX_DEVICES = 64
 MAX_LINE_BYTES = 32768  # including the terminating newline (the agent refuses longer lines)
+
+# Version 2: a device may carry a "composition".
+COMPOSITION_WIRE_VERSION = 2
+MAX_COMPOSITION_LINE_BYTES = 65536  # the agent's limit for a version 2 line
+COMPOSITION_PARTS = ("params", "grads", "optimizer")
+MAX_DTYPES_PER_PART = 8
+OTHER_DTYPE = "other"
 
 # Counter fields, in wire order (after "index" and "uuid").
 COUNTER_FIELDS = (
@@ -36,6 +53,8 @@ _MAX_COUNTER = (1 << 63) - 1
 # ASCII letters, digits and dashes, at most 96 characters: what the agent
 # accepts as a device UUID (anything else would make it reject the report).
 _UUID_RE = re.compile(r"[A-Za-z0-9-]{1,96}")
+# What the agent accepts as a dtype name; anything else is counted as "other".
+_DTYPE_RE = re.compile(r"[a-z0-9_]{1,32}")
 # Device ordinals are u32 on the agent side.
 _MAX_INDEX = (1 << 32) - 1
 
@@ -88,11 +107,73 @@ def sanitize_device(device: Any) -> Optional[Dict[str, Any]]:
     return out
 
 
-def encode_report(devices: Optional[Iterable[Any]], pid: int, ts_ms: int) -> Optional[bytes]:
+def _add_capped(a: int, b: int) -> int:
+    total = a + b
+    return total if total <= _MAX_COUNTER else _MAX_COUNTER
+
+
+def sanitize_part(part: Any) -> Optional[Dict[str, int]]:
+    """The wire form of one part (dtype name -> bytes), or None when it is not
+    a dict. Names the agent would refuse are counted as ``"other"``, zeros are
+    left out, and beyond ``MAX_DTYPES_PER_PART`` names the smallest are merged
+    into ``"other"``. Largest first, ``"other"`` last."""
+    if not isinstance(part, dict):
+        return None
+    sums = {}  # type: Dict[str, int]
+    for name, value in part.items():
+        nbytes = _counter(value)
+        if not nbytes:
+            continue
+        if not isinstance(name, str) or not _DTYPE_RE.fullmatch(name):
+            name = OTHER_DTYPE
+        sums[name] = _add_capped(sums.get(name, 0), nbytes)
+    other = sums.pop(OTHER_DTYPE, 0)
+    named = sorted(sums.items(), key=lambda item: (-item[1], item[0]))
+    if not other and len(named) <= MAX_DTYPES_PER_PART:
+        room = MAX_DTYPES_PER_PART
+    else:
+        room = MAX_DTYPES_PER_PART - 1  # one place for "other"
+    if len(named) > room:
+        for _, nbytes in named[room:]:
+            other = _add_capped(other, nbytes)
+        named = named[:room]
+    out = dict(named)
+    if other:
+        out[OTHER_DTYPE] = other
+    return out
+
+
+def sanitize_composition(composition: Any) -> Optional[Dict[str, Dict[str, int]]]:
+    """The wire form of one device's composition, or None when no part is known."""
+    if not isinstance(composition, dict):
+        return None
+    out = {}  # type: Dict[str, Dict[str, int]]
+    for name in COMPOSITION_PARTS:
+        part = sanitize_part(composition.get(name))
+        if part is not None:
+            out[name] = part
+    return out or None
+
+
+def _line(version: int, pid: int, ts_ms: int, devices: List[Dict[str, Any]]) -> bytes:
+    report = {"v": version, "pid": int(pid), "ts_ms": int(ts_ms), "devices": devices}
+    return json.dumps(report, separators=(",", ":"), allow_nan=False).encode("utf-8") + b"\n"
+
+
+def encode_report(
+    devices: Optional[Iterable[Any]],
+    pid: int,
+    ts_ms: int,
+    compositions: Optional[Mapping[int, Any]] = None,
+) -> Optional[bytes]:
     """Encode a report line, or return None when there is nothing to send.
 
     Invalid device entries are skipped; only the first ``MAX_DEVICES`` valid ones
-    are kept. Raises TypeError when ``devices`` is not an iterable of devices.
+    are kept. ``compositions`` maps a device index to that device's
+    composition; a kept device with a usable one carries it, and the line is
+    then version 2. A version 2 line over ``MAX_COMPOSITION_LINE_BYTES`` is
+    sent without its compositions, as version 1. Raises TypeError when
+    ``devices`` is not an iterable of devices.
     """
     if devices is None:
         return None
@@ -106,9 +187,22 @@ def encode_report(devices: Optional[Iterable[Any]], pid: int, ts_ms: int) -> Opt
         kept.append(clean)
         if len(kept) >= MAX_DEVICES:
             break
+    if compositions and kept:
+        with_compositions = []  # type: List[Dict[str, Any]]
+        carried = False
+        for device in kept:
+            composition = sanitize_composition(compositions.get(device["index"]))
+            if composition is not None:
+                device = dict(device, composition=composition)
+                carried = True
+            with_compositions.append(device)
+        if carried:
+            line = _line(COMPOSITION_WIRE_VERSION, pid, ts_ms, with_compositions)
+            if len(line) <= MAX_COMPOSITION_LINE_BYTES:
+                return line
+            # Too long: the allocator figures matter more than the compositions.
     while kept:
-        report = {"v": WIRE_VERSION, "pid": int(pid), "ts_ms": int(ts_ms), "devices": kept}
-        line = json.dumps(report, separators=(",", ":"), allow_nan=False).encode("utf-8") + b"\n"
+        line = _line(WIRE_VERSION, pid, ts_ms, kept)
         if len(line) <= MAX_LINE_BYTES:
             return line
         # Unreachable with the caps above; kept so the size limit can never be broken.
