@@ -9,6 +9,10 @@ One line in a training script::
 A daemon thread then sends ``torch.cuda.memory_stats()`` of every device the
 process uses, once per second, over the agent's Unix socket. It never blocks or
 raises into the job: when no agent listens, reports are silently dropped.
+
+``headroom_client.enable(model=model, optimizer=optimizer)`` also counts, every
+10 seconds, the bytes of the model's parameters, gradients and optimizer state
+on each device, so that Headroom can say where the job's memory goes.
 """
 
 import logging
@@ -41,12 +45,24 @@ def enable(
     socket_path: Any = None,
     interval_s: float = 1.0,
     stats_provider: Optional[StatsProvider] = None,
+    *,
+    model: Any = None,
+    optimizer: Any = None,
+    composition_interval_s: float = 10.0,
 ) -> Reporter:
     """Start reporting in the background and return the process's Reporter.
 
     Idempotent: later calls return the same Reporter (restarted if it had been
-    stopped) and ignore their arguments. When ``$HEADROOM_ALLOCATOR_DISABLE`` is
+    stopped) and ignore their arguments, except ``model`` and ``optimizer``:
+    each one given replaces the one tracked before (see
+    :meth:`Reporter.track`). When ``$HEADROOM_ALLOCATOR_DISABLE`` is
     ``1``/``true``/``yes`` the returned Reporter is inert and never started.
+
+    ``model`` (a module or a list of modules) and ``optimizer`` (an optimizer
+    or a list of them) are optional: with them, the reporter thread counts the
+    bytes of their parameters, gradients and optimizer state on each device
+    every ``composition_interval_s`` seconds, and each report carries the
+    latest count. They are held by weak reference where possible.
 
     ``socket_path`` defaults to ``$HEADROOM_ALLOCATOR_SOCKET``, else
     ``/run/headroom/allocator.sock``. ``stats_provider`` is a zero-argument
@@ -64,8 +80,13 @@ def enable(
                 interval_s,
                 stats_provider,
                 enabled=not disabled_by_env(),
+                model=model,
+                optimizer=optimizer,
+                composition_interval_s=composition_interval_s,
             )
             _global_reporter = reporter
+        else:
+            reporter.track(model, optimizer)
         return reporter.start()
 
 

@@ -10,7 +10,7 @@ import time
 import weakref
 from typing import Any, Callable, Iterable, Optional, Set, Tuple
 
-from . import _config, _sender, _torch_stats, _wire
+from . import _composition, _config, _sender, _torch_stats, _wire
 
 THREAD_NAME = "headroom-allocator-reporter"
 
@@ -28,6 +28,11 @@ class Reporter:
     Use :func:`headroom_client.enable` rather than building one directly.
     ``tick()`` does one collection and one non-blocking send and never raises;
     ``start()`` runs it every ``interval_s`` seconds in a daemon thread.
+
+    With a ``model`` and/or an ``optimizer`` (see :meth:`track`), a tick also
+    counts, at most every ``composition_interval_s`` seconds, the bytes of
+    their parameters, gradients and optimizer state on each device, and every
+    report carries the latest count on the matching device.
     """
 
     def __init__(
@@ -38,6 +43,9 @@ class Reporter:
         *,
         reconnect_interval_s: Optional[float] = None,
         enabled: bool = True,
+        model: Any = None,
+        optimizer: Any = None,
+        composition_interval_s: float = 10.0,
     ) -> None:
         if socket_path is None:
             socket_path = _config.socket_path_from_env()
@@ -51,6 +59,17 @@ class Reporter:
         elif not callable(stats_provider):
             raise TypeError("stats_provider must be a zero-argument callable")
         self._provider = stats_provider
+        self._composition_interval_s = _positive_seconds(
+            "composition_interval_s", composition_interval_s
+        )
+        # What track() was given, held weakly where possible; None: not tracked.
+        self._models = None  # type: Optional[Tuple[_composition.Ref, ...]]
+        self._optimizers = None  # type: Optional[Tuple[_composition.Ref, ...]]
+        # The latest count, attached to every report; recounted when due.
+        self._composition = None  # type: Optional[_composition.Composition]
+        self._next_composition_at = 0.0
+        self._clock = time.monotonic  # replaced by tests
+        self.track(model, optimizer)
         self._enabled = bool(enabled)
         self._logged = set()  # type: Set[Tuple[str, str]]
         self._sender = _sender.LineSender(self._socket_path, reconnect_interval_s, self._log_once)
@@ -104,6 +123,10 @@ class Reporter:
     @property
     def interval_s(self) -> float:
         return self._interval_s
+
+    @property
+    def composition_interval_s(self) -> float:
+        return self._composition_interval_s
 
     def __repr__(self) -> str:
         return "<Reporter %s running=%s connected=%s sent=%d dropped=%d errors=%d>" % (
@@ -170,6 +193,57 @@ class Reporter:
         finally:
             self._close_connection(-1)
 
+    # -- what is counted -----------------------------------------------------
+
+    def track(self, model: Any = None, optimizer: Any = None) -> "Reporter":
+        """Count the memory of ``model`` (a module, or a list of modules) and
+        of ``optimizer`` (an optimizer, or a list of optimizers) from now on.
+
+        Each one given replaces what was tracked before; None leaves it as it
+        was, and an empty list stops tracking it. They are held by weak
+        reference where possible: once garbage collected they are no longer
+        counted. Nothing is read here: the reporter thread counts them at its
+        next tick. Raises TypeError for an object that is neither.
+        """
+        models = optimizers = None
+        if model is not None:
+            models = _composition.hold(model, "model")
+        if optimizer is not None:
+            optimizers = _composition.hold(optimizer, "optimizer")
+        if model is not None:
+            self._models = models
+        if optimizer is not None:
+            self._optimizers = optimizers
+        if model is not None or optimizer is not None:
+            self._next_composition_at = 0.0  # count the new ones at the next tick
+        return self
+
+    def _current_composition(self) -> Optional[_composition.Composition]:
+        """The cached count, recounted first when ``composition_interval_s``
+        has passed since the last count. Runs in tick(), never raises."""
+        if self._models is None and self._optimizers is None:
+            self._composition = None
+            return None
+        now = self._clock()
+        if now < self._next_composition_at:
+            return self._composition
+        # Rescheduled before the references are read, so that a track() call
+        # made during the count is counted at the next tick.
+        self._next_composition_at = now + self._composition_interval_s
+        models = _composition.alive(self._models)
+        optimizers = _composition.alive(self._optimizers)
+        if models is None and optimizers is None:
+            self._composition = None  # all garbage collected
+            return None
+        try:
+            self._composition = _composition.read_with_retry(models, optimizers)
+        except Exception as exc:
+            # Unknown is better than wrong: no composition until the next count.
+            self._composition = None
+            self._errors += 1
+            self._log_once(("composition", type(exc).__name__), "counting the model's memory failed: %r", exc)
+        return self._composition
+
     # -- work ---------------------------------------------------------------
 
     def tick(self) -> None:
@@ -192,7 +266,10 @@ class Reporter:
         free = sender.flush()  # finish a half-written line before anything new
         try:
             devices = self._provider()
-            line = _wire.encode_report(devices, os.getpid(), int(time.time() * 1000))
+            compositions = None
+            if devices is not None and not (isinstance(devices, (list, tuple)) and not devices):
+                compositions = self._current_composition()
+            line = _wire.encode_report(devices, os.getpid(), int(time.time() * 1000), compositions)
         except Exception as exc:
             self._errors += 1
             self._log_once(("provider", type(exc).__name__), "stats provider failed: %r", exc)
