@@ -120,7 +120,11 @@ def dtype_name(dtype: Any) -> str:
 
 class _Counter:
     """Counts tensors into per-device, per-part, per-dtype bytes, each storage
-    (or, failing that, each object) once across all parts."""
+    (or, failing that, each object) once across all parts.
+
+    Written for speed: it runs once per tensor of the model. Methods
+    (``to_local``, ``untyped_storage``) are looked up once per type, as
+    Python looks up special methods."""
 
     def __init__(self, count_cpu: bool) -> None:
         self.count_cpu = count_cpu
@@ -130,71 +134,85 @@ class _Counter:
         self.keep = []  # type: List[Any]
         self.devices = {}  # type: Dict[int, Dict[str, Dict[str, int]]]
         self.names = {}  # type: Dict[Any, str]
+        self.kinds = {}  # type: Dict[type, Tuple[bool, bool]]
 
-    def _index(self, tensor: Any) -> Optional[int]:
-        device = getattr(tensor, "device", None)
-        kind = getattr(device, "type", None)
-        if kind == "cuda":
-            index = getattr(device, "index", None)
-            if isinstance(index, int) and not isinstance(index, bool) and index >= 0:
-                return index
-            return None
-        if kind == "cpu" and self.count_cpu:
-            return CPU_INDEX
-        return None
+    def _kind(self, cls: type) -> Tuple[bool, bool]:
+        """(DTensor-like, has untyped_storage) for a type."""
+        kind = self.kinds.get(cls)
+        if kind is None:
+            kind = (
+                callable(getattr(cls, "to_local", None)),
+                callable(getattr(cls, "untyped_storage", None)),
+            )
+            self.kinds[cls] = kind
+        return kind
 
-    def _name(self, dtype: Any) -> str:
-        try:
-            name = self.names.get(dtype)
-        except TypeError:  # an unhashable dtype
-            return dtype_name(dtype)
-        if name is None:
-            name = dtype_name(dtype)
-            self.names[dtype] = name
-        return name
-
-    def add(self, obj: Any, part: str, parts: Iterable[str]) -> None:
-        """Count one tensor-like ``obj`` (its local shard when it is a
-        DTensor-like wrapper) under ``part``; anything else is ignored.
-        ``parts`` are the parts known, created empty on a device seen first."""
-        if obj is None:
-            return
-        local = _local_shard(obj)
-        if local is None:
-            return
-        index = self._index(local)
-        if index is None:
-            return
-        dtype = getattr(local, "dtype", None)
-        if dtype is None:
-            return
-        nbytes = self._resident_bytes(local, index)
-        device = self.devices.get(index)
-        if device is None:
-            device = self.devices[index] = {name: {} for name in parts}
-        if nbytes:
-            by_dtype = device[part]
-            name = self._name(dtype)
-            by_dtype[name] = by_dtype.get(name, 0) + nbytes
-
-    def _resident_bytes(self, tensor: Any, index: int) -> int:
-        """Bytes not counted yet: the whole storage the first time it is met,
-        0 afterwards (and 0 for an empty storage)."""
-        storage_of = getattr(tensor, "untyped_storage", None)
-        if callable(storage_of):
-            try:
-                storage = storage_of()
-                nbytes = int(storage.nbytes())
-                if nbytes <= 0:
-                    return 0
-                key = (index, int(storage.data_ptr()))
-            except Exception:
-                pass  # no storage to look at (sparse, wrapper subclasses): by size
+    def count(self, objs: Iterable[Any], part: str, parts: Iterable[str]) -> None:
+        """Count each tensor-like object of ``objs`` (its local shard when it
+        is a DTensor-like wrapper) under ``part``; anything else is ignored.
+        ``parts`` are the parts known, created empty on a device seen first.
+        One loop with everything inlined: it runs once per tensor."""
+        kinds = self.kinds
+        seen = self.seen
+        names = self.names
+        devices = self.devices
+        count_cpu = self.count_cpu
+        for obj in objs:
+            if obj is None:
+                continue
+            kind = kinds.get(type(obj)) or self._kind(type(obj))
+            if kind[0]:  # DTensor-like
+                obj = _local_shard(obj)
+                if obj is None:
+                    continue
+                kind = kinds.get(type(obj)) or self._kind(type(obj))
+                if kind[0]:
+                    continue  # a shard of a shard: not something PyTorch makes
+            device = getattr(obj, "device", None)
+            dtype = getattr(obj, "dtype", None)
+            if device is None or dtype is None:
+                continue  # not tensor-like (a step count, a learning rate)
+            device_type = getattr(device, "type", None)
+            if device_type == "cuda":
+                index = getattr(device, "index", None)
+                if type(index) is not int or index < 0:
+                    continue
+            elif device_type == "cpu" and count_cpu:
+                index = CPU_INDEX
             else:
-                if key in self.seen:
-                    return 0
-                self.seen.add(key)
-                return nbytes
+                continue
+            nbytes = None
+            if kind[1]:
+                try:
+                    storage = obj.untyped_storage()
+                    nbytes = storage.nbytes()
+                    if nbytes > 0:
+                        key = (index, storage.data_ptr())
+                        if key in seen:
+                            nbytes = 0
+                        else:
+                            seen.add(key)
+                    else:
+                        nbytes = 0  # freed or not gathered: resident nowhere
+                except Exception:
+                    nbytes = None  # no storage to look at (sparse, wrappers): by size
+            if nbytes is None:
+                nbytes = self._size_once(obj)
+            device_parts = devices.get(index)
+            if device_parts is None:
+                device_parts = devices[index] = {name: {} for name in parts}
+            if nbytes:
+                try:
+                    name = names.get(dtype)
+                    if name is None:
+                        name = names[dtype] = dtype_name(dtype)
+                except TypeError:  # an unhashable dtype
+                    name = dtype_name(dtype)
+                by_dtype = device_parts[part]
+                by_dtype[name] = by_dtype.get(name, 0) + nbytes
+
+    def _size_once(self, tensor: Any) -> int:
+        """``numel() * element_size()`` the first time an object is met."""
         key = ("id", id(tensor))
         if key in self.seen:
             return 0
@@ -208,21 +226,15 @@ class _Counter:
 
 
 def _local_shard(obj: Any) -> Any:
-    """What of ``obj`` this process holds: a DTensor's local shard (its
-    ``_local_tensor`` when present, which needs no autograd, else
-    ``to_local()``), otherwise ``obj`` itself when it is tensor-like."""
-    to_local = getattr(obj, "to_local", None)
-    if callable(to_local):
-        local = getattr(obj, "_local_tensor", None)
-        if local is None:
-            try:
-                local = to_local()
-            except Exception:
-                return None
-        obj = local
-    if hasattr(obj, "device") and hasattr(obj, "dtype"):
-        return obj
-    return None
+    """A DTensor's local shard: its ``_local_tensor`` when present, which
+    needs no autograd, else ``to_local()``; None when that fails."""
+    local = getattr(obj, "_local_tensor", None)
+    if local is None:
+        try:
+            local = obj.to_local()
+        except Exception:
+            return None
+    return local
 
 
 def _copy(items: Iterable[Any]) -> List[Any]:
@@ -296,17 +308,14 @@ def read_composition(
         params = []  # type: List[Any]
         for model in models:
             params.extend(_parameters(model))
-        for param in params:
-            # DeepSpeed ZeRO-3: the resident partition, plus whatever is
-            # gathered right now (an empty storage when not).
-            counter.add(getattr(param, "ds_tensor", None), PARAMS, parts)
-            counter.add(param, PARAMS, parts)
-        for param in params:
-            counter.add(getattr(param, "grad", None), GRADS, parts)
+        # DeepSpeed ZeRO-3: the resident partition, plus whatever is gathered
+        # right now (an empty storage when not).
+        counter.count([getattr(param, "ds_tensor", None) for param in params], PARAMS, parts)
+        counter.count(params, PARAMS, parts)
+        counter.count([getattr(param, "grad", None) for param in params], GRADS, parts)
     if optimizers is not None:
         for optimizer in optimizers:
-            for value in _state_tensors(_state(optimizer)):
-                counter.add(value, OPTIMIZER, parts)
+            counter.count(_state_tensors(_state(optimizer)), OPTIMIZER, parts)
     return counter.devices
 
 

@@ -8,11 +8,16 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Optional, Set, Tuple
 
 from . import _composition, _config, _sender, _torch_stats, _wire
 
 THREAD_NAME = "headroom-allocator-reporter"
+
+# The most of the reporter thread's time that counting a model may take: a
+# count that took longer than this share of the interval stretches the wait
+# before the next one (a model of millions of tensors is counted less often).
+MAX_COMPOSITION_SHARE = 0.01
 
 logger = logging.getLogger("headroom_client")
 
@@ -65,9 +70,10 @@ class Reporter:
         # What track() was given, held weakly where possible; None: not tracked.
         self._models = None  # type: Optional[Tuple[_composition.Ref, ...]]
         self._optimizers = None  # type: Optional[Tuple[_composition.Ref, ...]]
-        # The latest count, attached to every report; recounted when due.
-        self._composition = None  # type: Optional[_composition.Composition]
+        # The latest count in wire form, attached to every report; recounted when due.
+        self._composition = None  # type: Optional[Dict[int, _wire.WireComposition]]
         self._next_composition_at = 0.0
+        self._tracking_changed = False  # set by track(): count at the next tick
         self._clock = time.monotonic  # replaced by tests
         self.track(model, optimizer)
         self._enabled = bool(enabled)
@@ -215,20 +221,21 @@ class Reporter:
         if optimizer is not None:
             self._optimizers = optimizers
         if model is not None or optimizer is not None:
-            self._next_composition_at = 0.0  # count the new ones at the next tick
+            self._tracking_changed = True  # count the new ones at the next tick
         return self
 
-    def _current_composition(self) -> Optional[_composition.Composition]:
+    def _current_composition(self) -> Optional[Dict[int, _wire.WireComposition]]:
         """The cached count, recounted first when ``composition_interval_s``
         has passed since the last count. Runs in tick(), never raises."""
         if self._models is None and self._optimizers is None:
             self._composition = None
             return None
         now = self._clock()
-        if now < self._next_composition_at:
+        if now < self._next_composition_at and not self._tracking_changed:
             return self._composition
-        # Rescheduled before the references are read, so that a track() call
-        # made during the count is counted at the next tick.
+        # Cleared before the references are read, so that a track() call made
+        # during the count is counted at the next tick.
+        self._tracking_changed = False
         self._next_composition_at = now + self._composition_interval_s
         models = _composition.alive(self._models)
         optimizers = _composition.alive(self._optimizers)
@@ -236,7 +243,13 @@ class Reporter:
             self._composition = None  # all garbage collected
             return None
         try:
-            self._composition = _composition.read_with_retry(models, optimizers)
+            # In wire form once here rather than at each report.
+            self._composition = _wire.sanitize_compositions(
+                _composition.read_with_retry(models, optimizers)
+            )
+            took = self._clock() - now
+            if took > self._composition_interval_s * MAX_COMPOSITION_SHARE:
+                self._next_composition_at = now + took / MAX_COMPOSITION_SHARE
         except Exception as exc:
             # Unknown is better than wrong: no composition until the next count.
             self._composition = None

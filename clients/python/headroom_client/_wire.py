@@ -143,16 +143,37 @@ def sanitize_part(part: Any) -> Optional[Dict[str, int]]:
     return out
 
 
-def sanitize_composition(composition: Any) -> Optional[Dict[str, Dict[str, int]]]:
+class WireComposition(dict):
+    """A composition already in wire form: made only by
+    :func:`sanitize_composition`, so that a composition counted once and sent
+    with every report is not checked again at every report."""
+
+    __slots__ = ()
+
+
+def sanitize_composition(composition: Any) -> Optional[WireComposition]:
     """The wire form of one device's composition, or None when no part is known."""
+    if type(composition) is WireComposition:
+        return composition
     if not isinstance(composition, dict):
         return None
-    out = {}  # type: Dict[str, Dict[str, int]]
+    out = WireComposition()
     for name in COMPOSITION_PARTS:
         part = sanitize_part(composition.get(name))
         if part is not None:
             out[name] = part
     return out or None
+
+
+def sanitize_compositions(compositions: Any) -> Dict[int, WireComposition]:
+    """:func:`sanitize_composition` of each device of ``{index: composition}``,
+    without the devices that have none."""
+    out = {}  # type: Dict[int, WireComposition]
+    for index, composition in compositions.items():
+        clean = sanitize_composition(composition)
+        if clean is not None:
+            out[index] = clean
+    return out
 
 
 def _line(version: int, pid: int, ts_ms: int, devices: List[Dict[str, Any]]) -> bytes:

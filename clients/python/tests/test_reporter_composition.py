@@ -109,6 +109,26 @@ class CompositionReporterTest(unittest.TestCase):
         self.assertEqual(composition["grads"], {"float32": 400})
         self.assertEqual(len(model.threads), 2)
 
+    def test_a_slow_count_stretches_the_interval(self):
+        clock = self.clock
+
+        class Slow(CountingModule):
+            def parameters(self):
+                clock.now += 0.5  # half a second to walk this model
+                return super().parameters()
+
+        model = Slow(Parameter(1))
+        reporter = self.reporter(model=model, composition_interval_s=10.0)
+        self.report(reporter)
+        # 0.5 s is 5 % of 10 s; at most 1 % is spent counting: next in 50 s.
+        for now in (1010.5, 1049.0):
+            clock.now = now
+            self.report(reporter)
+            self.assertEqual(len(model.threads), 1)
+        clock.now = 1050.0
+        self.report(reporter)
+        self.assertEqual(len(model.threads), 2)
+
     def test_nothing_to_report_counts_nothing(self):
         devices = []
         model = CountingModule(Parameter(1))

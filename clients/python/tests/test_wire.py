@@ -181,6 +181,16 @@ class CompositionWireTest(unittest.TestCase):
         self.assertEqual(len(clean), 8)
         self.assertEqual(clean["other"], 11)
 
+    def test_a_composition_is_put_in_wire_form_once(self):
+        clean = _wire.sanitize_compositions({0: self.COMPOSITION, 1: None, 2: {"grads": {}}})
+        self.assertEqual(list(clean), [0, 2])
+        self.assertIsInstance(clean[0], _wire.WireComposition)
+        self.assertIs(_wire.sanitize_composition(clean[0]), clean[0])  # not checked again
+        self.assertEqual(
+            _wire.encode_report([FULL_DEVICE], 1, 1, clean),
+            _wire.encode_report([FULL_DEVICE], 1, 1, {0: self.COMPOSITION}),
+        )
+
     def test_a_v2_line_may_exceed_the_v1_limit(self):
         devices = [dict(FULL_DEVICE, index=i) for i in range(64)]
         composition = {part: {"d%d" % i: (1 << 62) + i for i in range(4)}
