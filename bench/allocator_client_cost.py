@@ -237,10 +237,10 @@ def measure_torch(args):
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, CPU tensors (counted through count_cpu=True)")
     cases = (
-        ("small MLP", lambda: torch.nn.Sequential(
+        ("MLP 256-1024-256", lambda: torch.nn.Sequential(
             torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))),
-        ("1,000 parameters", lambda: torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(500))),
-        ("10,000 parameters", lambda: torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(5000))),
+        ("500 x Linear(16, 16)", lambda: torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(500))),
+        ("5,000 x Linear(16, 16)", lambda: torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(5000))),
     )
     for name, build in cases:
         model = build()
