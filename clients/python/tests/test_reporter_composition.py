@@ -109,6 +109,17 @@ class CompositionReporterTest(unittest.TestCase):
         self.assertEqual(composition["grads"], {"float32": 400})
         self.assertEqual(len(model.threads), 2)
 
+    def test_many_dtypes_are_capped_on_the_wire(self):
+        from ._fake_tensors import DType
+
+        params = [Parameter(10 * (i + 1), DType("float%d" % i, 1)) for i in range(10)]
+        params.append(Parameter(1000, DType("Not A Name", 1)))
+        model = Module(*params)
+        composition = self.report(self.reporter(model=model))["devices"][0]["composition"]
+        self.assertEqual(len(composition["params"]), 8)
+        self.assertEqual(composition["params"]["other"], 1000 + 10 + 20 + 30)
+        self.assertEqual(sum(composition["params"].values()), 1000 + 10 * 55)
+
     def test_a_slow_count_stretches_the_interval(self):
         clock = self.clock
 
