@@ -522,10 +522,25 @@ fn to_batch(node: &str, interval: IntervalSamples) -> pb::Batch {
                     peak_allocated_bytes: a.peak_allocated_bytes,
                     alloc_retries: a.alloc_retries,
                     ooms: a.ooms,
+                    composition: a.composition.map(to_composition),
                 }),
             })
             .collect(),
         events: interval.events.into_iter().map(to_event).collect(),
+    }
+}
+
+fn to_composition(c: headroom_common::Composition) -> pb::MemoryComposition {
+    let part = |p: Option<headroom_common::Part>| {
+        p.map(|p| pb::CompositionPart {
+            bytes: p.bytes,
+            dtype: p.dtype.as_str().to_owned(),
+        })
+    };
+    pb::MemoryComposition {
+        weights: part(c.weights),
+        gradients: part(c.gradients),
+        optimizer_state: part(c.optimizer_state),
     }
 }
 

@@ -6,7 +6,9 @@
 use std::f64::consts::{PI, TAU};
 
 use crate::ids::StableHash;
-use crate::model::{Gpu, MigInstance, NodeSpec, Process};
+use headroom_common::{Composition, Part};
+
+use crate::model::{CompositionModel, Gpu, MigInstance, NodeSpec, Process};
 use crate::shape::Footprint;
 use crate::state::{AllocatorSnapshot, GpuInfo, GpuState, MigInfo, MigState, ProcessState};
 
@@ -218,6 +220,22 @@ fn total_memory(processes: &[ProcessState]) -> u64 {
 /// What CUDA keeps per process outside the allocator.
 const CUDA_CONTEXT_BYTES: u64 = 512 << 20;
 
+/// The client's count, as shares of the live tensors at the peak (which the
+/// simulated allocator keeps equal to what is allocated now).
+fn composition(c: CompositionModel, peak: u64) -> Composition {
+    let part = |share: f64, dtype| {
+        Some(Part {
+            bytes: (peak as f64 * share) as u64,
+            dtype,
+        })
+    };
+    Composition {
+        weights: part(c.weights, c.dtype),
+        gradients: part(c.gradients, c.dtype),
+        optimizer_state: part(c.optimizer_state, c.optimizer_dtype),
+    }
+}
+
 fn process_state(process: &Process, footprint: Footprint, t: f64) -> ProcessState {
     let started_s = process.start_s + footprint.incarnation_offset_s;
     let allocator = process.allocator.map(|a| {
@@ -233,6 +251,7 @@ fn process_state(process: &Process, footprint: Footprint, t: f64) -> ProcessStat
             peak_allocated: allocated,
             alloc_retries: (a.retries_per_min * age_min) as u64,
             ooms: u64::from(a.oom_at_s.is_some_and(|at| t >= at && started_s <= at)),
+            composition: a.composition.map(|c| composition(c, allocated)),
         }
     });
     ProcessState {

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use headroom_common::Dtype;
+
 use crate::shape::MemoryShape;
 
 /// One simulated machine. Build it through [`crate::Scenario`]; evaluate it
@@ -82,6 +84,17 @@ pub(crate) struct AllocatorModel {
     pub fragmentation: f64,
     pub retries_per_min: f64,
     pub oom_at_s: Option<f64>,
+    pub composition: Option<CompositionModel>,
+}
+
+/// Shares of the live tensors the client counts, and their dtypes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct CompositionModel {
+    pub weights: f64,
+    pub gradients: f64,
+    pub optimizer_state: f64,
+    pub dtype: Dtype,
+    pub optimizer_dtype: Dtype,
 }
 
 impl Process {

@@ -87,4 +87,21 @@ pub(crate) struct AllocatorFile {
     pub retries_per_min: Option<f64>,
     /// Scenario time at which the allocator counts an out-of-memory error.
     pub oom_at_s: Option<f64>,
+    /// What the job's client counts in its tensors (`enable(model=,
+    /// optimizer=)`); absent for a job that reports the allocator only.
+    pub composition: Option<CompositionFile>,
+}
+
+/// Shares of the process's live tensors; the rest is activations and
+/// temporaries.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CompositionFile {
+    pub weights: f64,
+    pub gradients: f64,
+    pub optimizer_state: f64,
+    /// Of the weights and gradients, as PyTorch names it; default float32.
+    pub dtype: Option<String>,
+    /// Of the optimizer state; default float32.
+    pub optimizer_dtype: Option<String>,
 }

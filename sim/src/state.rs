@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use headroom_common::Composition;
+
 /// A GPU as enumerated at start-up (`nvmlDeviceGetHandleByIndex` & co).
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuInfo {
@@ -69,6 +71,8 @@ pub struct AllocatorSnapshot {
     pub peak_allocated: u64,
     pub alloc_retries: u64,
     pub ooms: u64,
+    /// What the job's client counts in its tensors, for a job that counts.
+    pub composition: Option<Composition>,
 }
 
 /// A process holding device memory at one instant.

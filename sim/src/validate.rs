@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 
 use crate::ids::{gpu_uuid, mig_uuid};
-use crate::model::{AllocatorModel, Gpu, MigInstance, NodeSpec, Process};
+use crate::model::{AllocatorModel, CompositionModel, Gpu, MigInstance, NodeSpec, Process};
 use crate::spec::{GpuFile, MigFile, NodeFile, ProcessFile, ScenarioFile};
+use headroom_common::Dtype;
 use headroom_common::bytes::HumanBytes;
 
 pub(crate) const DEFAULT_DRIVER_VERSION: &str = "550.54.15";
@@ -445,10 +446,47 @@ impl<'p> NodeBuilder<'p> {
                     "{here}: allocator.oom_at_s must be a finite number >= 0, got {at}"
                 ));
             }
+            let composition = a.composition.map(|c| {
+                for (name, share) in [
+                    ("weights", c.weights),
+                    ("gradients", c.gradients),
+                    ("optimizer_state", c.optimizer_state),
+                ] {
+                    if !(0.0..=1.0).contains(&share) {
+                        self.problem(format!(
+                            "{here}: allocator.composition.{name} must be a share in [0, 1], got {share}"
+                        ));
+                    }
+                }
+                let sum = c.weights + c.gradients + c.optimizer_state;
+                if sum > 1.0 {
+                    self.problem(format!(
+                        "{here}: allocator.composition shares add up to {sum}, more than the live tensors (1)"
+                    ));
+                }
+                let mut dtype = |key: &str, name: Option<&str>| {
+                    let name = name.unwrap_or("float32");
+                    let dtype = Dtype::from_name(name);
+                    if dtype == Dtype::Other {
+                        self.problem(format!(
+                            "{here}: allocator.composition.{key} {name:?} is not a PyTorch dtype name (float32, bfloat16, float16, …)"
+                        ));
+                    }
+                    dtype
+                };
+                CompositionModel {
+                    weights: c.weights,
+                    gradients: c.gradients,
+                    optimizer_state: c.optimizer_state,
+                    dtype: dtype("dtype", c.dtype.as_deref()),
+                    optimizer_dtype: dtype("optimizer_dtype", c.optimizer_dtype.as_deref()),
+                }
+            });
             AllocatorModel {
                 fragmentation,
                 retries_per_min,
                 oom_at_s: a.oom_at_s,
+                composition,
             }
         });
         Some(Process {

@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 
+use headroom_common::Composition;
+
 /// A node's registration: who it is and what it has.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Registration {
@@ -169,6 +171,23 @@ pub struct AllocatorRow {
     /// Cumulative since the process started.
     pub alloc_retries: i64,
     pub ooms: i64,
+    /// What the process's client counted in its own tensors, checked
+    /// against the figures above.
+    pub composition: Option<Composition>,
+}
+
+impl AllocatorRow {
+    /// Weights, gradients and optimizer state as stored: bytes (NULL where
+    /// not counted) and the dtype holding most of them.
+    pub(crate) fn parts(&self) -> [(Option<i64>, Option<&'static str>); 3] {
+        let c = self.composition.unwrap_or_default();
+        [c.weights, c.gradients, c.optimizer_state].map(|p| {
+            (
+                p.map(|p| i64::try_from(p.bytes).unwrap_or(i64::MAX)),
+                p.map(|p| p.dtype.as_str()),
+            )
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -3,6 +3,9 @@
 
 use std::collections::HashMap;
 
+use headroom_common::composition::AllocatorFigures;
+use headroom_common::{Breakdown, Composition, Dtype, Part};
+
 use crate::model::{DeviceMeta, GpuSampleRow, NodeSession};
 use crate::views::{
     AllocatorLatest, DeviceView, LatestSample, MAX_PROCESSES_PER_SERIES, ProcessSeries, ProcessView,
@@ -104,6 +107,12 @@ pub(crate) struct ProcessRow {
     pub(crate) alloc_peak_allocated: Option<i64>,
     pub(crate) alloc_retries: Option<i64>,
     pub(crate) alloc_ooms: Option<i64>,
+    pub(crate) alloc_weights: Option<i64>,
+    pub(crate) alloc_weights_dtype: Option<String>,
+    pub(crate) alloc_gradients: Option<i64>,
+    pub(crate) alloc_gradients_dtype: Option<String>,
+    pub(crate) alloc_optimizer_state: Option<i64>,
+    pub(crate) alloc_optimizer_state_dtype: Option<String>,
 }
 
 /// The process columns of [`ProcessRow`] besides its node and device.
@@ -111,13 +120,40 @@ pub(crate) const PROCESS_COLUMNS: &str = "p.pid, p.start_time_ms, p.name, p.uid,
     p.container_id, p.container_runtime, p.pod_uid, p.pod_qos_class, p.slurm_job_id,
     p.memory_last AS memory_used_bytes, p.memory_peak AS memory_peak_bytes, p.first_seen_ms, p.last_seen_ms,
     p.alloc_ts_ms, p.alloc_allocated, p.alloc_reserved, p.alloc_inactive_split, p.alloc_peak_allocated,
-    p.alloc_retries, p.alloc_ooms";
+    p.alloc_retries, p.alloc_ooms, p.alloc_weights, p.alloc_weights_dtype, p.alloc_gradients,
+    p.alloc_gradients_dtype, p.alloc_optimizer_state, p.alloc_optimizer_state_dtype";
 
 impl From<ProcessRow> for ProcessView {
     fn from(r: ProcessRow) -> Self {
         let allocator = match (r.alloc_ts_ms, r.alloc_allocated, r.alloc_reserved) {
             (Some(timestamp_ms), Some(allocated), Some(reserved)) => {
                 let fragmentation = (reserved - allocated).max(0);
+                let part = |bytes: Option<i64>, dtype: Option<&str>| {
+                    bytes.map(|b| Part {
+                        bytes: u64::try_from(b).unwrap_or(0),
+                        dtype: dtype.map_or(Dtype::Other, Dtype::from_name),
+                    })
+                };
+                let composition = Composition {
+                    weights: part(r.alloc_weights, r.alloc_weights_dtype.as_deref()),
+                    gradients: part(r.alloc_gradients, r.alloc_gradients_dtype.as_deref()),
+                    optimizer_state: part(
+                        r.alloc_optimizer_state,
+                        r.alloc_optimizer_state_dtype.as_deref(),
+                    ),
+                };
+                let as_u64 = |v: i64| u64::try_from(v).unwrap_or(0);
+                let breakdown = (!composition.is_empty()).then(|| {
+                    Breakdown::of(
+                        &composition,
+                        AllocatorFigures {
+                            allocated: as_u64(allocated),
+                            reserved: as_u64(reserved),
+                            peak_allocated: as_u64(r.alloc_peak_allocated.unwrap_or(0)),
+                        },
+                        Some(as_u64(r.memory_used_bytes)),
+                    )
+                });
                 Some(AllocatorLatest {
                     timestamp_ms,
                     allocated_bytes: allocated,
@@ -132,6 +168,7 @@ impl From<ProcessRow> for ProcessView {
                     peak_allocated_bytes: r.alloc_peak_allocated.unwrap_or(0),
                     alloc_retries: r.alloc_retries.unwrap_or(0),
                     ooms: r.alloc_ooms.unwrap_or(0),
+                    breakdown,
                 })
             }
             _ => None,

@@ -1,6 +1,7 @@
 //! What the store answers the API with: the JSON shapes of nodes, devices,
 //! series, processes, events and allocator reports.
 
+use headroom_common::Breakdown;
 use serde::Serialize;
 
 /// Processes a series lists at most; the rest of a crowded GPU's processes
@@ -65,6 +66,11 @@ pub struct AllocatorPoint {
     /// Cumulative since the process started.
     pub alloc_retries: i64,
     pub ooms: i64,
+    /// The client's counts (the highest in the bucket); `None` where it
+    /// did not count them.
+    pub weights_bytes: Option<i64>,
+    pub gradients_bytes: Option<i64>,
+    pub optimizer_state_bytes: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
@@ -312,6 +318,9 @@ pub struct AllocatorLatest {
     pub peak_allocated_bytes: i64,
     pub alloc_retries: i64,
     pub ooms: i64,
+    /// Where the process's memory goes at its peak, when its client counts
+    /// its weights, gradients and optimizer state; `None` otherwise.
+    pub breakdown: Option<Breakdown>,
 }
 
 #[cfg(test)]

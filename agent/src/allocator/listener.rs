@@ -337,6 +337,9 @@ async fn handle(
             }
             Ok(report) => {
                 metrics.record_allocator(AllocatorOutcome::Accepted);
+                for problem in &report.dropped {
+                    complain(problem.clone());
+                }
                 reports.record(sender, report.devices);
             }
         }

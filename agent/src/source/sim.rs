@@ -71,6 +71,7 @@ impl SimSource {
                 peak_allocated_bytes: a.peak_allocated,
                 alloc_retries: a.alloc_retries,
                 ooms: a.ooms,
+                composition: a.composition,
             }),
         }
     }

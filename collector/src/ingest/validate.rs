@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 use std::fmt;
 
+use headroom_common::{Composition, Dtype, Part};
 use headroom_proto::v1 as pb;
 
 use headroom_store::model::{
@@ -615,5 +616,46 @@ fn allocator_row<F: fmt::Display>(
         )?,
         alloc_retries: bytes(field("allocator.alloc_retries"), a.alloc_retries)?,
         ooms: bytes(field("allocator.ooms"), a.ooms)?,
+        composition: a
+            .composition
+            .as_ref()
+            .and_then(|c| composition(&field, c, a.peak_allocated_bytes.max(a.allocated_bytes))),
     })
+}
+
+/// What the job counted in its own tensors. A figure that cannot be true
+/// of the allocator report it rides on (more than the live tensors ever
+/// held, or past what the store keeps) is dropped and named in the log;
+/// the parts that fit, and the report itself, are kept.
+fn composition<F: fmt::Display>(
+    field: impl Fn(&'static str) -> F,
+    c: &pb::MemoryComposition,
+    peak_tensors: u64,
+) -> Option<Composition> {
+    let part = |name: &'static str, p: &Option<pb::CompositionPart>| {
+        let p = p.as_ref()?;
+        match bytes(field(name), p.bytes) {
+            Ok(_) => Some(Part {
+                bytes: p.bytes,
+                dtype: Dtype::from_name(&p.dtype),
+            }),
+            Err(Invalid(error)) => {
+                tracing::warn!(%error, "allocator composition part dropped");
+                None
+            }
+        }
+    };
+    let counted = Composition {
+        weights: part("allocator.composition.weights", &c.weights),
+        gradients: part("allocator.composition.gradients", &c.gradients),
+        optimizer_state: part("allocator.composition.optimizer_state", &c.optimizer_state),
+    };
+    let (kept, problems) = counted.checked(peak_tensors);
+    for problem in problems {
+        tracing::warn!(
+            "{}: {problem}; dropped, the allocator's figures kept",
+            field("allocator.composition")
+        );
+    }
+    (!kept.is_empty()).then_some(kept)
 }

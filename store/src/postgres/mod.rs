@@ -740,7 +740,8 @@ impl Store for PostgresStore {
             "SELECT MAX(ts_ms) AS timestamp_ms, COUNT(*) AS reports, MAX(allocated) AS allocated_bytes,
                  MAX(reserved) AS reserved_bytes, MAX(reserved - allocated) AS fragmentation_bytes,
                  MAX(inactive_split) AS inactive_split_bytes, MAX(peak_allocated) AS peak_allocated_bytes,
-                 MAX(alloc_retries) AS alloc_retries, MAX(ooms) AS ooms
+                 MAX(alloc_retries) AS alloc_retries, MAX(ooms) AS ooms, MAX(weights) AS weights_bytes,
+                 MAX(gradients) AS gradients_bytes, MAX(optimizer_state) AS optimizer_state_bytes
              FROM allocator_samples WHERE process_id = $1 AND ts_ms BETWEEN $2 AND $3
              GROUP BY (ts_ms - $2) / $4 ORDER BY 1",
         )

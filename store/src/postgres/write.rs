@@ -596,12 +596,17 @@ async fn write_allocator_samples(
     let peak = column(|a| a.peak_allocated);
     let retries = column(|a| a.alloc_retries);
     let ooms = column(|a| a.ooms);
+    let parts: Vec<_> = reporting.iter().map(|(_, a)| a.parts()).collect();
+    let part_bytes = |i: usize| -> Vec<Option<i64>> { parts.iter().map(|p| p[i].0).collect() };
+    let part_dtype = |i: usize| -> Vec<Option<&str>> { parts.iter().map(|p| p[i].1).collect() };
+    let (weights, gradients, optimizer) = (part_bytes(0), part_bytes(1), part_bytes(2));
     sqlx::query(
         "INSERT INTO allocator_samples (process_id, ts_ms, allocated, reserved, active, inactive_split,
-             peak_allocated, alloc_retries, ooms)
-         SELECT DISTINCT ON (p.id, s.t) p.id, s.t, s.a, s.r, s.ac, s.i, s.pk, s.rt, s.o
+             peak_allocated, alloc_retries, ooms, weights, gradients, optimizer_state)
+         SELECT DISTINCT ON (p.id, s.t) p.id, s.t, s.a, s.r, s.ac, s.i, s.pk, s.rt, s.o, s.w, s.g, s.os
          FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
-             $8::int8[], $9::int8[], $10::int8[], $11::int8[]) AS s(d, pid, st, t, a, r, ac, i, pk, rt, o)
+             $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[], $13::int8[], $14::int8[])
+             AS s(d, pid, st, t, a, r, ac, i, pk, rt, o, w, g, os)
          JOIN processes p ON p.device_id = s.d AND p.pid = s.pid AND p.start_time_ms = s.st
          ON CONFLICT (process_id, ts_ms) DO NOTHING",
     )
@@ -616,14 +621,20 @@ async fn write_allocator_samples(
     .bind(&peak)
     .bind(&retries)
     .bind(&ooms)
+    .bind(&weights)
+    .bind(&gradients)
+    .bind(&optimizer)
     .execute(&mut **tx)
     .await?;
     sqlx::query(
         "UPDATE processes p SET alloc_ts_ms = s.t, alloc_allocated = s.a, alloc_reserved = s.r,
-             alloc_inactive_split = s.i, alloc_peak_allocated = s.pk, alloc_retries = s.rt, alloc_ooms = s.o
+             alloc_inactive_split = s.i, alloc_peak_allocated = s.pk, alloc_retries = s.rt, alloc_ooms = s.o,
+             alloc_weights = s.w, alloc_weights_dtype = s.wd, alloc_gradients = s.g,
+             alloc_gradients_dtype = s.gd, alloc_optimizer_state = s.os, alloc_optimizer_state_dtype = s.od
          FROM (SELECT DISTINCT ON (d, pid, st) *
                FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
-                   $8::int8[], $9::int8[], $10::int8[]) AS u(d, pid, st, t, a, r, i, pk, rt, o)
+                   $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::text[], $13::int8[], $14::text[],
+                   $15::int8[], $16::text[]) AS u(d, pid, st, t, a, r, i, pk, rt, o, w, wd, g, gd, os, od)
                ORDER BY d, pid, st, t DESC) s
          WHERE p.device_id = s.d AND p.pid = s.pid AND p.start_time_ms = s.st
              AND (p.alloc_ts_ms IS NULL OR p.alloc_ts_ms <= s.t)",
@@ -638,6 +649,12 @@ async fn write_allocator_samples(
     .bind(&peak)
     .bind(&retries)
     .bind(&ooms)
+    .bind(&weights)
+    .bind(part_dtype(0))
+    .bind(&gradients)
+    .bind(part_dtype(1))
+    .bind(&optimizer)
+    .bind(part_dtype(2))
     .execute(&mut **tx)
     .await?;
     Ok(())

@@ -596,7 +596,8 @@ impl Store for SqliteStore {
             "SELECT MAX(ts_ms) AS timestamp_ms, COUNT(*) AS reports, MAX(allocated) AS allocated_bytes,
                  MAX(reserved) AS reserved_bytes, MAX(reserved - allocated) AS fragmentation_bytes,
                  MAX(inactive_split) AS inactive_split_bytes, MAX(peak_allocated) AS peak_allocated_bytes,
-                 MAX(alloc_retries) AS alloc_retries, MAX(ooms) AS ooms
+                 MAX(alloc_retries) AS alloc_retries, MAX(ooms) AS ooms, MAX(weights) AS weights_bytes,
+                 MAX(gradients) AS gradients_bytes, MAX(optimizer_state) AS optimizer_state_bytes
              FROM allocator_samples WHERE process_id = ?1 AND ts_ms BETWEEN ?2 AND ?3
              GROUP BY (ts_ms - ?2) / ?4 ORDER BY 1",
         )
@@ -623,10 +624,15 @@ async fn write_allocator_sample(
     process_id: i64,
     a: &AllocatorRow,
 ) -> Result<(), StoreError> {
+    let [
+        (weights, weights_dtype),
+        (gradients, gradients_dtype),
+        (optimizer, optimizer_dtype),
+    ] = a.parts();
     sqlx::query(
         "INSERT INTO allocator_samples (process_id, ts_ms, allocated, reserved, active, inactive_split,
-             peak_allocated, alloc_retries, ooms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+             peak_allocated, alloc_retries, ooms, weights, gradients, optimizer_state)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
          ON CONFLICT (process_id, ts_ms) DO NOTHING",
     )
     .bind(process_id)
@@ -638,11 +644,16 @@ async fn write_allocator_sample(
     .bind(a.peak_allocated)
     .bind(a.alloc_retries)
     .bind(a.ooms)
+    .bind(weights)
+    .bind(gradients)
+    .bind(optimizer)
     .execute(&mut **tx)
     .await?;
     sqlx::query(
         "UPDATE processes SET alloc_ts_ms = ?2, alloc_allocated = ?3, alloc_reserved = ?4,
-             alloc_inactive_split = ?5, alloc_peak_allocated = ?6, alloc_retries = ?7, alloc_ooms = ?8
+             alloc_inactive_split = ?5, alloc_peak_allocated = ?6, alloc_retries = ?7, alloc_ooms = ?8,
+             alloc_weights = ?9, alloc_weights_dtype = ?10, alloc_gradients = ?11,
+             alloc_gradients_dtype = ?12, alloc_optimizer_state = ?13, alloc_optimizer_state_dtype = ?14
          WHERE id = ?1 AND (alloc_ts_ms IS NULL OR alloc_ts_ms <= ?2)",
     )
     .bind(process_id)
@@ -653,6 +664,12 @@ async fn write_allocator_sample(
     .bind(a.peak_allocated)
     .bind(a.alloc_retries)
     .bind(a.ooms)
+    .bind(weights)
+    .bind(weights_dtype)
+    .bind(gradients)
+    .bind(gradients_dtype)
+    .bind(optimizer)
+    .bind(optimizer_dtype)
     .execute(&mut **tx)
     .await?;
     Ok(())

@@ -240,6 +240,7 @@ async fn allocator_reports_are_stored_once_per_report(store: Arc<dyn Store>) {
         peak_allocated_bytes: 40 * GIB,
         alloc_retries: retries,
         ooms: 1,
+        composition: None,
     };
     let sample = |at: i64, stats: Option<pb::AllocatorStats>| {
         let mut p = fixtures::process_sample(GPU0, at, 777, 52 * GIB);
@@ -332,6 +333,107 @@ async fn allocator_reports_are_stored_once_per_report(store: Arc<dyn Store>) {
             .is_none(),
         "no incarnation started then"
     );
+}
+
+/// What a job's client counts in its tensors is stored with its allocator
+/// report, split into shares that add up to what the driver sees, and a
+/// figure that cannot be true is dropped without losing the report.
+async fn memory_composition_is_stored_split_and_checked(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let ts = now_ms() - 10_000;
+    let part = |bytes: u64, dtype: &str| {
+        Some(pb::CompositionPart {
+            bytes,
+            dtype: dtype.to_owned(),
+        })
+    };
+    let report = |at: i64, optimizer: u64| pb::AllocatorStats {
+        timestamp_ms: at,
+        allocated_bytes: 30 * GIB,
+        reserved_bytes: 50 * GIB,
+        active_bytes: 30 * GIB,
+        inactive_split_bytes: GIB,
+        peak_allocated_bytes: 40 * GIB,
+        alloc_retries: 0,
+        ooms: 0,
+        composition: Some(pb::MemoryComposition {
+            weights: part(7 * GIB, "bfloat16"),
+            gradients: part(7 * GIB, "bfloat16"),
+            optimizer_state: part(optimizer, "float32"),
+        }),
+    };
+    let sample = |at: i64, stats: pb::AllocatorStats| {
+        let mut p = fixtures::process_sample(GPU0, at, 777, 52 * GIB);
+        p.start_time_ms = ts - 60_000;
+        p.allocator = Some(stats);
+        p
+    };
+    let mut b1 = fixtures::batch(1, ts);
+    b1.process_samples = vec![sample(ts, report(ts - 100, 14 * GIB))];
+    write(&*store, &session, &b1).await;
+
+    let procs = store.processes(ts).await.unwrap();
+    let latest = procs[0].allocator.as_ref().unwrap();
+    let b = latest.breakdown.expect("a counted composition is split");
+    assert_eq!(b.weights_bytes, Some(7 * GIB));
+    assert_eq!(b.weights_dtype, Some(headroom_common::Dtype::Bfloat16));
+    assert_eq!(b.optimizer_state_bytes, Some(14 * GIB));
+    assert_eq!(
+        b.optimizer_state_dtype,
+        Some(headroom_common::Dtype::Float32)
+    );
+    assert_eq!(
+        b.activations_bytes,
+        12 * GIB,
+        "the 40 GiB peak less 28 counted"
+    );
+    assert_eq!(b.cache_bytes, 10 * GIB, "50 reserved less the peak");
+    assert_eq!(
+        b.outside_allocator_bytes,
+        2 * GIB,
+        "52 the driver sees less 50"
+    );
+    assert_eq!(b.total_bytes, 52 * GIB);
+    assert_eq!(
+        b.largest().unwrap().0,
+        headroom_common::Share::OptimizerState
+    );
+
+    // 45 GiB of optimizer state cannot be live tensors of a 40 GiB peak: that
+    // part is dropped, the others and the allocator's figures are kept.
+    let mut b2 = fixtures::batch(2, ts + 1000);
+    b2.process_samples = vec![sample(ts + 1000, report(ts + 900, 45 * GIB))];
+    write(&*store, &session, &b2).await;
+    let procs = store.processes(ts).await.unwrap();
+    let latest = procs[0].allocator.as_ref().unwrap();
+    assert_eq!(latest.timestamp_ms, ts + 900, "the report itself is stored");
+    let b = latest.breakdown.unwrap();
+    assert_eq!(b.optimizer_state_bytes, None);
+    assert_eq!(b.weights_bytes, Some(7 * GIB));
+    assert!(
+        !b.complete,
+        "the rest of the peak is no longer only activations"
+    );
+
+    let series = store
+        .allocator_series(&AllocatorSeriesQuery {
+            device_uuid: GPU0,
+            pid: 777,
+            start_time_ms: None,
+            from_ms: ts - 1000,
+            to_ms: ts + 5000,
+            max_points: 100,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    let optimizer: Vec<Option<i64>> = series
+        .points
+        .iter()
+        .map(|p| p.optimizer_state_bytes)
+        .collect();
+    assert_eq!(optimizer, vec![Some((14 * GIB) as i64), None]);
+    assert_eq!(series.points[1].weights_bytes, Some((7 * GIB) as i64));
 }
 
 async fn gpu_page_reads_process_series_and_events(store: Arc<dyn Store>) {
@@ -1264,6 +1366,7 @@ conformance!(
     series_folds_buckets_keeping_extremes,
     process_keeps_its_peak_and_latest,
     allocator_reports_are_stored_once_per_report,
+    memory_composition_is_stored_split_and_checked,
     gpu_page_reads_process_series_and_events,
     alert_lifecycle_notifies_once_per_change,
     outbox_leases_retries_and_delivers,
