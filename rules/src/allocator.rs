@@ -5,6 +5,9 @@
 //! which the rules that read them (`rules/fragmentation.rs`,
 //! `rules/alloc_retries.rs`, `rules/allocator_oom.rs`) track themselves.
 
+use headroom_common::Breakdown;
+use headroom_common::composition::{AllocatorFigures, Composition};
+
 /// A report older than this no longer speaks for the process now: the
 /// client stopped reporting, and what it last said holds no alert up.
 pub(crate) const REPORT_STALE_MS: i64 = 60_000;
@@ -19,9 +22,27 @@ pub struct AllocatorObservation {
     pub peak_allocated: u64,
     pub alloc_retries: u64,
     pub ooms: u64,
+    /// What the job counted in its weights, gradients and optimizer state.
+    pub composition: Option<Composition>,
 }
 
 impl AllocatorObservation {
+    /// Where the process's memory goes at its peak, when the job counts its
+    /// parts; `driver_used` is what NVML says the process holds.
+    pub fn breakdown(&self, driver_used: u64) -> Option<Breakdown> {
+        self.composition.filter(|c| !c.is_empty()).map(|c| {
+            Breakdown::of(
+                &c,
+                AllocatorFigures {
+                    allocated: self.allocated,
+                    reserved: self.reserved,
+                    peak_allocated: self.peak_allocated,
+                },
+                Some(driver_used),
+            )
+        })
+    }
+
     /// Held by the allocator, in no live tensor right now.
     pub fn fragmentation(&self) -> u64 {
         self.reserved.saturating_sub(self.allocated)

@@ -224,6 +224,7 @@ pub fn run(rules: RulesConfig, trace: impl BufRead) -> (Vec<BacktestAlert>, Vec<
                 reserved: 0,
                 total: row.total,
                 attributed: None,
+                largest_process: None,
             }),
             Some(pid) => {
                 let start = *first_seen

@@ -13,6 +13,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 
+use headroom_common::Breakdown;
 use sha2::{Digest, Sha256};
 
 use crate::allocator::{self, AllocatorObservation};
@@ -47,6 +48,9 @@ pub struct DeviceObservation<'a> {
     /// Memory held by the processes the agent could see on this device, when
     /// the agent reports processes for it.
     pub attributed: Option<u64>,
+    /// Where the memory of the biggest process on it that counts its
+    /// tensors goes, for a remedy that fits it.
+    pub largest_process: Option<Breakdown>,
 }
 
 /// One interval of one process on one device.

@@ -21,6 +21,7 @@ pub fn device(ts: i64, used: u64, attributed: Option<u64>) -> DeviceObservation<
         reserved: 0,
         total: 100 * GIB,
         attributed,
+        largest_process: None,
     }
 }
 
@@ -35,6 +36,7 @@ pub fn report(ts: i64, retries: u64, ooms: u64) -> AllocatorObservation {
         peak_allocated: 25,
         alloc_retries: retries,
         ooms,
+        composition: None,
     }
 }
 
@@ -99,5 +101,31 @@ pub fn stats(
         peak_allocated: allocated,
         alloc_retries: retries,
         ooms,
+        composition: None,
     })
+}
+
+/// What a job training with Adam counts: 4 GiB of bf16 weights and
+/// gradients each, 16 GiB of fp32 optimizer state.
+pub fn adam_composition() -> headroom_common::Composition {
+    use headroom_common::{Composition, Dtype, Part};
+    let part = |bytes: u64, dtype| Some(Part { bytes, dtype });
+    Composition {
+        weights: part(4 * GIB, Dtype::Bfloat16),
+        gradients: part(4 * GIB, Dtype::Bfloat16),
+        optimizer_state: part(16 * GIB, Dtype::Float32),
+    }
+}
+
+/// A 30 GiB peak of which optimizer state is the largest share.
+pub fn breakdown_led_by_optimizer_state() -> headroom_common::Breakdown {
+    headroom_common::Breakdown::of(
+        &adam_composition(),
+        headroom_common::composition::AllocatorFigures {
+            allocated: 30 * GIB,
+            reserved: 31 * GIB,
+            peak_allocated: 30 * GIB,
+        },
+        Some(32 * GIB),
+    )
 }

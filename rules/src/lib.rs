@@ -23,7 +23,7 @@ pub mod leak;
 pub mod lifecycle;
 pub mod oom;
 pub mod predict_linear;
-mod remedy;
+pub mod remedy;
 mod rule;
 mod rules;
 pub mod score;

@@ -18,6 +18,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 
+use headroom_common::Breakdown;
+
 use crate::allocator::AllocatorObservation;
 use crate::config::RulesConfig;
 use crate::engine::{Alert, DeviceObservation, EventObservation, ProcessObservation};
@@ -64,6 +66,14 @@ pub(crate) struct ProcessFacts {
     pub last_report: Option<AllocatorObservation>,
     /// The same report while it is recent enough to speak for now.
     pub report: Option<AllocatorObservation>,
+}
+
+impl ProcessFacts {
+    /// Where the process's memory goes, from a recent report that counts
+    /// its parts and what the driver says it holds now.
+    pub fn breakdown(&self, o: &ProcessObservation<'_>) -> Option<Breakdown> {
+        self.report.and_then(|r| r.breakdown(o.used_last))
+    }
 }
 
 /// A rule on one process on one device, fed every interval of it.

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 
 use channels::{Channel, Sender};
-use headroom_common::Clock;
+use headroom_common::{Breakdown, Clock};
 use headroom_rules::allocator::AllocatorObservation;
 use headroom_rules::config::{RulesConfig, Severity};
 use headroom_rules::engine::{
@@ -21,7 +21,7 @@ use headroom_rules::engine::{
 };
 use headroom_rules::lifecycle::Transition;
 use headroom_store::alerts::{AlertFilter, AlertUpdate, NewNotification, UpdateKind};
-use headroom_store::model::{NodeSession, StoreBatch};
+use headroom_store::model::{AllocatorRow, NodeSession, StoreBatch};
 use headroom_store::{Store, StoreError};
 
 /// How long a Slack notification waits for companions from the same node.
@@ -136,11 +136,30 @@ impl Alerting {
         // Memory the agent attributes to processes, per device; a GPU in MIG
         // mode counts the processes of its instances.
         let mut attributed: HashMap<(i64, i64), u64> = HashMap::new();
+        // The biggest process per device that says what its memory holds,
+        // for a device alert's remedy.
+        let mut largest: HashMap<(i64, i64), (u64, Breakdown)> = HashMap::new();
         for p in &batch.process_samples {
             let used = u64::try_from(p.used_last).unwrap_or(0);
+            let parent = session.devices.get(&p.device_id).and_then(|d| d.parent_id);
             *attributed.entry((p.device_id, p.timestamp_ms)).or_default() += used;
-            if let Some(parent) = session.devices.get(&p.device_id).and_then(|d| d.parent_id) {
+            if let Some(parent) = parent {
                 *attributed.entry((parent, p.timestamp_ms)).or_default() += used;
+            }
+            let Some(breakdown) = p
+                .allocator
+                .map(allocator_observation)
+                .and_then(|a| a.breakdown(used))
+            else {
+                continue;
+            };
+            for device in std::iter::once(p.device_id).chain(parent) {
+                let slot = largest
+                    .entry((device, p.timestamp_ms))
+                    .or_insert((used, breakdown));
+                if used > slot.0 {
+                    *slot = (used, breakdown);
+                }
             }
         }
         let reports_processes = !batch.process_samples.is_empty();
@@ -170,6 +189,7 @@ impl Alerting {
                             .copied()
                             .unwrap_or(0)
                     }),
+                    largest_process: largest.get(&(s.device_id, s.timestamp_ms)).map(|(_, b)| *b),
                 }));
             }
             for p in &batch.process_samples {
@@ -190,15 +210,7 @@ impl Alerting {
                     timestamp_ms: p.timestamp_ms,
                     used_last: u64::try_from(p.used_last).unwrap_or(0),
                     used_max: u64::try_from(p.used_max).unwrap_or(0),
-                    allocator: p.allocator.map(|a| AllocatorObservation {
-                        timestamp_ms: a.timestamp_ms,
-                        allocated: u64::try_from(a.allocated).unwrap_or(0),
-                        reserved: u64::try_from(a.reserved).unwrap_or(0),
-                        inactive_split: u64::try_from(a.inactive_split).unwrap_or(0),
-                        peak_allocated: u64::try_from(a.peak_allocated).unwrap_or(0),
-                        alloc_retries: u64::try_from(a.alloc_retries).unwrap_or(0),
-                        ooms: u64::try_from(a.ooms).unwrap_or(0),
-                    }),
+                    allocator: p.allocator.map(allocator_observation),
                 }));
             }
             for e in &batch.events {
@@ -332,4 +344,19 @@ impl Alerting {
 /// Resolves once `stop` is set (or its sender is gone).
 pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
+}
+
+/// A stored allocator report as the rules read it.
+fn allocator_observation(a: AllocatorRow) -> AllocatorObservation {
+    let as_u64 = |v: i64| u64::try_from(v).unwrap_or(0);
+    AllocatorObservation {
+        timestamp_ms: a.timestamp_ms,
+        allocated: as_u64(a.allocated),
+        reserved: as_u64(a.reserved),
+        inactive_split: as_u64(a.inactive_split),
+        peak_allocated: as_u64(a.peak_allocated),
+        alloc_retries: as_u64(a.alloc_retries),
+        ooms: as_u64(a.ooms),
+        composition: a.composition,
+    }
 }

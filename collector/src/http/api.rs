@@ -15,7 +15,7 @@ use headroom_store::{
 };
 
 /// A process counts as current when it was seen this recently.
-const PROCESS_WINDOW_MS: i64 = 30_000;
+pub(super) const PROCESS_WINDOW_MS: i64 = 30_000;
 const DEFAULT_RANGE_MS: i64 = 15 * 60 * 1000;
 const MAX_RANGE_MS: i64 = 400 * 24 * 3600 * 1000;
 

@@ -6,6 +6,7 @@ pub mod auth;
 mod device_summary;
 mod errors;
 pub mod hosts;
+mod jobs;
 pub mod listener;
 mod session;
 pub mod settings;
@@ -124,6 +125,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/api/v1/gpus/{uuid}/events", get(api::device_events))
         .route("/api/v1/processes", get(api::processes))
+        .route("/api/v1/jobs", get(jobs::list))
         .route(
             "/api/v1/gpus/{uuid}/processes/{pid}/allocator",
             get(api::allocator),

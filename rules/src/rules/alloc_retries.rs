@@ -12,11 +12,13 @@
 
 use std::collections::VecDeque;
 
+use headroom_common::Breakdown;
+
 use crate::allocator::AllocatorObservation;
 use crate::config::{RulesConfig, Severity};
 use crate::describe::{device_name, minutes, process_name};
 use crate::engine::{Alert, ProcessObservation};
-use crate::remedy::{CUT_THE_PEAK, EXPANDABLE_SEGMENTS};
+use crate::remedy::{self, CUT_THE_PEAK, EXPANDABLE_SEGMENTS};
 use crate::rule::{Message, ProcessFacts, ProcessRule, Start};
 use crate::rules::fragmentation;
 
@@ -82,19 +84,25 @@ impl ProcessRule for AllocRetries {
                     serde_json::json!({ "alloc_retries": total }),
                 ),
             },
-            || remedy(fragmentation::is_fragmented(facts.report, config)),
+            || {
+                remedy(
+                    fragmentation::is_fragmented(facts.report, config),
+                    facts.breakdown(o).as_ref(),
+                )
+            },
         );
     }
 }
 
 /// The allocator flushed its cache and retried `cudaMalloc`: the job is at
 /// the edge of its memory.
-fn remedy(fragmented: bool) -> String {
+fn remedy(fragmented: bool, breakdown: Option<&Breakdown>) -> String {
     let mut text = format!(
         "Each retry frees the allocator's cache and stalls the step; the next failure is an \
-         out-of-memory error. {CUT_THE_PEAK}"
+         out-of-memory error. {}",
+        remedy::fitting_the_largest_share(breakdown, CUT_THE_PEAK)
     );
-    if fragmented {
+    if fragmented && !remedy::leads_with_cache(breakdown) {
         text.push(' ');
         text.push_str("Much of the reservation is fragmented: ");
         text.push_str(EXPANDABLE_SEGMENTS);
@@ -187,9 +195,21 @@ mod tests {
 
     #[test]
     fn the_remedy_cuts_the_peak_and_names_fragmentation_only_when_there_is_some() {
-        assert!(remedy(false).contains("activation checkpointing"));
-        assert!(!remedy(false).contains("expandable_segments"));
-        assert!(remedy(true).contains("expandable_segments"));
+        assert!(remedy(false, None).contains("activation checkpointing"));
+        assert!(!remedy(false, None).contains("expandable_segments"));
+        assert!(remedy(true, None).contains("expandable_segments"));
+    }
+
+    #[test]
+    fn a_job_that_counts_its_tensors_gets_the_remedy_for_its_largest_share() {
+        let b = crate::engine_fixtures::breakdown_led_by_optimizer_state();
+        let text = remedy(true, Some(&b));
+        assert!(text.contains("Optimizer state is 16 GiB"), "{text}");
+        assert!(!text.contains("activation checkpointing"), "{text}");
+        assert!(
+            text.contains("expandable_segments"),
+            "fragmentation still named"
+        );
     }
 
     #[test]

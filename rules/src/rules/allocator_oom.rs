@@ -9,11 +9,13 @@
 //! error, so that a job hitting them again and again raises one alert, not
 //! one per error; it resolves sooner only when the process exits.
 
+use headroom_common::Breakdown;
+
 use crate::allocator::AllocatorObservation;
 use crate::config::{RulesConfig, Severity};
 use crate::describe::{device_name, minutes, process_name};
 use crate::engine::{Alert, ProcessObservation};
-use crate::remedy::{CUT_THE_PEAK, EXPANDABLE_SEGMENTS};
+use crate::remedy::{self, CUT_THE_PEAK, EXPANDABLE_SEGMENTS};
 use crate::rule::{Message, ProcessFacts, ProcessRule, Start};
 use crate::rules::fragmentation;
 use headroom_common::HumanBytes;
@@ -77,15 +79,23 @@ impl ProcessRule for AllocatorOom {
                     serde_json::json!({ "ooms_seen": seen }),
                 ),
             },
-            || remedy(fragmentation::is_fragmented(facts.report, config)),
+            || {
+                remedy(
+                    fragmentation::is_fragmented(facts.report, config),
+                    facts.breakdown(o).as_ref(),
+                )
+            },
         );
     }
 }
 
 /// The allocator raised out-of-memory errors.
-fn remedy(fragmented: bool) -> String {
-    let mut text = format!("The job ran out of GPU memory. {CUT_THE_PEAK}");
-    if fragmented {
+fn remedy(fragmented: bool, breakdown: Option<&Breakdown>) -> String {
+    let mut text = format!(
+        "The job ran out of GPU memory. {}",
+        remedy::fitting_the_largest_share(breakdown, CUT_THE_PEAK)
+    );
+    if fragmented && !remedy::leads_with_cache(breakdown) {
         text.push_str(" The allocator held much more than it had allocated: ");
         text.push_str(EXPANDABLE_SEGMENTS);
     }
@@ -163,7 +173,31 @@ mod tests {
 
     #[test]
     fn the_remedy_cuts_the_peak() {
-        assert!(remedy(false).contains("gradient accumulation"));
+        assert!(remedy(false, None).contains("gradient accumulation"));
+    }
+
+    #[test]
+    fn an_oom_of_a_job_that_counts_its_tensors_names_its_largest_share() {
+        use crate::engine_fixtures::adam_composition;
+        let counted = |ts, ooms| {
+            stats(ts, 70 * GIB, 78 * GIB, 0, ooms).map(|r| AllocatorObservation {
+                composition: Some(adam_composition()),
+                ..r
+            })
+        };
+        let mut e = Engine::new(rules(""));
+        e.observe_process(&training(0, counted(0, 0)));
+        let oom = e.observe_process(&training(1_000, counted(1_000, 1)));
+        let fired: Vec<&AlertChange> = oom.iter().filter(|c| c.rule == "allocator_oom").collect();
+        assert_eq!(fired.len(), 1);
+        // 70 GiB at the peak: 24 counted, so activations (46 GiB) lead.
+        assert!(
+            fired[0]
+                .remedy
+                .contains("Activations and temporaries are 46 GiB"),
+            "{}",
+            fired[0].remedy
+        );
     }
 
     #[test]

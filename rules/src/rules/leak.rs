@@ -14,7 +14,7 @@ use crate::config::{RulesConfig, Severity};
 use crate::describe::{device_name, minutes, process_name};
 use crate::engine::{Alert, ProcessObservation};
 use crate::leak::LeakDetector;
-use crate::remedy::EXPANDABLE_SEGMENTS;
+use crate::remedy::{self, EXPANDABLE_SEGMENTS};
 use crate::rule::{Message, ProcessFacts, ProcessRule, Start};
 use crate::rules::fragmentation;
 use headroom_common::HumanBytes;
@@ -75,7 +75,18 @@ impl ProcessRule for Leak {
                     serde_json::json!({ "used_bytes": o.used_last }),
                 ),
             },
-            || remedy(fragmentation::is_fragmented(facts.report, config)),
+            || {
+                let mut text = remedy(fragmentation::is_fragmented(facts.report, config));
+                if let Some(share) = facts
+                    .breakdown(o)
+                    .as_ref()
+                    .and_then(remedy::for_largest_share)
+                {
+                    text.push_str(" Where its memory is now: ");
+                    text.push_str(&share);
+                }
+                text
+            },
         );
     }
 }

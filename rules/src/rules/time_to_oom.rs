@@ -15,9 +15,9 @@ use crate::config::{RulesConfig, Severity};
 use crate::describe::{device_name, minutes};
 use crate::engine::{Alert, DeviceObservation};
 use crate::oom::OomPredictor;
-use crate::remedy::CUT_THE_PEAK;
+use crate::remedy::{self, CUT_THE_PEAK};
 use crate::rule::{DeviceRule, Message, Start};
-use headroom_common::HumanBytes;
+use headroom_common::{Breakdown, HumanBytes};
 
 #[derive(Debug)]
 pub(crate) struct TimeToOom {
@@ -89,14 +89,19 @@ impl DeviceRule for TimeToOom {
                     serde_json::json!({ "used_bytes": o.used_last, "total_bytes": total }),
                 ),
             },
-            remedy,
+            || remedy(o.largest_process.as_ref()),
         );
     }
 }
 
-/// Which job grows is for the owner to see; what it can do is the same.
-fn remedy() -> String {
-    format!("If a training job is the one growing: {CUT_THE_PEAK}")
+/// Which job grows is for the owner to see. Where the biggest process on
+/// the device says what its memory holds, the advice fits its largest
+/// share; otherwise it is the same for any training job.
+fn remedy(largest_process: Option<&Breakdown>) -> String {
+    match largest_process.and_then(remedy::for_largest_share) {
+        Some(text) => format!("The largest process on it that reports its tensors: {text}"),
+        None => format!("If a training job is the one growing: {CUT_THE_PEAK}"),
+    }
 }
 
 #[cfg(test)]
@@ -104,7 +109,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_remedy_cuts_the_peak() {
-        assert!(remedy().contains("bf16 autocast"));
+    fn the_remedy_cuts_the_peak_or_fits_the_largest_share() {
+        assert!(remedy(None).contains("bf16 autocast"));
+        let optimizer_heavy = crate::engine_fixtures::breakdown_led_by_optimizer_state();
+        let text = remedy(Some(&optimizer_heavy));
+        assert!(text.contains("Optimizer state is"), "{text}");
+        assert!(text.contains("sharded optimizer"), "{text}");
     }
 }

@@ -1,0 +1,207 @@
+//! `/api/v1/jobs`: each Slurm job or Kubernetes pod among the current
+//! processes, its memory summed over its ranks, where that memory goes for
+//! the ranks that count their tensors, and the remedy that fits its largest
+//! share.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use axum::Json;
+use axum::extract::State;
+use headroom_common::{Breakdown, Share};
+use headroom_rules::remedy;
+use headroom_store::ProcessView;
+use serde::Serialize;
+
+use super::AppState;
+use super::api::{ApiError, PROCESS_WINDOW_MS};
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobView {
+    /// `slurm` or `pod`.
+    pub kind: &'static str,
+    pub id: String,
+    pub users: Vec<String>,
+    pub nodes: Vec<String>,
+    /// Processes (ranks, one per device they hold memory on).
+    pub processes: usize,
+    /// Of those, the ones whose client counts their tensors.
+    pub reporting: usize,
+    /// What the driver says all of them hold.
+    pub memory_used_bytes: u64,
+    /// Summed over the reporting ranks; `None` when none reports.
+    pub breakdown: Option<Breakdown>,
+    pub advice: Option<Advice>,
+}
+
+/// The largest share of a job's memory and what its owner can do about it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Advice {
+    pub share: Share,
+    pub bytes: u64,
+    pub fraction: f64,
+    pub text: String,
+}
+
+pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<JobView>>, ApiError> {
+    let since = state.clock.now_ms() - PROCESS_WINDOW_MS;
+    Ok(Json(jobs(&state.store.processes(since).await?)))
+}
+
+/// Groups processes by job: a Slurm job id where there is one, else the
+/// pod. Processes in neither are no job's. Largest jobs first.
+pub fn jobs(processes: &[ProcessView]) -> Vec<JobView> {
+    let mut by_job: BTreeMap<(&'static str, &str), JobView> = BTreeMap::new();
+    let mut members: BTreeMap<(&'static str, &str), (BTreeSet<&str>, BTreeSet<&str>)> =
+        BTreeMap::new();
+    for p in processes {
+        let key = if !p.slurm_job_id.is_empty() {
+            ("slurm", p.slurm_job_id.as_str())
+        } else if !p.pod_uid.is_empty() {
+            ("pod", p.pod_uid.as_str())
+        } else {
+            continue;
+        };
+        let job = by_job.entry(key).or_insert_with(|| JobView {
+            kind: key.0,
+            id: key.1.to_owned(),
+            users: Vec::new(),
+            nodes: Vec::new(),
+            processes: 0,
+            reporting: 0,
+            memory_used_bytes: 0,
+            breakdown: None,
+            advice: None,
+        });
+        job.processes += 1;
+        job.memory_used_bytes = job
+            .memory_used_bytes
+            .saturating_add(u64::try_from(p.memory_used_bytes).unwrap_or(0));
+        if let Some(b) = p.allocator.as_ref().and_then(|a| a.breakdown) {
+            job.reporting += 1;
+            match &mut job.breakdown {
+                Some(sum) => sum.add(&b),
+                None => job.breakdown = Some(b),
+            }
+        }
+        let (users, nodes) = members.entry(key).or_default();
+        users.insert(p.user.as_str());
+        nodes.insert(p.node.as_str());
+    }
+    let mut jobs: Vec<JobView> = by_job
+        .into_iter()
+        .map(|(key, mut job)| {
+            if let Some((users, nodes)) = members.get(&key) {
+                job.users = users.iter().map(|u| (*u).to_owned()).collect();
+                job.nodes = nodes.iter().map(|n| (*n).to_owned()).collect();
+            }
+            job.advice = job.breakdown.as_ref().and_then(|b| {
+                let (share, bytes, fraction) = b.largest()?;
+                Some(Advice {
+                    share,
+                    bytes,
+                    fraction,
+                    text: remedy::for_largest_share(b)?,
+                })
+            });
+            job
+        })
+        .collect();
+    jobs.sort_by(|a, b| {
+        b.memory_used_bytes
+            .cmp(&a.memory_used_bytes)
+            .then_with(|| a.id.cmp(&b.id))
+    });
+    jobs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use headroom_common::composition::AllocatorFigures;
+    use headroom_common::{Composition, Dtype, Part};
+    use headroom_store::AllocatorLatest;
+
+    const GIB: u64 = 1 << 30;
+
+    fn rank(node: &str, job: &str, pod: &str, counted: bool) -> ProcessView {
+        let part = |bytes: u64, dtype| Some(Part { bytes, dtype });
+        let breakdown = counted.then(|| {
+            Breakdown::of(
+                &Composition {
+                    weights: part(4 * GIB, Dtype::Bfloat16),
+                    gradients: part(4 * GIB, Dtype::Bfloat16),
+                    optimizer_state: part(16 * GIB, Dtype::Float32),
+                },
+                AllocatorFigures {
+                    allocated: 30 * GIB,
+                    reserved: 31 * GIB,
+                    peak_allocated: 30 * GIB,
+                },
+                Some(32 * GIB),
+            )
+        });
+        ProcessView {
+            node: node.to_owned(),
+            device_uuid: "GPU-1".to_owned(),
+            gpu_index: 0,
+            pid: 1,
+            start_time_ms: 0,
+            name: "python train.py".to_owned(),
+            uid: 1000,
+            user: "alice".to_owned(),
+            container_id: String::new(),
+            container_runtime: String::new(),
+            pod_uid: pod.to_owned(),
+            pod_qos_class: String::new(),
+            slurm_job_id: job.to_owned(),
+            memory_used_bytes: (32 * GIB) as i64,
+            memory_peak_bytes: (32 * GIB) as i64,
+            first_seen_ms: 0,
+            last_seen_ms: 0,
+            allocator: Some(AllocatorLatest {
+                timestamp_ms: 0,
+                allocated_bytes: (30 * GIB) as i64,
+                reserved_bytes: (31 * GIB) as i64,
+                fragmentation_bytes: GIB as i64,
+                fragmentation_ratio: 1.0 / 31.0,
+                inactive_split_bytes: 0,
+                peak_allocated_bytes: (30 * GIB) as i64,
+                alloc_retries: 0,
+                ooms: 0,
+                breakdown,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_job_sums_its_ranks_and_is_advised_by_its_largest_share() {
+        let procs = [
+            rank("n1", "42", "", true),
+            rank("n2", "42", "", true),
+            rank("n2", "42", "", false),
+            rank("n3", "", "pod-a", false),
+            rank("n3", "", "", true),
+        ];
+        let jobs = jobs(&procs);
+        assert_eq!(jobs.len(), 2, "a process in no job or pod is no job's");
+        let slurm = &jobs[0];
+        assert_eq!((slurm.kind, slurm.id.as_str()), ("slurm", "42"));
+        assert_eq!((slurm.processes, slurm.reporting), (3, 2));
+        assert_eq!(slurm.nodes, ["n1", "n2"]);
+        assert_eq!(slurm.memory_used_bytes, 96 * GIB);
+        let b = slurm.breakdown.unwrap();
+        assert_eq!(b.optimizer_state_bytes, Some(32 * GIB));
+        let advice = slurm.advice.as_ref().unwrap();
+        assert_eq!(advice.share, Share::OptimizerState);
+        assert!(
+            advice.text.starts_with("Optimizer state is 32 GiB, 50 %"),
+            "{}",
+            advice.text
+        );
+        let pod = &jobs[1];
+        assert_eq!(
+            (pod.kind, pod.breakdown, pod.advice.as_ref()),
+            ("pod", None, None)
+        );
+    }
+}
