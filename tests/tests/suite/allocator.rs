@@ -321,3 +321,355 @@ async fn pytorch_allocator_reports_reach_the_api_and_raise_alerts_with_remedies(
     drop(reporter);
     collector.stop().await;
 }
+
+/// A training process that counts its tensors, as `enable(model=,
+/// optimizer=)` does with PyTorch: duck-typed CUDA tensors with storages
+/// (torch is not needed), 8 GiB of bf16 weights (one of them tied, so
+/// listed twice and counted once), 8 GiB of bf16 gradients and 32 GiB of
+/// Adam moments in fp32, under an allocator that peaked at 58 GiB of its
+/// 59 GiB reservation.
+const COUNTING_TRAINER: &str = r#"
+import os, time
+import headroom_client
+
+GIB = 1 << 30
+
+class Device:
+    type = "cuda"
+    index = 0
+
+class DType:
+    def __init__(self, name):
+        self.name = name
+    def __str__(self):
+        return "torch." + self.name
+
+class Storage:
+    def __init__(self, nbytes):
+        self._nbytes = nbytes
+    def nbytes(self):
+        return self._nbytes
+    def data_ptr(self):
+        return id(self)
+
+class Tensor:
+    def __init__(self, nbytes, dtype):
+        self.device = Device()
+        self.dtype = dtype
+        self.grad = None
+        self._storage = Storage(nbytes)
+    def untyped_storage(self):
+        return self._storage
+
+BF16, FP32 = DType("bfloat16"), DType("float32")
+
+class Model:
+    def __init__(self):
+        self.embed = Tensor(4 * GIB, BF16)
+        self.body = Tensor(4 * GIB, BF16)
+    def parameters(self):
+        # The output layer shares the embedding's weight.
+        return iter([self.embed, self.body, self.embed])
+
+class Adam:
+    def __init__(self, params):
+        self.state = {p: {"step": 3, "exp_avg": Tensor(8 * GIB, FP32), "exp_avg_sq": Tensor(8 * GIB, FP32)}
+                      for p in params}
+
+model = Model()
+for p in (model.embed, model.body):
+    p.grad = Tensor(4 * GIB, BF16)
+optimizer = Adam([model.embed, model.body])
+
+uuid = os.environ["TEST_GPU_UUID"]
+
+def provider():
+    return [{"index": 0, "uuid": uuid, "allocated_bytes": 56 * GIB, "reserved_bytes": 59 * GIB,
+             "active_bytes": 56 * GIB, "inactive_split_bytes": GIB, "peak_allocated_bytes": 58 * GIB,
+             "alloc_retries": 0, "ooms": 0}]
+
+headroom_client.enable(stats_provider=provider, interval_s=0.2, model=model, optimizer=optimizer,
+                       composition_interval_s=0.2)
+print("ready", flush=True)
+time.sleep(600)
+"#;
+
+/// The counting trainer (pid filled in) holds 60 GiB of an 80 GiB GPU; at
+/// 20 s a neighbour takes every byte left.
+fn crowded_scenario(pid: u32) -> String {
+    format!(
+        r#"
+[[node]]
+name = "{NODE}"
+driver_version = "550.90.07"
+
+[[node.gpu]]
+model = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+reserved = "512MiB"
+
+[[node.gpu.process]]
+pid = {pid}
+name = "python train.py"
+memory = {{ shape = "steady", level = "60GiB" }}
+
+[[node.gpu.process]]
+pid = 4999998
+name = "python find_batch_size.py"
+user = "bob"
+start_s = 20
+memory = {{ shape = "steady", level = "19968MiB" }}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_counts_its_tensors_shows_where_its_memory_goes_and_gets_the_remedy_that_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("allocator.sock");
+    let probe = dir.path().join("probe.toml");
+    std::fs::write(&probe, crowded_scenario(1)).unwrap();
+    let gpu_uuid = Scenario::load(&probe)
+        .unwrap()
+        .node(NODE)
+        .unwrap()
+        .inventory()[0]
+        .uuid
+        .clone();
+    let bare_uuid = gpu_uuid.trim_start_matches("GPU-").to_owned();
+
+    let mut trainer = python(
+        COUNTING_TRAINER,
+        &socket,
+        &[("TEST_GPU_UUID", &bare_uuid)],
+        &[],
+    );
+    wait_ready(trainer.stdout.take().unwrap());
+    let trainer_pid = trainer.id();
+    let trainer = KillOnDrop(trainer);
+    let scenario_path = dir.path().join("scenario.toml");
+    std::fs::write(&scenario_path, crowded_scenario(trainer_pid)).unwrap();
+
+    // Time to OOM warns as soon as the GPU is full; the watermark is quiet
+    // so that the one alert read here is the forecast.
+    let rules = RulesConfig::parse(
+        "[time_to_oom]\nfor = \"0s\"\n\n[watermark]\nenabled = false\n",
+        Path::new("test-rules.toml"),
+    )
+    .unwrap();
+    let url = format!("sqlite://{}", dir.path().join("headroom.db").display());
+    let store: Arc<dyn Store> = headroom_store::connect(&url).await.unwrap();
+    let collector = RunningCollector::start_collector(
+        Collector::builder(store)
+            .rules(rules)
+            .build()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let log_path = dir.path().join("agent.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let agent = KillOnDrop(
+        Command::new(built("headroom-agent"))
+            .args(["--source", "nvml", "--node-name", NODE])
+            .arg("--nvml-library")
+            .arg(headroom_tests::fake_nvml::library())
+            .arg("--allocator-socket")
+            .arg(&socket)
+            .arg("--spool-dir")
+            .arg(dir.path().join("spool"))
+            .args(["--collector-url", &collector.grpc_url()])
+            .args(["--metrics-listen", "127.0.0.1:0"])
+            .args(["--poll-interval-ms", "50", "--sample-interval-ms", "250"])
+            .env("HEADROOM_FAKE_NVML_SCENARIO", &scenario_path)
+            .env("HEADROOM_FAKE_NVML_NODE", NODE)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+
+    // The process list splits the trainer's 60 GiB as the driver sees it.
+    let training = eventually(
+        "the trainer's composition in /api/v1/processes",
+        Duration::from_secs(40),
+        || async {
+            let procs = collector.get_json("/api/v1/processes").await;
+            procs
+                .as_array()?
+                .iter()
+                .find(|p| p["pid"] == trainer_pid && !p["allocator"]["breakdown"].is_null())
+                .cloned()
+        },
+    )
+    .await;
+    let b = &training["allocator"]["breakdown"];
+    assert_eq!(b["weights_bytes"], 8 * GIB, "the tied weight once: {b}");
+    assert_eq!(b["weights_dtype"], "bfloat16");
+    assert_eq!(b["gradients_bytes"], 8 * GIB);
+    assert_eq!(
+        b["optimizer_state_bytes"],
+        32 * GIB,
+        "the step counters are no tensors"
+    );
+    assert_eq!(b["optimizer_state_dtype"], "float32");
+    assert_eq!(
+        b["activations_bytes"],
+        10 * GIB,
+        "the 58 GiB peak less 48 counted"
+    );
+    assert_eq!(b["cache_bytes"], GIB);
+    assert_eq!(
+        b["outside_allocator_bytes"], GIB,
+        "60 GiB seen by NVML, 59 reserved"
+    );
+    assert_eq!(b["total_bytes"], 60 * GIB);
+
+    // Over time, each report carries the count.
+    let series = collector
+        .get_json(&format!(
+            "/api/v1/gpus/{gpu_uuid}/processes/{trainer_pid}/allocator"
+        ))
+        .await;
+    let points = series["points"].as_array().unwrap();
+    assert!(
+        points
+            .iter()
+            .rev()
+            .take(2)
+            .all(|p| p["optimizer_state_bytes"] == 32 * GIB),
+        "{series}"
+    );
+
+    // The neighbour fills the GPU: the forecast names the trainer's largest
+    // share and the remedy for it, with PyTorch's names.
+    let forecast = eventually("a time-to-OOM alert", Duration::from_secs(60), || async {
+        let alerts = collector.get_json("/api/v1/alerts").await;
+        alerts
+            .as_array()?
+            .iter()
+            .find(|a| a["rule"] == "time_to_oom")
+            .cloned()
+    })
+    .await;
+    let remedy = forecast["remedy"].as_str().unwrap();
+    assert!(
+        remedy.contains("Optimizer state is 32 GiB")
+            && remedy.contains("torch.distributed.optim.ZeroRedundancyOptimizer"),
+        "{forecast}"
+    );
+
+    drop(agent);
+    drop(trainer);
+    collector.stop().await;
+}
+
+/// A Slurm job of two ranks that count their tensors (as the simulator's
+/// allocator model says) and a pod that does not.
+const JOBS: &str = r#"
+[[node]]
+name = "jobs-node"
+
+[[node.gpu]]
+model = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+count = 2
+
+[[node.gpu.process]]
+pid = 5100
+name = "python pretrain.py"
+user = "hana"
+slurm_job_id = "900"
+memory = { shape = "steady", level = "40GiB" }
+allocator = { fragmentation = 0.0, composition = { weights = 0.32, gradients = 0.32, optimizer_state = 0.08, dtype = "float32" } }
+
+[[node.gpu]]
+model = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+
+[[node.gpu.process]]
+pid = 5200
+name = "python serve.py"
+user = "svc"
+pod_uid = "0f1e2d3c-aaaa-bbbb-cccc-111122223333"
+memory = { shape = "steady", level = "10GiB" }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_sum_their_ranks_and_carry_the_remedy_for_their_largest_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("headroom.db").display());
+    let store: Arc<dyn Store> = headroom_store::connect(&url).await.unwrap();
+    let collector =
+        RunningCollector::start_collector(Collector::builder(store).build().await.unwrap()).await;
+    let scenario = Scenario::from_toml_str(JOBS).unwrap();
+    let agent = headroom_agent::start(
+        headroom_agent::AgentSettings {
+            spool: None,
+            tls: None,
+            token: None,
+            collector_url: collector.grpc_url(),
+            node: "jobs-node".into(),
+            boot_id: "boot-1".into(),
+            poll_interval: Duration::from_millis(20),
+            sample_interval: Duration::from_millis(200),
+            max_pending_batches: 1000,
+            flush_above: 0.90,
+            metrics_listen: None,
+            allocator_socket: None,
+        },
+        Box::new(headroom_agent::source::SimSource::new(&scenario, "jobs-node").unwrap()),
+    )
+    .unwrap();
+
+    let jobs = eventually(
+        "both jobs in /api/v1/jobs",
+        Duration::from_secs(30),
+        || async {
+            let jobs = collector.get_json("/api/v1/jobs").await;
+            let list = jobs.as_array()?;
+            (list.len() == 2 && list[0]["reporting"] == 2).then(|| list.clone())
+        },
+    )
+    .await;
+    let training = &jobs[0];
+    assert_eq!(
+        (&training["kind"], &training["id"]),
+        (&serde_json::json!("slurm"), &serde_json::json!("900")),
+        "the largest job first: {training}"
+    );
+    assert_eq!(training["processes"], 2);
+    assert_eq!(training["users"], serde_json::json!(["hana"]));
+    assert_eq!(training["memory_used_bytes"], 80 * GIB);
+    let b = &training["breakdown"];
+    let weights = b["weights_bytes"].as_u64().unwrap();
+    // Each rank: 40 GiB less 512 MiB of CUDA context reserved, 32 % of it
+    // in fp32 weights.
+    assert_eq!(
+        weights,
+        2 * (((40 * GIB - (512 << 20)) as f64 * 0.32) as u64),
+        "{b}"
+    );
+    assert_eq!(b["weights_dtype"], "float32");
+    assert_eq!(
+        b["total_bytes"],
+        80 * GIB,
+        "the shares add up to what NVML sees"
+    );
+    assert_eq!(training["advice"]["share"], "weights");
+    let advice = training["advice"]["text"].as_str().unwrap();
+    assert!(
+        advice.contains("in float32") && advice.contains("model.to(torch.bfloat16)"),
+        "{advice}"
+    );
+    let pod = &jobs[1];
+    assert_eq!(pod["kind"], "pod");
+    assert!(
+        pod["breakdown"].is_null() && pod["advice"].is_null(),
+        "{pod}"
+    );
+
+    agent.stop().await;
+    collector.stop().await;
+}
