@@ -47,54 +47,62 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<JobView>>, A
     Ok(Json(jobs(&state.store.processes(since).await?)))
 }
 
+/// A job as its processes are gathered: the view, and who and where.
+struct Gathered<'a> {
+    view: JobView,
+    users: BTreeSet<&'a str>,
+    nodes: BTreeSet<&'a str>,
+}
+
 /// Groups processes by job: a Slurm job id where there is one, else the
 /// pod. Processes in neither are no job's. Largest jobs first.
 pub fn jobs(processes: &[ProcessView]) -> Vec<JobView> {
-    let mut by_job: BTreeMap<(&'static str, &str), JobView> = BTreeMap::new();
-    let mut members: BTreeMap<(&'static str, &str), (BTreeSet<&str>, BTreeSet<&str>)> =
-        BTreeMap::new();
+    let mut by_job: BTreeMap<(&'static str, &str), Gathered<'_>> = BTreeMap::new();
     for p in processes {
-        let key = if !p.slurm_job_id.is_empty() {
+        let (kind, id) = if !p.slurm_job_id.is_empty() {
             ("slurm", p.slurm_job_id.as_str())
         } else if !p.pod_uid.is_empty() {
             ("pod", p.pod_uid.as_str())
         } else {
             continue;
         };
-        let job = by_job.entry(key).or_insert_with(|| JobView {
-            kind: key.0,
-            id: key.1.to_owned(),
-            users: Vec::new(),
-            nodes: Vec::new(),
-            processes: 0,
-            reporting: 0,
-            memory_used_bytes: 0,
-            breakdown: None,
-            advice: None,
+        let job = by_job.entry((kind, id)).or_insert_with(|| Gathered {
+            view: JobView {
+                kind,
+                id: id.to_owned(),
+                users: Vec::new(),
+                nodes: Vec::new(),
+                processes: 0,
+                reporting: 0,
+                memory_used_bytes: 0,
+                breakdown: None,
+                advice: None,
+            },
+            users: BTreeSet::new(),
+            nodes: BTreeSet::new(),
         });
-        job.processes += 1;
-        job.memory_used_bytes = job
+        job.users.insert(p.user.as_str());
+        job.nodes.insert(p.node.as_str());
+        let view = &mut job.view;
+        view.processes += 1;
+        view.memory_used_bytes = view
             .memory_used_bytes
             .saturating_add(u64::try_from(p.memory_used_bytes).unwrap_or(0));
         if let Some(b) = p.allocator.as_ref().and_then(|a| a.breakdown) {
-            job.reporting += 1;
-            match &mut job.breakdown {
+            view.reporting += 1;
+            match &mut view.breakdown {
                 Some(sum) => sum.add(&b),
-                None => job.breakdown = Some(b),
+                None => view.breakdown = Some(b),
             }
         }
-        let (users, nodes) = members.entry(key).or_default();
-        users.insert(p.user.as_str());
-        nodes.insert(p.node.as_str());
     }
     let mut jobs: Vec<JobView> = by_job
-        .into_iter()
-        .map(|(key, mut job)| {
-            if let Some((users, nodes)) = members.get(&key) {
-                job.users = users.iter().map(|u| (*u).to_owned()).collect();
-                job.nodes = nodes.iter().map(|n| (*n).to_owned()).collect();
-            }
-            job.advice = job.breakdown.as_ref().and_then(|b| {
+        .into_values()
+        .map(|job| {
+            let mut view = job.view;
+            view.users = job.users.into_iter().map(str::to_owned).collect();
+            view.nodes = job.nodes.into_iter().map(str::to_owned).collect();
+            view.advice = view.breakdown.as_ref().and_then(|b| {
                 let (share, bytes, fraction) = b.largest()?;
                 Some(Advice {
                     share,
@@ -103,7 +111,7 @@ pub fn jobs(processes: &[ProcessView]) -> Vec<JobView> {
                     text: remedy::for_largest_share(b)?,
                 })
             });
-            job
+            view
         })
         .collect();
     jobs.sort_by(|a, b| {
