@@ -2,9 +2,11 @@
 // playwright-core. Usage: node dashboard.mjs BASE_URL ARTIFACT_DIR
 // Opens the fleet overview of the demo fleet, sees its tiles and a live
 // update, follows a tile to its GPU page, sees the memory chart drawn with
-// data, sees the process tables fit 1280 px, acknowledges an alert, and
-// finds each device with a firing alert saying so on its tile. Saves a screenshot of each step in
-// ARTIFACT_DIR. Exits non-zero, naming the step, on the first failure.
+// data, sees the process tables fit 1280 px, sees where a training
+// process's memory goes (a bar of six shares that add up to its total, and
+// the parts over time), acknowledges an alert, and finds each device with a firing alert saying so on its tile.
+// Saves a screenshot of each step in ARTIFACT_DIR. Exits non-zero, naming
+// the step, on the first failure.
 import { launchChromium } from "./chromium.mjs";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
@@ -24,6 +26,52 @@ page.on("pageerror", (e) => errors.push(e.message));
 page.on("console", (m) => { if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) errors.push(m.text()); });
 page.on("response", (r) => { if (r.status() >= 400) errors.push(`HTTP ${r.status()} for ${r.url()}`); });
 const shot = (name) => page.screenshot({ path: join(artifacts, `${name}.png`), fullPage: true });
+// Retries `check` (async, in node) until it returns something truthy; a
+// throw counts as not yet.
+async function until(what, check, timeoutMs = 10000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check().catch(() => null);
+    if (value) return value;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 250));
+  }
+}
+// "18.6 GiB", "512 MiB" as the page shows them, in GiB.
+const shownGiB = (text) => {
+  const m = /([\d.]+) (GiB|MiB)/.exec(text);
+  if (!m) throw new Error(`no bytes in ${JSON.stringify(text)}`);
+  return Number(m[1]) / (m[2] === "MiB" ? 1024 : 1);
+};
+// A composition bar as the page shows it: the legend's shares (bytes as
+// data and as text), the total, the bar's accessible name and segments.
+const readComposition = (selector) => page.evaluate((sel) => {
+  const c = document.querySelector(sel);
+  if (!c) return null;
+  const bar = c.querySelector(".comp-bar");
+  return {
+    total: Number(c.dataset.total),
+    totalShown: c.querySelector(".comp-total .bytes")?.textContent ?? "",
+    label: bar.getAttribute("aria-label") ?? "",
+    barWidth: bar.clientWidth,
+    items: [...c.querySelectorAll(".comp-legend li[data-share]")].map((li) => ({
+      key: li.dataset.share, bytes: li.dataset.bytes === "" ? null : Number(li.dataset.bytes), largest: li.hasAttribute("data-largest"),
+      text: li.textContent.replace(/\s+/g, " ").trim(), shown: li.querySelector(".bytes")?.textContent ?? "" })),
+    segments: [...bar.children].map((el) => ({ key: el.dataset.share, width: el.getBoundingClientRect().width })),
+  };
+}, selector);
+// The shares add up to the total, in bytes and as shown (each figure
+// rounded to 0.1 GiB), and the bar's segments fill the bar.
+function checkAddsUp(c, where) {
+  const keys = c.items.map((i) => i.key).join(",");
+  if (keys !== "weights,gradients,optimizer_state,activations,cache,outside_allocator") throw new Error(`${where}: shares ${keys}`);
+  const sum = c.items.reduce((acc, i) => acc + (i.bytes ?? 0), 0);
+  if (sum !== c.total) throw new Error(`${where}: shares add up to ${sum} bytes, the total is ${c.total}`);
+  const shownSum = c.items.filter((i) => i.bytes != null).reduce((acc, i) => acc + shownGiB(i.shown), 0);
+  if (Math.abs(shownSum - shownGiB(c.totalShown)) > 0.35) throw new Error(`${where}: shown shares add up to ${shownSum.toFixed(2)} GiB, the total shows ${c.totalShown}`);
+  const filled = c.segments.reduce((acc, s) => acc + s.width, 0);
+  if (Math.abs(filled - c.barWidth) > 2) throw new Error(`${where}: segments fill ${filled} of ${c.barWidth} px`);
+}
 
 try {
   step = "fleet overview shows a tile per GPU and MIG instance";
@@ -98,6 +146,50 @@ try {
     const c = window.__headroom.charts.find((c) => c.headroomName === "memory");
     return p.get("from") !== null && c && c.scales.x.max - c.scales.x.min > 3000;
   }, null, { timeout: 10000 });
+
+  step = "a training process's memory splits into its shares, with the parts over time";
+  // hana's fp32 job on gpu-node-04 GPU 1 (sim/scenarios/demo.toml): weights
+  // and gradients are its largest shares, weights listed first.
+  const hana = await until("job 4817410 to report its composition", async () => {
+    const procs = await (await fetch(`${base}/api/v1/processes`)).json();
+    return procs.find((p) => p.slurm_job_id === "4817410" && p.allocator?.breakdown);
+  });
+  if (hana.node !== "gpu-node-04" || hana.gpu_index !== 1) throw new Error(`job 4817410 runs on ${hana.node} GPU ${hana.gpu_index}`);
+  // The page draws the allocator's series it reads once: two reports first.
+  await until("two allocator reports of job 4817410", async () => {
+    const q = `start_time_ms=${hana.start_time_ms}&max_points=600`;
+    const series = await (await fetch(`${base}/api/v1/gpus/${encodeURIComponent(hana.device_uuid)}/processes/${hana.pid}/allocator?${q}`)).json();
+    return series.points.length >= 2;
+  });
+  await page.goto(`${base}/?gpu=${encodeURIComponent(hana.device_uuid)}`);
+  const hanaBar = `.comp-proc[data-pid="${hana.pid}"] .comp`;
+  await page.waitForFunction((sel) => /float32/.test(document.querySelector(`${sel} .comp-bar`)?.getAttribute("aria-label") ?? ""), hanaBar, { timeout: 10000 });
+  const comp = await readComposition(hanaBar);
+  checkAddsUp(comp, "job 4817410's bar");
+  const largest = comp.items.filter((i) => i.largest);
+  if (largest.length !== 1 || largest[0].key !== "weights") throw new Error(`the largest share is ${largest.map((i) => i.key)}, not weights`);
+  const weights = comp.items[0];
+  if (!/^weights .*float32.*largest/i.test(weights.text)) throw new Error(`the weights legend says ${weights.text}`);
+  if (comp.items.some((i) => i.bytes > weights.bytes)) throw new Error(`a share holds more than the weights: ${comp.items.map((i) => i.text).join(" | ")}`);
+  if (!/weights [\d.]+ GiB \(\d+ %, float32\)/.test(comp.label) || !/Largest: weights/.test(comp.label)) throw new Error(`the bar's accessible name says ${comp.label}`);
+  const widest = comp.segments.reduce((a, b) => (b.width > a.width + 1 ? b : a));
+  if (widest.key !== "weights") throw new Error(`the widest segment is ${widest.key}`);
+  // The parts over time, on the page's time axis: the same range and width as the memory chart.
+  const chartName = `composition-${hana.pid}`;
+  await page.waitForFunction((name) => {
+    const c = window.__headroom.charts.find((c) => c.headroomName === name);
+    return c && c.data[0].length >= 2 && c.data[1].some((v) => v > 0);
+  }, chartName, { timeout: 10000 });
+  const axes = await page.evaluate((name) => {
+    const [c, m] = [name, "memory"].map((n) => window.__headroom.charts.find((c) => c.headroomName === n));
+    return { same: c.scales.x.min === m.scales.x.min && c.scales.x.max === m.scales.x.max && c.width === m.width,
+      series: c.series.slice(1).map((s) => s.label), canvas: Boolean(c.root.closest(".comp-proc")?.querySelector("canvas")) };
+  }, chartName);
+  if (!axes.same) throw new Error("the composition chart does not share the memory chart's time axis");
+  if (!axes.canvas || axes.series.join(",") !== "allocator's cache,activations and temporaries,optimizer state,gradients,weights") {
+    throw new Error(`the composition chart draws ${axes.series.join(", ")}`);
+  }
+  await page.locator("#gpu-composition").screenshot({ path: join(artifacts, "8-composition.png") });
 
   step = "an alert is acknowledged";
   await page.goto(`${base}/?view=alerts`);
