@@ -154,6 +154,7 @@ async function showFleet(view, p, gen) {
       <label>pod <input id="f-pod" placeholder="pod uid"></label>
       <span class="muted" id="f-count"></span>
     </div>
+    <div id="job-filter-composition"></div>
     <section id="at-risk" aria-labelledby="at-risk-title"><h2 id="at-risk-title">At risk</h2><div id="at-risk-list"></div></section>
     <div id="fleet"></div>
     <div id="cell-tip" role="tooltip" hidden></div>
@@ -168,12 +169,14 @@ async function showFleet(view, p, gen) {
       // fetched then, not on every load of a large fleet.
       if (["user", "job", "pod"].includes(key)) await refreshProcesses();
       scheduleFleetRender();
+      if (key === "job") renderJobFilterComposition(gen);
     });
   }
   wireGrid(document.getElementById("fleet"));
   if (fleetFilter.user || fleetFilter.job || fleetFilter.pod) await refreshProcesses();
   if (!isCurrent(gen)) return;
   scheduleFleetRender();
+  renderJobFilterComposition(gen);
   showFleetHistory(gen, 24 * 60 * MIN);
 }
 
@@ -881,8 +884,7 @@ function groupTable(title, groups) {
 async function showProcesses(view, p, gen) {
   document.title = "Headroom — processes and jobs";
   view.innerHTML = `<p class="muted">loading…</p>`;
-  await refreshProcesses();
-  const alerts = await getJson("/api/v1/alerts?state=active");
+  const [alerts, jobs] = await Promise.all([getJson("/api/v1/alerts?state=active"), fetchJobs(), refreshProcesses()]);
   if (!isCurrent(gen)) return;
   const procs = state.processes;
   const leaks = alerts.filter((a) => a.rule === "leak");
@@ -899,8 +901,11 @@ async function showProcesses(view, p, gen) {
         <td class="num">${fmtBytes(a.details.growth_bytes_per_min)}/min</td><td>${a.details.since_ms ? fmtTime(a.details.since_ms) : "—"}</td>
         <td><a href="/?gpu=${encodeURIComponent(a.labels.device_uuid)}">${esc(a.labels.node)} GPU ${esc(a.labels.gpu)}</a></td></tr>`).join("")}</tbody></table>`
       : `<p class="muted">no process leaks right now</p>`}
+    <section id="job-composition" hidden><h3>Where each job's memory goes</h3>
+      <p class="muted small">Each job's memory at its ranks' peaks, summed over the ranks that count their tensors, and what to try for its largest share.</p><div id="job-bars"></div></section>
     <h3>Top consumers across the fleet</h3>${processTable(procs.slice(0, 25))}
     <h3>Allocator of reporting processes</h3><div id="proc-allocators" class="muted">none reports</div>`;
+  renderJobCompositions(jobs);
   const reporting = procs.filter((p) => p.allocator).slice(0, 6);
   if (reporting.length) {
     const blocks = await Promise.all(reporting.map(async (p) => allocatorBlock(p, await allocatorSeries(p))));
@@ -1064,6 +1069,63 @@ function renderGpuComposition(list, from, to) {
     if (series) drawCompositionChart(box, series, from, to, `composition-${p.pid}`);
     else box.innerHTML = `<p class="muted">no allocator series</p>`;
   });
+}
+
+// `/api/v1/jobs`, or null where the collector does not serve it yet (the
+// sections that need it then stay hidden) or it fails.
+async function fetchJobs() {
+  if (state.jobsApi === false) return null;
+  try {
+    const r = await fetch("/api/v1/jobs");
+    if (r.status === 404) { state.jobsApi = false; return null; }
+    return r.ok ? await r.json() : null;
+  } catch (_) { return null; }
+}
+
+const jobName = (j) => j.kind === "slurm" ? `Slurm job ${j.id}` : `pod ${shortId(j.id, 8)}`;
+const listText = (items, n = 3) => items.length > n ? `${items.slice(0, n).join(", ")} and ${items.length - n} more` : items.join(", ");
+
+// One job: who and where, its bar summed over the ranks that count, and
+// what its owner can do about the largest share.
+function jobCompositionHtml(j) {
+  const ranks = j.reporting === j.processes ? `${j.reporting} of ${j.processes} ranks report`
+    : `${j.reporting} of ${j.processes} ranks report; the bar sums those ${j.reporting}`;
+  return `<div class="job-comp" data-job="${esc(j.id)}" data-kind="${esc(j.kind)}">
+    <div class="job-head"><b title="${esc(j.id)}">${esc(jobName(j))}</b> · ${clipped(listText(j.users), "clip short")} · ${clipped(listText(j.nodes))}
+      · <span class="ranks">${ranks}</span> · ${fmtBytes(j.memory_used_bytes)} on the GPUs</div>
+    ${compositionHtml(j.breakdown, `Where the memory of ${jobName(j)} goes`)}
+    ${j.advice ? `<p class="advice">${esc(j.advice.text)}</p>` : ""}</div>`;
+}
+
+const JOB_BARS = 20;
+function renderJobCompositions(jobs) {
+  const section = document.getElementById("job-composition");
+  if (!section) return;
+  section.hidden = jobs == null;
+  if (jobs == null) return;
+  const counting = jobs.filter((j) => j.breakdown);
+  const silent = jobs.length - counting.length;
+  document.getElementById("job-bars").innerHTML = (counting.length ? counting.slice(0, JOB_BARS).map(jobCompositionHtml).join("")
+    : `<p class="muted">no job reports where its memory goes yet</p>`) +
+    `<p class="muted small">${counting.length > JOB_BARS ? `The ${JOB_BARS} largest of ${counting.length} jobs that count their tensors. ` : ""}${silent ? `${silent} other job${silent === 1 ? "" : "s"} count${silent === 1 ? "s" : ""} nothing: ` : ""}a job's ranks count their weights, gradients and optimizer state with the Python client's <code>enable(model=, optimizer=)</code>.</p>`;
+}
+
+// The fleet filtered by job: the job's bar above the devices. The job
+// filter matches part of an id, as the tiles do; an exact match first, at
+// most three.
+async function renderJobFilterComposition(gen) {
+  const box = document.getElementById("job-filter-composition");
+  const wanted = fleetFilter.job;
+  if (!box) return;
+  if (!wanted) { box.innerHTML = ""; return; }
+  const jobs = await fetchJobs();
+  if (!isCurrent(gen) || fleetFilter.job !== wanted) return;
+  const matches = (jobs || []).filter((j) => j.kind === "slurm" && j.breakdown && j.id.includes(wanted))
+    .sort((a, b) => (b.id === wanted) - (a.id === wanted)).slice(0, 3);
+  box.innerHTML = matches.map(jobCompositionHtml).join("");
+  // The grid's cells are sized to what is left of the window below.
+  const fleet = document.getElementById("fleet");
+  if (fleet) fitGrid(fleet);
 }
 
 // ---------------------------------------------------------------- alerts
