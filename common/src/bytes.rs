@@ -157,6 +157,30 @@ impl fmt::Display for HumanBytes {
     }
 }
 
+/// A byte count for a sentence meant for people: three significant figures
+/// at most (`18.3 GiB`, `512 MiB`), never the exact count beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApproxBytes(pub u64);
+
+impl fmt::Display for ApproxBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const BINARY: &[(&str, u64)] = &[
+            ("TiB", 1 << 40),
+            ("GiB", 1 << 30),
+            ("MiB", 1 << 20),
+            ("KiB", 1 << 10),
+        ];
+        let bytes = self.0;
+        let Some((unit, size)) = BINARY.iter().find(|(_, size)| bytes >= *size) else {
+            return write!(f, "{bytes} B");
+        };
+        let value = bytes as f64 / *size as f64;
+        let decimals = if value >= 100.0 { 0 } else { 1 };
+        let text = format!("{value:.decimals$}");
+        write!(f, "{} {unit}", text.strip_suffix(".0").unwrap_or(&text))
+    }
+}
+
 /// A byte count read from a configuration file: an integer or a string with
 /// a unit (`"80GiB"`, `"512 MiB"`, `"1.5GB"`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -324,5 +348,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("float"), "{err}");
+    }
+
+    #[test]
+    fn approximate_bytes_read_as_people_say_them() {
+        assert_eq!(ApproxBytes(19_684_005_194).to_string(), "18.3 GiB");
+        assert_eq!(ApproxBytes(32 << 30).to_string(), "32 GiB");
+        assert_eq!(ApproxBytes(512 << 20).to_string(), "512 MiB");
+        assert_eq!(ApproxBytes(150 << 30).to_string(), "150 GiB");
+        assert_eq!(ApproxBytes(100).to_string(), "100 B");
     }
 }

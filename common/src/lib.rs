@@ -12,6 +12,6 @@ pub mod exposition;
 pub mod service;
 pub mod tls;
 
-pub use bytes::{ByteSize, HumanBytes};
+pub use bytes::{ApproxBytes, ByteSize, HumanBytes};
 pub use clock::Clock;
 pub use composition::{Breakdown, Composition, Dtype, Part, Share};

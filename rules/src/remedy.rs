@@ -7,7 +7,7 @@
 //! Where the job says what its memory holds, the remedy that fits the
 //! largest share leads (`for_largest_share`).
 
-use headroom_common::{Breakdown, Dtype, HumanBytes, Share};
+use headroom_common::{ApproxBytes, Breakdown, Dtype, Share};
 
 /// For memory the caching allocator holds but cannot reuse.
 pub(crate) const EXPANDABLE_SEGMENTS: &str = "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the job's \
@@ -49,7 +49,7 @@ pub fn for_largest_share(b: &Breakdown) -> Option<String> {
     // Floored: a share short of all of it never reads 100 %.
     let figure = format!(
         "{}{}, {:.0} % of the peak",
-        HumanBytes(bytes),
+        ApproxBytes(bytes),
         dtype.map_or(String::new(), |d| format!(" in {}", d.as_str())),
         (fraction * 100.0).floor()
     );
