@@ -1071,13 +1071,11 @@ function renderGpuComposition(list, from, to) {
   });
 }
 
-// `/api/v1/jobs`, or null where the collector does not serve it yet (the
-// sections that need it then stay hidden) or it fails.
+// `/api/v1/jobs`, or null when it fails (the sections that need it then
+// stay hidden until the next refresh).
 async function fetchJobs() {
-  if (state.jobsApi === false) return null;
   try {
     const r = await fetch("/api/v1/jobs");
-    if (r.status === 404) { state.jobsApi = false; return null; }
     return r.ok ? await r.json() : null;
   } catch (_) { return null; }
 }

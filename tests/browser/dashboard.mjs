@@ -76,9 +76,6 @@ function checkAddsUp(c, where) {
 
 try {
   step = "start";
-  // /api/v1/jobs is newer than the rest: until the collector serves it, the
-  // sections that need it stay hidden and its 404 is no error of the page.
-  const jobsApi = (await fetch(`${base}/api/v1/jobs`)).status !== 404;
 
   step = "fleet overview shows a tile per GPU and MIG instance";
   const started = Date.now();
@@ -199,34 +196,29 @@ try {
 
   step = "each job's bar names its largest share and what to try";
   await page.goto(`${base}/?view=processes`);
-  if (!jobsApi) {
-    await page.waitForSelector("table.procs", { timeout: 10000 });
-    if (await page.locator("#job-composition").isVisible()) throw new Error("the jobs section shows without /api/v1/jobs");
-  } else {
-    const job = (id) => `.job-comp[data-job="${id}"]`;
-    await page.waitForFunction((sel) => (document.querySelector(`${sel} .advice`)?.textContent ?? "") !== "", job("4817322"), { timeout: 10000 });
-    const dmitri = await readComposition(`${job("4817322")} .comp`);
-    checkAddsUp(dmitri, "job 4817322's bar");
-    const top = dmitri.items.find((i) => i.largest);
-    if (top?.key !== "optimizer_state" || !/^optimizer state .*largest/i.test(top.text) || !/Largest: optimizer state/.test(dmitri.label)) {
-      throw new Error(`job 4817322's bar names ${top?.text} as its largest share`);
-    }
-    const advice = await page.locator(`${job("4817322")} .advice`).innerText();
-    if (!/sharded optimizer|ZeroRedundancyOptimizer/.test(advice)) throw new Error(`job 4817322's advice: ${advice}`);
-    const alice = await page.locator(`${job("4817263")} .job-head`).innerText();
-    if (!/alice/.test(alice) || !/8 of 8 ranks report/.test(alice)) throw new Error(`job 4817263 says ${alice}`);
-    const lora = await readComposition(`${job("4817263")} .comp`);
-    if (lora.items.find((i) => i.largest)?.key !== "activations") throw new Error("job 4817263's largest share is not its activations");
-    await page.locator("#job-composition").screenshot({ path: join(artifacts, "9-jobs.png") });
-
-    step = "the fleet filtered by a job shows that job's bar above the devices";
-    await page.goto(base);
-    await page.fill("#f-job", "4817322");
-    await page.waitForFunction(() => /optimizer state/.test(document.querySelector('#job-filter-composition .job-comp[data-job="4817322"] li[data-largest]')?.textContent ?? ""),
-      null, { timeout: 10000 });
-    await page.fill("#f-job", "");
-    await page.waitForFunction(() => (document.getElementById("job-filter-composition")?.childElementCount ?? 1) === 0, null, { timeout: 5000 });
+  const job = (id) => `.job-comp[data-job="${id}"]`;
+  await page.waitForFunction((sel) => (document.querySelector(`${sel} .advice`)?.textContent ?? "") !== "", job("4817322"), { timeout: 10000 });
+  const dmitri = await readComposition(`${job("4817322")} .comp`);
+  checkAddsUp(dmitri, "job 4817322's bar");
+  const top = dmitri.items.find((i) => i.largest);
+  if (top?.key !== "optimizer_state" || !/^optimizer state .*largest/i.test(top.text) || !/Largest: optimizer state/.test(dmitri.label)) {
+    throw new Error(`job 4817322's bar names ${top?.text} as its largest share`);
   }
+  const advice = await page.locator(`${job("4817322")} .advice`).innerText();
+  if (!/sharded optimizer|ZeroRedundancyOptimizer/.test(advice)) throw new Error(`job 4817322's advice: ${advice}`);
+  const alice = await page.locator(`${job("4817263")} .job-head`).innerText();
+  if (!/alice/.test(alice) || !/8 of 8 ranks report/.test(alice)) throw new Error(`job 4817263 says ${alice}`);
+  const lora = await readComposition(`${job("4817263")} .comp`);
+  if (lora.items.find((i) => i.largest)?.key !== "activations") throw new Error("job 4817263's largest share is not its activations");
+  await page.locator("#job-composition").screenshot({ path: join(artifacts, "9-jobs.png") });
+
+  step = "the fleet filtered by a job shows that job's bar above the devices";
+  await page.goto(base);
+  await page.fill("#f-job", "4817322");
+  await page.waitForFunction(() => /optimizer state/.test(document.querySelector('#job-filter-composition .job-comp[data-job="4817322"] li[data-largest]')?.textContent ?? ""),
+    null, { timeout: 10000 });
+  await page.fill("#f-job", "");
+  await page.waitForFunction(() => (document.getElementById("job-filter-composition")?.childElementCount ?? 1) === 0, null, { timeout: 5000 });
 
   step = "an alert is acknowledged";
   await page.goto(`${base}/?view=alerts`);
@@ -255,9 +247,8 @@ try {
   if (calm) throw new Error(`${calm} alerting tiles are drawn as OK`);
   await shot("4-fleet-alerts");
 
-  if (!jobsApi) errors.splice(0, errors.length, ...errors.filter((e) => !e.includes("/api/v1/jobs")));
   if (errors.length) throw new Error(`errors in the page: ${errors.join(" | ")}`);
-  console.log(JSON.stringify({ ok: true, tiles, fleet_load_ms: loadMs, jobs_api: jobsApi }));
+  console.log(JSON.stringify({ ok: true, tiles, fleet_load_ms: loadMs }));
 } catch (e) {
   await shot("failure").catch(() => {});
   console.error(`FAILED at "${step}": ${e.message}`);

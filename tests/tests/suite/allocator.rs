@@ -4,6 +4,9 @@
 //! reports to the process's NVML samples; the collector stores them, shows
 //! them in its API and raises fragmentation, retry and OOM alerts with their
 //! remedies. A second process that claims the first one's pid is refused.
+//! A process that also counts its weights, gradients and optimizer state
+//! has its memory split in the API and on its GPU's page in Chromium, and
+//! the time-to-OOM forecast on its GPU names its largest share.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -504,6 +507,7 @@ async fn a_job_that_counts_its_tensors_shows_where_its_memory_goes_and_gets_the_
         },
     )
     .await;
+    let gpu_uuid_for_browser = gpu_uuid.clone();
     let b = &training["allocator"]["breakdown"];
     assert_eq!(b["weights_bytes"], 8 * GIB, "the tied weight once: {b}");
     assert_eq!(b["weights_dtype"], "bfloat16");
@@ -525,6 +529,30 @@ async fn a_job_that_counts_its_tensors_shows_where_its_memory_goes_and_gets_the_
         "60 GiB seen by NVML, 59 reserved"
     );
     assert_eq!(b["total_bytes"], 60 * GIB);
+
+    // The GPU's page in Chromium shows the same shares and charts them.
+    if headroom_tests::browser::available("the composition's browser check") {
+        let _turn = headroom_tests::browser::turn();
+        let base = collector.api("");
+        let pid = trainer_pid.to_string();
+        let artifacts = headroom_tests::browser::artifacts_dir();
+        let script = std::thread::spawn(move || {
+            headroom_tests::browser::run_script(
+                "composition.mjs",
+                &[
+                    base.trim_end_matches('/'),
+                    &gpu_uuid_for_browser,
+                    &pid,
+                    &artifacts.to_string_lossy(),
+                ],
+            );
+        });
+        // The script blocks; the collector keeps serving meanwhile.
+        tokio::task::spawn_blocking(move || script.join())
+            .await
+            .unwrap()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    }
 
     // Over time, each report carries the count.
     let series = collector

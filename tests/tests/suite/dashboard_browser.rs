@@ -14,74 +14,12 @@
 //! without them, and fails instead under `CI=true` (`.ci/run` installs them).
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use headroom_tests::browser::{artifacts_dir, run_script, turn as browser_turn};
 use headroom_tests::harness::{KillOnDrop, built, free_loopback_addr};
-
-fn browser_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("browser")
-}
-
-/// What is missing for the browser test, if anything.
-fn missing_tools() -> Option<String> {
-    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    if !Path::new(&chromium).exists() {
-        return Some(format!("{chromium} (Debian: apt-get install chromium)"));
-    }
-    if Command::new("node").arg("--version").output().is_err() {
-        return Some("node".into());
-    }
-    if !browser_dir().join("node_modules/playwright-core").exists() {
-        return Some("playwright-core (npm ci --prefix tests/browser)".into());
-    }
-    None
-}
-
-/// Whether the browser tests can run here; under `CI=true` they must.
-fn browser_available() -> bool {
-    let Some(missing) = missing_tools() else {
-        return true;
-    };
-    headroom_tests::skip_or_fail_under_ci("the browser test", format!("missing {missing}"));
-    false
-}
-
-fn artifacts_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/browser-artifacts")
-}
-
-static ONE_BROWSER_TEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Held for the whole of each browser test, collector included: one at a
-/// time, so that the 2,000-GPU fleet's 250 simulated agents never starve
-/// another test's page of the machine's cores (their waits are sized for a
-/// page that has them).
-fn browser_turn() -> std::sync::MutexGuard<'static, ()> {
-    // A test that failed poisons the lock; the next one may still run.
-    ONE_BROWSER_TEST
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Runs `tests/browser/{script}` with `args`; fails the test with its output
-/// unless it reports `"ok":true`.
-fn run_script(script: &str, args: &[&str]) {
-    let out = Command::new("node")
-        .arg(browser_dir().join(script))
-        .args(args)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{script} failed (screenshots in {}):\n{stdout}\n{stderr}",
-        artifacts_dir().display()
-    );
-    assert!(stdout.contains("\"ok\":true"), "{stdout}");
-}
 
 /// Runs `headroom-collector demo` with `args` on a SQLite file in `dir`;
 /// returns it (killed on drop) and its dashboard's URL once it prints one.
@@ -130,7 +68,7 @@ fn run_with_shots(script: &str, url: &str, shots: &[&str]) {
 
 #[test]
 fn dashboard_in_chromium_shows_the_fleet_a_gpu_chart_and_acknowledges_an_alert() {
-    if !browser_available() {
+    if !headroom_tests::browser::available("the browser test") {
         return;
     }
     let _turn = browser_turn();
@@ -180,7 +118,7 @@ fn fleet_of_2000() -> String {
 
 #[test]
 fn the_fleet_view_of_2000_gpus_fits_one_screen_ranks_what_is_at_risk_and_names_owners() {
-    if !browser_available() {
+    if !headroom_tests::browser::available("the browser test") {
         return;
     }
     let _turn = browser_turn();
@@ -209,7 +147,7 @@ fn the_fleet_view_of_2000_gpus_fits_one_screen_ranks_what_is_at_risk_and_names_o
 
 #[test]
 fn signing_in_with_tokens_in_chromium_separates_viewers_from_admins() {
-    if !browser_available() {
+    if !headroom_tests::browser::available("the browser test") {
         return;
     }
     let _turn = browser_turn();
