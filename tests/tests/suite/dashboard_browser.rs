@@ -2,7 +2,9 @@
 //! the simulated fleet) and drives Debian's Chromium through it with
 //! playwright-core (`tests/browser/dashboard.mjs`): the fleet's tiles, a
 //! live update, a GPU page with its chart drawn, process tables that fit
-//! 1280 px, an acknowledged alert, and a firing alert on its device's tile.
+//! 1280 px, where a training process's and a job's memory goes (bars that
+//! add up, the largest share, the advice), an acknowledged alert, and a
+//! firing alert on its device's tile.
 //! A fleet of 2,000 GPUs (`tests/browser/fleet_grid.mjs`): one cell per
 //! device on one 1440x900 screen, the at-risk list against the API, owners,
 //! keyboard navigation, charts sharing a time axis.
