@@ -532,11 +532,13 @@ async fn a_job_that_counts_its_tensors_shows_where_its_memory_goes_and_gets_the_
 
     // The GPU's page in Chromium shows the same shares and charts them.
     if headroom_tests::browser::available("the composition's browser check") {
-        let _turn = headroom_tests::browser::turn();
         let base = collector.api("");
         let pid = trainer_pid.to_string();
         let artifacts = headroom_tests::browser::artifacts_dir();
-        let script = std::thread::spawn(move || {
+        // The script blocks, on a thread of its own: the collector keeps
+        // serving meanwhile.
+        tokio::task::spawn_blocking(move || {
+            let _turn = headroom_tests::browser::turn();
             headroom_tests::browser::run_script(
                 "composition.mjs",
                 &[
@@ -546,12 +548,9 @@ async fn a_job_that_counts_its_tensors_shows_where_its_memory_goes_and_gets_the_
                     &artifacts.to_string_lossy(),
                 ],
             );
-        });
-        // The script blocks; the collector keeps serving meanwhile.
-        tokio::task::spawn_blocking(move || script.join())
-            .await
-            .unwrap()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        })
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
     }
 
     // Over time, each report carries the count.
