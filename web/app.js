@@ -945,22 +945,17 @@ const uncounted = (b) => {
 };
 
 // The shares of a breakdown with their bytes (null: not counted), fraction
-// of the total and label; the largest is the one a remedy is chosen from
-// (as the API's advice is): activations only when every part was counted,
-// since otherwise they hold the uncounted parts too; ties go to the first.
+// of the total and label; the largest is the one the API picks a remedy by
+// (`largest_share`: activations only when every part was counted, since
+// otherwise they hold the uncounted parts too).
 function shareList(b) {
   const total = b.total_bytes;
   const list = SHARES.map((s) => {
     const bytes = s.bytes(b);
     const label = s.key === "activations" && !b.complete ? `activations and other tensors (${uncounted(b)} not counted)` : s.label;
-    return { key: s.key, label, bytes, dtype: s.dtype(b), frac: bytes != null && total > 0 ? bytes / total : 0 };
+    return { key: s.key, label, bytes, dtype: s.dtype(b), frac: bytes != null && total > 0 ? bytes / total : 0,
+      largest: s.key === b.largest_share };
   });
-  let largest = null;
-  for (const s of list) {
-    if (s.bytes == null || (s.key === "activations" && !b.complete)) continue;
-    if (!largest || s.bytes > largest.bytes) largest = s;
-  }
-  if (largest && largest.bytes > 0) largest.largest = true;
   return list;
 }
 // Floored, as the API's advice words it: a share short of all never reads 100 %.

@@ -240,6 +240,9 @@ pub struct Breakdown {
     /// libraries; zero when the driver's figure is unknown.
     pub outside_allocator_bytes: u64,
     pub total_bytes: u64,
+    /// What [`Breakdown::largest`] picks, for readers of the API who choose
+    /// nothing themselves.
+    pub largest_share: Option<Share>,
 }
 
 impl Breakdown {
@@ -249,7 +252,7 @@ impl Breakdown {
         let activations = peak.saturating_sub(c.counted());
         let cache = a.reserved.saturating_sub(peak);
         let outside = driver_used.map_or(0, |u| u.saturating_sub(a.reserved.max(peak)));
-        Self {
+        let mut b = Self {
             weights_bytes: c.weights.map(|p| p.bytes),
             weights_dtype: c.weights.map(|p| p.dtype),
             gradients_bytes: c.gradients.map(|p| p.bytes),
@@ -265,7 +268,10 @@ impl Breakdown {
                 .saturating_add(activations)
                 .saturating_add(cache)
                 .saturating_add(outside),
-        }
+            largest_share: None,
+        };
+        b.largest_share = b.largest().map(|(share, _, _)| share);
+        b
     }
 
     /// Adds another process's breakdown, as a job sums its ranks. A part
@@ -320,6 +326,7 @@ impl Breakdown {
             .outside_allocator_bytes
             .saturating_add(other.outside_allocator_bytes);
         self.total_bytes = self.total_bytes.saturating_add(other.total_bytes);
+        self.largest_share = self.largest().map(|(share, _, _)| share);
     }
 
     /// The shares a remedy can be chosen from, with their bytes: the
@@ -471,6 +478,7 @@ mod tests {
         let mut job = one;
         job.add(&one);
         assert_eq!(job.optimizer_state_bytes, Some(28 * GIB));
+        assert_eq!(job.largest_share, Some(Share::OptimizerState));
         assert_eq!(job.total_bytes, 2 * one.total_bytes);
         assert!(job.complete);
         let partial = Breakdown::of(
