@@ -134,16 +134,18 @@ fn parse_size(input: &str, kind: &'static str) -> Result<u64, ParseBytesError> {
 #[derive(Debug, Clone, Copy)]
 pub struct HumanBytes(pub u64);
 
+/// Binary units, largest first, for printing byte counts.
+const BINARY_UNITS: &[(&str, u64)] = &[
+    ("TiB", 1 << 40),
+    ("GiB", 1 << 30),
+    ("MiB", 1 << 20),
+    ("KiB", 1 << 10),
+];
+
 impl fmt::Display for HumanBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const BINARY: &[(&str, u64)] = &[
-            ("TiB", 1 << 40),
-            ("GiB", 1 << 30),
-            ("MiB", 1 << 20),
-            ("KiB", 1 << 10),
-        ];
         let bytes = self.0;
-        match BINARY.iter().find(|(_, size)| bytes >= *size) {
+        match BINARY_UNITS.iter().find(|(_, size)| bytes >= *size) {
             Some((unit, size)) if bytes.is_multiple_of(*size) => {
                 write!(f, "{} {unit}", bytes / size)
             }
@@ -164,14 +166,8 @@ pub struct ApproxBytes(pub u64);
 
 impl fmt::Display for ApproxBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const BINARY: &[(&str, u64)] = &[
-            ("TiB", 1 << 40),
-            ("GiB", 1 << 30),
-            ("MiB", 1 << 20),
-            ("KiB", 1 << 10),
-        ];
         let bytes = self.0;
-        let Some((unit, size)) = BINARY.iter().find(|(_, size)| bytes >= *size) else {
+        let Some((unit, size)) = BINARY_UNITS.iter().find(|(_, size)| bytes >= *size) else {
             return write!(f, "{bytes} B");
         };
         let value = bytes as f64 / *size as f64;

@@ -18,7 +18,9 @@ use headroom_collector::Collector;
 use headroom_rules::config::RulesConfig;
 use headroom_sim::Scenario;
 use headroom_store::Store;
-use headroom_tests::harness::{KillOnDrop, RunningCollector, built, eventually};
+use headroom_tests::harness::{
+    KillOnDrop, RunningCollector, built, eventually, sim_agent_settings,
+};
 
 const NODE: &str = "alloc-node-01";
 const GIB: u64 = 1 << 30;
@@ -117,21 +119,74 @@ memory = {{ shape = "steady", level = "4GiB" }}
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pytorch_allocator_reports_reach_the_api_and_raise_alerts_with_remedies() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("allocator.sock");
-
-    // The GPU's UUID does not depend on the pids: learn it first.
-    let probe = dir.path().join("probe.toml");
-    std::fs::write(&probe, scenario(1)).unwrap();
-    let gpu_uuid = Scenario::load(&probe)
+/// The UUID the fake NVML gives the scenario's first GPU: it does not
+/// depend on the pids, so a probe with a stand-in pid learns it before the
+/// real process is started.
+fn first_gpu_uuid(dir: &Path, scenario: &str) -> String {
+    let probe = dir.join("probe.toml");
+    std::fs::write(&probe, scenario).unwrap();
+    Scenario::load(&probe)
         .unwrap()
         .node(NODE)
         .unwrap()
         .inventory()[0]
         .uuid
-        .clone();
+        .clone()
+}
+
+/// An in-process collector on SQLite in `dir` with `rules`.
+async fn collector_with(dir: &Path, rules: &str) -> RunningCollector {
+    let rules = RulesConfig::parse(rules, Path::new("test-rules.toml")).unwrap();
+    let url = format!("sqlite://{}", dir.join("headroom.db").display());
+    let store: Arc<dyn Store> = headroom_store::connect(&url).await.unwrap();
+    RunningCollector::start_collector(
+        Collector::builder(store)
+            .rules(rules)
+            .build()
+            .await
+            .unwrap(),
+    )
+    .await
+}
+
+/// The agent binary on the fake libnvidia-ml showing `scenario_path`,
+/// listening for allocator reports on `socket`, logging to `log_path`.
+fn start_nvml_agent(
+    dir: &Path,
+    socket: &Path,
+    scenario_path: &Path,
+    collector: &RunningCollector,
+    log_path: &Path,
+) -> KillOnDrop {
+    let log = std::fs::File::create(log_path).unwrap();
+    KillOnDrop(
+        Command::new(built("headroom-agent"))
+            .args(["--source", "nvml", "--node-name", NODE])
+            .arg("--nvml-library")
+            .arg(headroom_tests::fake_nvml::library())
+            .arg("--allocator-socket")
+            .arg(socket)
+            .arg("--spool-dir")
+            .arg(dir.join("spool"))
+            .args(["--collector-url", &collector.grpc_url()])
+            .args(["--metrics-listen", "127.0.0.1:0"])
+            .args(["--poll-interval-ms", "50", "--sample-interval-ms", "250"])
+            .env("HEADROOM_FAKE_NVML_SCENARIO", scenario_path)
+            .env("HEADROOM_FAKE_NVML_NODE", NODE)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pytorch_allocator_reports_reach_the_api_and_raise_alerts_with_remedies() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("allocator.sock");
+
+    let gpu_uuid = first_gpu_uuid(dir.path(), &scenario(1));
     let bare_uuid = gpu_uuid.trim_start_matches("GPU-").to_owned();
 
     let oom_flag = dir.path().join("oom-now");
@@ -159,44 +214,14 @@ async fn pytorch_allocator_reports_reach_the_api_and_raise_alerts_with_remedies(
         gpu_uuid
     );
 
-    let rules = RulesConfig::parse(
+    let collector = collector_with(
+        dir.path(),
         "[fragmentation]\nfor = \"0s\"\n\n[alloc_retries]\nwindow = \"1m\"\nmin_retries = 3\n",
-        Path::new("test-rules.toml"),
-    )
-    .unwrap();
-    let url = format!("sqlite://{}", dir.path().join("headroom.db").display());
-    let store: Arc<dyn Store> = headroom_store::connect(&url).await.unwrap();
-    let collector = RunningCollector::start_collector(
-        Collector::builder(store)
-            .rules(rules)
-            .build()
-            .await
-            .unwrap(),
     )
     .await;
 
     let log_path = dir.path().join("agent.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let agent = KillOnDrop(
-        Command::new(built("headroom-agent"))
-            .args(["--source", "nvml", "--node-name", NODE])
-            .arg("--nvml-library")
-            .arg(headroom_tests::fake_nvml::library())
-            .arg("--allocator-socket")
-            .arg(&socket)
-            .arg("--spool-dir")
-            .arg(dir.path().join("spool"))
-            .args(["--collector-url", &collector.grpc_url()])
-            .args(["--metrics-listen", "127.0.0.1:0"])
-            .args(["--poll-interval-ms", "50", "--sample-interval-ms", "250"])
-            .env("HEADROOM_FAKE_NVML_SCENARIO", &scenario_path)
-            .env("HEADROOM_FAKE_NVML_NODE", NODE)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
+    let agent = start_nvml_agent(dir.path(), &socket, &scenario_path, &collector, &log_path);
     let agent_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     let mut impostor = python(IMPOSTOR, &socket, &[], &[reporter_pid.to_string()]);
     drop(impostor.stdout.take());
@@ -430,15 +455,7 @@ memory = {{ shape = "steady", level = "19968MiB" }}
 async fn a_job_that_counts_its_tensors_shows_where_its_memory_goes_and_gets_the_remedy_that_fits() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("allocator.sock");
-    let probe = dir.path().join("probe.toml");
-    std::fs::write(&probe, crowded_scenario(1)).unwrap();
-    let gpu_uuid = Scenario::load(&probe)
-        .unwrap()
-        .node(NODE)
-        .unwrap()
-        .inventory()[0]
-        .uuid
-        .clone();
+    let gpu_uuid = first_gpu_uuid(dir.path(), &crowded_scenario(1));
     let bare_uuid = gpu_uuid.trim_start_matches("GPU-").to_owned();
 
     let mut trainer = python(
@@ -455,42 +472,17 @@ async fn a_job_that_counts_its_tensors_shows_where_its_memory_goes_and_gets_the_
 
     // Time to OOM warns as soon as the GPU is full; the watermark is quiet
     // so that the one alert read here is the forecast.
-    let rules = RulesConfig::parse(
+    let collector = collector_with(
+        dir.path(),
         "[time_to_oom]\nfor = \"0s\"\n\n[watermark]\nenabled = false\n",
-        Path::new("test-rules.toml"),
-    )
-    .unwrap();
-    let url = format!("sqlite://{}", dir.path().join("headroom.db").display());
-    let store: Arc<dyn Store> = headroom_store::connect(&url).await.unwrap();
-    let collector = RunningCollector::start_collector(
-        Collector::builder(store)
-            .rules(rules)
-            .build()
-            .await
-            .unwrap(),
     )
     .await;
-    let log_path = dir.path().join("agent.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let agent = KillOnDrop(
-        Command::new(built("headroom-agent"))
-            .args(["--source", "nvml", "--node-name", NODE])
-            .arg("--nvml-library")
-            .arg(headroom_tests::fake_nvml::library())
-            .arg("--allocator-socket")
-            .arg(&socket)
-            .arg("--spool-dir")
-            .arg(dir.path().join("spool"))
-            .args(["--collector-url", &collector.grpc_url()])
-            .args(["--metrics-listen", "127.0.0.1:0"])
-            .args(["--poll-interval-ms", "50", "--sample-interval-ms", "250"])
-            .env("HEADROOM_FAKE_NVML_SCENARIO", &scenario_path)
-            .env("HEADROOM_FAKE_NVML_NODE", NODE)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
+    let agent = start_nvml_agent(
+        dir.path(),
+        &socket,
+        &scenario_path,
+        &collector,
+        &dir.path().join("agent.log"),
     );
 
     // The process list splits the trainer's 60 GiB as the driver sees it.
@@ -626,26 +618,10 @@ memory = { shape = "steady", level = "10GiB" }
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_sum_their_ranks_and_carry_the_remedy_for_their_largest_share() {
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("headroom.db").display());
-    let store: Arc<dyn Store> = headroom_store::connect(&url).await.unwrap();
-    let collector =
-        RunningCollector::start_collector(Collector::builder(store).build().await.unwrap()).await;
+    let collector = collector_with(dir.path(), "").await;
     let scenario = Scenario::from_toml_str(JOBS).unwrap();
     let agent = headroom_agent::start(
-        headroom_agent::AgentSettings {
-            spool: None,
-            tls: None,
-            token: None,
-            collector_url: collector.grpc_url(),
-            node: "jobs-node".into(),
-            boot_id: "boot-1".into(),
-            poll_interval: Duration::from_millis(20),
-            sample_interval: Duration::from_millis(200),
-            max_pending_batches: 1000,
-            flush_above: 0.90,
-            metrics_listen: None,
-            allocator_socket: None,
-        },
+        sim_agent_settings(collector.grpc_url(), "jobs-node"),
         Box::new(headroom_agent::source::SimSource::new(&scenario, "jobs-node").unwrap()),
     )
     .unwrap();
