@@ -9,6 +9,8 @@ import struct
 import tempfile
 import threading
 import time
+import unittest
+from unittest import mock
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -132,3 +134,23 @@ class FakeAgent:
             os.unlink(self.path)
         except OSError:
             pass
+
+
+class EnvTestCase(unittest.TestCase):
+    """A test of the global ``enable()``: no reporter left from another test,
+    the environment restored afterwards and cleared of the client's
+    variables, and a fresh socket path in ``self.path``."""
+
+    def setUp(self):
+        import headroom_client
+
+        headroom_client.disable()
+        self.addCleanup(headroom_client.disable)
+        env = mock.patch.dict(os.environ)
+        env.start()
+        self.addCleanup(env.stop)
+        os.environ.pop("HEADROOM_ALLOCATOR_SOCKET", None)
+        os.environ.pop("HEADROOM_ALLOCATOR_DISABLE", None)
+        self.dir = TempSocketDir()
+        self.addCleanup(self.dir.cleanup)
+        self.path = self.dir.socket_path()

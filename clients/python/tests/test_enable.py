@@ -11,7 +11,7 @@ from unittest import mock
 import headroom_client
 from headroom_client import _sender
 
-from ._fake_agent import FakeAgent, TempSocketDir
+from ._fake_agent import EnvTestCase, FakeAgent
 
 DEVICE = {
     "index": 0,
@@ -41,19 +41,7 @@ def wait_until(predicate, timeout=5.0):
     return predicate()
 
 
-class EnableTest(unittest.TestCase):
-    def setUp(self):
-        headroom_client.disable()
-        self.addCleanup(headroom_client.disable)
-        env = mock.patch.dict(os.environ)
-        env.start()
-        self.addCleanup(env.stop)
-        os.environ.pop("HEADROOM_ALLOCATOR_SOCKET", None)
-        os.environ.pop("HEADROOM_ALLOCATOR_DISABLE", None)
-        self.dir = TempSocketDir()
-        self.addCleanup(self.dir.cleanup)
-        self.path = self.dir.socket_path()
-
+class EnableTest(EnvTestCase):
     def agent(self):
         agent = FakeAgent(self.path)
         self.addCleanup(agent.close)

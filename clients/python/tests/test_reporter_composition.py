@@ -4,12 +4,11 @@ import logging
 import os
 import threading
 import unittest
-from unittest import mock
 
 import headroom_client
 from headroom_client import Reporter
 
-from ._fake_agent import FakeAgent, TempSocketDir
+from ._fake_agent import EnvTestCase, FakeAgent, TempSocketDir
 from ._fake_tensors import BFLOAT16, Module, Optimizer, Parameter, Tensor, adam_model, cuda
 
 GIB = 1 << 30
@@ -236,18 +235,9 @@ class CompositionReporterTest(unittest.TestCase):
         self.assertEqual(reporter.composition_interval_s, 10.0)
 
 
-class EnableCompositionTest(unittest.TestCase):
+class EnableCompositionTest(EnvTestCase):
     def setUp(self):
-        headroom_client.disable()
-        self.addCleanup(headroom_client.disable)
-        env = mock.patch.dict(os.environ)
-        env.start()
-        self.addCleanup(env.stop)
-        os.environ.pop("HEADROOM_ALLOCATOR_SOCKET", None)
-        os.environ.pop("HEADROOM_ALLOCATOR_DISABLE", None)
-        self.dir = TempSocketDir()
-        self.addCleanup(self.dir.cleanup)
-        self.path = self.dir.socket_path()
+        super().setUp()
         self.agent = FakeAgent(self.path)
         self.addCleanup(self.agent.close)
 
