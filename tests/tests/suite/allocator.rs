@@ -92,9 +92,10 @@ fn wait_ready(stdout: ChildStdout) {
     assert_eq!(line.trim(), "ready");
 }
 
-/// One H100 with the training process (pid filled in) and a neighbour that
-/// does not report.
-fn scenario(pid: u32) -> String {
+/// One H100 with the training process (pid filled in, holding `level`)
+/// and a neighbour that does not report (`neighbour`: its process table's
+/// lines).
+fn one_gpu(pid: u32, level: &str, neighbour: &str) -> String {
     format!(
         r#"
 [[node]]
@@ -109,13 +110,22 @@ reserved = "512MiB"
 [[node.gpu.process]]
 pid = {pid}
 name = "python train.py"
-memory = {{ shape = "steady", level = "52GiB" }}
+memory = {{ shape = "steady", level = "{level}" }}
 
 [[node.gpu.process]]
-pid = 4999999
-name = "python eval.py"
-memory = {{ shape = "steady", level = "4GiB" }}
+{neighbour}
 "#
+    )
+}
+
+/// The reporter holds 52 GiB beside a 4 GiB evaluation.
+fn scenario(pid: u32) -> String {
+    one_gpu(
+        pid,
+        "52GiB",
+        r#"pid = 4999999
+name = "python eval.py"
+memory = { shape = "steady", level = "4GiB" }"#,
     )
 }
 
@@ -425,29 +435,14 @@ time.sleep(600)
 /// The counting trainer (pid filled in) holds 60 GiB of an 80 GiB GPU; at
 /// 20 s a neighbour takes every byte left.
 fn crowded_scenario(pid: u32) -> String {
-    format!(
-        r#"
-[[node]]
-name = "{NODE}"
-driver_version = "550.90.07"
-
-[[node.gpu]]
-model = "NVIDIA H100 80GB HBM3"
-memory_total = "80GiB"
-reserved = "512MiB"
-
-[[node.gpu.process]]
-pid = {pid}
-name = "python train.py"
-memory = {{ shape = "steady", level = "60GiB" }}
-
-[[node.gpu.process]]
-pid = 4999998
+    one_gpu(
+        pid,
+        "60GiB",
+        r#"pid = 4999998
 name = "python find_batch_size.py"
 user = "bob"
 start_s = 20
-memory = {{ shape = "steady", level = "19968MiB" }}
-"#
+memory = { shape = "steady", level = "19968MiB" }"#,
     )
 }
 
