@@ -252,13 +252,15 @@ impl Breakdown {
         let activations = peak.saturating_sub(c.counted());
         let cache = a.reserved.saturating_sub(peak);
         let outside = driver_used.map_or(0, |u| u.saturating_sub(a.reserved.max(peak)));
+        // An empty part (no gradients yet) has no dtype worth naming.
+        let dtype = |p: Option<Part>| p.filter(|p| p.bytes > 0).map(|p| p.dtype);
         let mut b = Self {
             weights_bytes: c.weights.map(|p| p.bytes),
-            weights_dtype: c.weights.map(|p| p.dtype),
+            weights_dtype: dtype(c.weights),
             gradients_bytes: c.gradients.map(|p| p.bytes),
-            gradients_dtype: c.gradients.map(|p| p.dtype),
+            gradients_dtype: dtype(c.gradients),
             optimizer_state_bytes: c.optimizer_state.map(|p| p.bytes),
-            optimizer_state_dtype: c.optimizer_state.map(|p| p.dtype),
+            optimizer_state_dtype: dtype(c.optimizer_state),
             activations_bytes: activations,
             complete: c.is_complete(),
             cache_bytes: cache,
@@ -431,6 +433,17 @@ mod tests {
             "the rest of the peak may be the optimizer: no activations remedy"
         );
         assert_eq!(b.largest().unwrap().0, Share::Weights);
+    }
+
+    #[test]
+    fn an_empty_part_is_zero_bytes_of_no_dtype() {
+        let c = Composition {
+            gradients: part(0, Dtype::Float32),
+            ..adam_fp32()
+        };
+        let b = Breakdown::of(&c, figures(30 * GIB, 40 * GIB, 40 * GIB), None);
+        assert_eq!((b.gradients_bytes, b.gradients_dtype), (Some(0), None));
+        assert!(b.complete, "counted, and zero");
     }
 
     #[test]
