@@ -65,9 +65,9 @@ def provider():
     ]
 
 
-def measure(socket_path, ticks):
-    reporter = headroom_client.Reporter(socket_path, stats_provider=provider,
-                                        reconnect_interval_s=5.0)
+def time_ticks(reporter, ticks):
+    """Wall and CPU time of each of ``ticks`` ticks, then the reporter's
+    counters; stops the reporter."""
     wall, cpu = [], []
     for _ in range(ticks):
         w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
@@ -77,6 +77,12 @@ def measure(socket_path, ticks):
     counters = (reporter.sent, reporter.dropped, reporter.errors)
     reporter.stop()
     return wall, cpu, counters
+
+
+def measure(socket_path, ticks):
+    reporter = headroom_client.Reporter(socket_path, stats_provider=provider,
+                                        reconnect_interval_s=5.0)
+    return time_ticks(reporter, ticks)
 
 
 def p99(values):
@@ -218,15 +224,7 @@ def measure_composition(args):
         reporter = headroom_client.Reporter(os.path.join(tempfile.gettempdir(), "headroom-missing.sock"),
                                             stats_provider=provider, reconnect_interval_s=3600, **kwargs)
         reporter.tick()  # the first tick counts; the rest only attach
-        wall, cpu, counters = [], [], None
-        for _ in range(args.ticks):
-            w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
-            reporter.tick()
-            cpu.append(time.thread_time_ns() - c0)
-            wall.append(time.perf_counter_ns() - w0)
-        counters = (reporter.sent, reporter.dropped, reporter.errors)
-        reporter.stop()
-        report(name, wall, cpu, counters)
+        report(name, *time_ticks(reporter, args.ticks))
 
 
 def measure_torch(args):

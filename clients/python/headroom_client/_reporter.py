@@ -279,9 +279,8 @@ class Reporter:
         free = sender.flush()  # finish a half-written line before anything new
         try:
             devices = self._provider()
-            compositions = None
-            if devices is not None and not (isinstance(devices, (list, tuple)) and not devices):
-                compositions = self._current_composition()
+            # Nothing to report (no CUDA yet): no count either.
+            compositions = self._current_composition() if devices else None
             line = _wire.encode_report(devices, os.getpid(), int(time.time() * 1000), compositions)
         except Exception as exc:
             self._errors += 1
