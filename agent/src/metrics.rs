@@ -43,6 +43,7 @@ pub struct AgentMetrics {
     polls: AtomicU64,
     poll_failures: AtomicU64,
     pending_batches: AtomicU64,
+    accepted_batches: AtomicU64,
     dropped_batches: AtomicU64,
     spool_bytes: AtomicU64,
     spool_segments: AtomicU64,
@@ -108,6 +109,7 @@ impl AgentMetrics {
             polls: AtomicU64::new(0),
             poll_failures: AtomicU64::new(0),
             pending_batches: AtomicU64::new(0),
+            accepted_batches: AtomicU64::new(0),
             dropped_batches: AtomicU64::new(0),
             spool_bytes: AtomicU64::new(0),
             spool_segments: AtomicU64::new(0),
@@ -165,8 +167,10 @@ impl AgentMetrics {
         self.poll_failures.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn set_outbox(&self, pending: u64, dropped_total: u64, stats: LogStats) {
+    pub fn set_outbox(&self, pending: u64, accepted: usize, dropped_total: u64, stats: LogStats) {
         self.pending_batches.store(pending, Ordering::Relaxed);
+        self.accepted_batches
+            .store(accepted as u64, Ordering::Relaxed);
         self.dropped_batches.store(dropped_total, Ordering::Relaxed);
         self.spool_bytes.store(stats.bytes, Ordering::Relaxed);
         self.spool_segments.store(stats.segments, Ordering::Relaxed);
@@ -322,10 +326,19 @@ impl AgentMetrics {
         family(
             "headroom_agent_pending_batches",
             "gauge",
-            "Batches waiting for the collector's acknowledgement.",
+            "Batches the collector has not yet made durable, sent or not; the agent keeps them until it has.",
             vec![(
                 node.clone(),
                 self.pending_batches.load(Ordering::Relaxed).to_string(),
+            )],
+        );
+        family(
+            "headroom_agent_accepted_batches",
+            "gauge",
+            "Of the pending batches, those the collector took in and holds in memory until its next flush.",
+            vec![(
+                node.clone(),
+                self.accepted_batches.load(Ordering::Relaxed).to_string(),
             )],
         );
         family(

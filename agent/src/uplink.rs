@@ -1,11 +1,12 @@
 //! Streams intervals to the collector over gRPC and keeps every batch until
-//! the collector acknowledges that it committed it.
+//! the collector acknowledges that it made it durable.
 //!
 //! Every interval goes into the [`Outbox`] first (in memory, or the disk
 //! spool), where it gets its stream id and sequence number; a session sends
-//! what the outbox holds in order and forgets it on ack. A batch keeps its
-//! number through reconnects and restarts, so a replay is recognised and
-//! stored once.
+//! what the outbox holds in order. Each ack carries two marks: batches up to
+//! the accepted one stop counting against `max_in_flight`, batches up to the
+//! committed one are forgotten. A batch keeps its number through reconnects
+//! and restarts, so a replay is recognised and stored once.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -163,7 +164,7 @@ impl Uplink {
     }
 
     /// Runs until `shutdown` flips to true, or until the sampler has stopped
-    /// and every batch it produced is acknowledged.
+    /// and every batch it produced is durable at the collector.
     pub async fn run(
         mut self,
         mut intervals: mpsc::Receiver<IntervalSamples>,
@@ -182,7 +183,7 @@ impl Uplink {
                 Err(error) => error,
             };
             // The collector processes a stream in order, so the batch it
-            // rejected is the oldest one it has not acknowledged. Resending it
+            // rejected is the oldest one it has not accepted. Resending it
             // would fail forever: refused as invalid, or too big for the
             // collector to read. A refused registration drops nothing: the
             // batches wait until the operator fixes the limit or inventory.
@@ -306,7 +307,9 @@ impl Uplink {
         };
         let mut acks = acks?.into_inner();
         // A registration read from the outbox waits until every batch before
-        // it is acknowledged: those were sampled under the previous one.
+        // it is accepted: those were sampled under the previous one, and the
+        // collector takes a stream's batches in order, so once it has taken
+        // them in it may judge the next ones by the new inventory.
         let mut next_registration: Option<pb::RegisterRequest> = None;
         loop {
             while next_registration.is_none()
@@ -336,6 +339,10 @@ impl Uplink {
                     return Ok(SessionEnd::Shutdown);
                 };
                 tracing::info!(stream = %r.boot_id, committed_seq = committed, "registered a new inventory");
+                // Acks now speak of `r`'s stream. When that is a new one (the
+                // spool started it over a damaged segment), the old stream's
+                // accepted batches, and all after them, stay in the outbox
+                // until the next session's Register says they are durable.
                 registration = r;
                 continue;
             }
@@ -345,10 +352,7 @@ impl Uplink {
             tokio::select! {
                 changed = shutdown.changed() => if changed.is_err() || *shutdown.borrow() { return Ok(SessionEnd::Shutdown) },
                 ack = acks.message() => match ack.map_err(SessionError::Stream)? {
-                    Some(ack) => {
-                        self.outbox.ack(&registration.boot_id, ack.committed_seq)?;
-                        self.report_queue();
-                    }
+                    Some(ack) => self.take_ack(&registration.boot_id, &ack)?,
                     None => return Err(SessionError::Closed),
                 },
                 interval = intervals.recv(), if self.input_open => self.accept(interval),
@@ -374,15 +378,27 @@ impl Uplink {
             };
             match message {
                 Ok(Some(ack)) => {
-                    if let Err(error) = self.outbox.ack(stream, ack.committed_seq) {
+                    if let Err(error) = self.take_ack(stream, &ack) {
                         return error.into();
                     }
-                    self.report_queue();
                 }
                 Ok(None) => return SessionError::Closed,
                 Err(status) => return SessionError::Stream(status),
             }
         }
+    }
+
+    /// Batches up to `accepted_seq` stop counting as in flight; those up to
+    /// `committed_seq` are durable and leave the outbox. A collector that
+    /// makes batches durable as it takes them in sends `accepted_seq` 0, and
+    /// one that sends an accepted mark below the committed one is wrong
+    /// about it: a durable batch is accepted, so the higher mark counts.
+    fn take_ack(&mut self, stream: &str, ack: &pb::Ack) -> Result<(), OutboxError> {
+        self.outbox
+            .accept(stream, ack.accepted_seq.max(ack.committed_seq));
+        self.outbox.ack(stream, ack.committed_seq)?;
+        self.report_queue();
+        Ok(())
     }
 
     /// Sends `registration` while sampling goes on (a collector whose
@@ -431,6 +447,7 @@ impl Uplink {
     fn report_queue(&self) {
         self.metrics.set_outbox(
             self.outbox.pending_batches(),
+            self.outbox.accepted_batches(),
             self.outbox.dropped_batches(),
             self.outbox.stats(),
         );

@@ -1,12 +1,15 @@
-//! Everything the agent has produced and the collector has not yet
-//! acknowledged, in order: batches and the registrations they were sampled
-//! under.
+//! Everything the agent has produced and the collector has not yet made
+//! durable, in order: batches and the registrations they were sampled under.
 //!
 //! The [`Outbox`] keeps two cursors over a [`RecordLog`]: `ack`, before which
-//! the collector holds everything, and `send`, up to which this session has
-//! put records on the wire. A new session rewinds `send` to `ack`, so a batch
-//! whose ack was lost is sent again and the collector stores it once by its
-//! `(node, stream, seq)`.
+//! the collector holds everything durably, and `send`, up to which this
+//! session has put records on the wire. Between them, the collector may have
+//! accepted a batch (taken it in, holding its samples in memory until a
+//! flush) without making it durable yet: such a batch no longer counts as in
+//! flight, but stays in the log, since a collector that restarts before its
+//! flush loses it. A new session rewinds `send` to `ack`, so a batch whose
+//! samples or ack were lost is sent again and the collector stores it once
+//! by its `(node, stream, seq)`.
 //!
 //! Sequence numbers are handed out when a batch is queued, by the log: the
 //! memory log starts a fresh stream per process; the disk [`spool::Spool`]
@@ -108,14 +111,31 @@ enum Consumed {
     },
 }
 
+/// A batch the collector refused behind batches it accepted but has not
+/// made durable: the log can only release its oldest records, so the batch
+/// stays there, is skipped when read, and goes with those batches.
+#[derive(Debug)]
+struct Refused {
+    stream: String,
+    seq: u64,
+    end: Position,
+}
+
 #[derive(Debug)]
 pub struct Outbox {
     log: Box<dyn RecordLog>,
     ack: Position,
     send: Position,
-    /// Records taken by this session and not yet acknowledged, oldest first.
+    /// Records taken by this session and not yet durable, oldest first; the
+    /// first `accepted` of them the collector has taken in.
     consumed: VecDeque<Consumed>,
+    accepted: usize,
+    /// Batches among the first `accepted` of `consumed`.
+    accepted_batches: usize,
+    /// Batches sent in this session and not yet accepted.
     in_flight_batches: usize,
+    /// Skipped when read until the release passes them.
+    refused: Vec<Refused>,
     /// The registration the records from `ack` on were produced under.
     registration: Option<pb::RegisterRequest>,
     dropped: u64,
@@ -129,7 +149,10 @@ impl Outbox {
             ack: first,
             send: first,
             consumed: VecDeque::new(),
+            accepted: 0,
+            accepted_batches: 0,
             in_flight_batches: 0,
+            refused: Vec::new(),
             registration: None,
             dropped: 0,
         }
@@ -173,10 +196,13 @@ impl Outbox {
         );
     }
 
-    /// Starts a session: everything not acknowledged is to be sent again.
+    /// Starts a session: everything not durable is to be sent again, what
+    /// the collector only accepted too (a restarted collector lost it).
     /// Returns the registration to send first.
     pub fn start_session(&mut self) -> Result<Option<pb::RegisterRequest>, OutboxError> {
         self.consumed.clear();
+        self.accepted = 0;
+        self.accepted_batches = 0;
         self.in_flight_batches = 0;
         self.send = self.ack;
         self.skip_registrations()?;
@@ -196,12 +222,18 @@ impl Outbox {
 
     /// The next record to put on the wire. A registration must reach the
     /// collector before the batches after it; the caller sends it once
-    /// every earlier batch is acknowledged.
+    /// every earlier batch is accepted.
     pub fn next_unsent(&mut self) -> Result<Option<Record>, OutboxError> {
-        let Some((record, next)) = self.log.read(self.send)? else {
-            return Ok(None);
+        let (record, next) = loop {
+            let Some((record, next)) = self.log.read(self.send)? else {
+                return Ok(None);
+            };
+            self.send = next;
+            match &record {
+                Record::Batch(batch) if self.is_refused(batch) => {}
+                _ => break (record, next),
+            }
         };
-        self.send = next;
         self.consumed.push_back(match &record {
             Record::Batch(batch) => {
                 self.in_flight_batches += 1;
@@ -219,8 +251,26 @@ impl Outbox {
         Ok(Some(record))
     }
 
-    /// The collector holds every batch of `stream` up to `committed`.
+    /// The collector took in every batch of `stream` up to `accepted`:
+    /// they stop counting as in flight, and stay until they are durable.
+    pub fn accept(&mut self, stream: &str, accepted: u64) {
+        while let Some(record) = self.consumed.get(self.accepted) {
+            match record {
+                Consumed::Batch { stream: s, seq, .. } if s == stream && *seq <= accepted => {
+                    self.in_flight_batches -= 1;
+                    self.accepted_batches += 1;
+                }
+                Consumed::Register { .. } => {}
+                Consumed::Batch { .. } => return,
+            }
+            self.accepted += 1;
+        }
+    }
+
+    /// The collector holds every batch of `stream` up to `committed`
+    /// durably: they leave the log. Durable implies accepted.
     pub fn ack(&mut self, stream: &str, committed: u64) -> Result<(), OutboxError> {
+        self.accept(stream, committed);
         loop {
             match self.consumed.front() {
                 Some(Consumed::Batch {
@@ -229,19 +279,18 @@ impl Outbox {
                     end,
                 }) if s == stream && *seq <= committed => {
                     let end = *end;
-                    self.consumed.pop_front();
-                    self.in_flight_batches -= 1;
+                    self.pop_consumed(true);
                     self.advance_ack(end, true);
                 }
                 Some(Consumed::Register { registration, end }) => {
                     let end = *end;
                     self.registration = Some(registration.clone());
-                    self.consumed.pop_front();
+                    self.pop_consumed(false);
                     self.advance_ack(end, false);
                 }
                 Some(Consumed::Batch { .. }) => return Ok(()),
-                // Nothing in flight: the collector may already hold batches
-                // this session has not sent (it stored them before a restart).
+                // Nothing this session sent waits: the collector may already
+                // hold batches it has not sent (stored before a restart).
                 None => match self.log.read(self.send)? {
                     Some((Record::Batch(batch), next))
                         if batch.boot_id == stream && batch.seq <= committed =>
@@ -255,34 +304,86 @@ impl Outbox {
         }
     }
 
-    /// The collector refused the oldest unacknowledged batch; resending it
-    /// would fail forever. Drops it and returns its sequence number.
-    pub fn reject_oldest(&mut self) -> Result<Option<u64>, OutboxError> {
-        self.start_session()?;
-        match self.log.read(self.send)? {
-            Some((Record::Batch(batch), next)) => {
-                self.send = next;
-                self.advance_ack(next, true);
-                self.dropped += 1;
-                Ok(Some(batch.seq))
+    fn pop_consumed(&mut self, batch: bool) {
+        self.consumed.pop_front();
+        if self.accepted > 0 {
+            self.accepted -= 1;
+            if batch {
+                self.accepted_batches -= 1;
             }
-            _ => Ok(None),
+        } else if batch {
+            self.in_flight_batches -= 1;
         }
+    }
+
+    /// The collector refused the oldest batch it had not accepted (it takes
+    /// a stream's batches in order); resending it would fail forever. Drops
+    /// it, ends the session, and returns its sequence number.
+    pub fn reject_oldest(&mut self) -> Result<Option<u64>, OutboxError> {
+        let oldest_in_flight =
+            self.consumed
+                .iter()
+                .skip(self.accepted)
+                .find_map(|record| match record {
+                    Consumed::Batch { stream, seq, end } => Some(Refused {
+                        stream: stream.clone(),
+                        seq: *seq,
+                        end: *end,
+                    }),
+                    Consumed::Register { .. } => None,
+                });
+        let accepted_ahead = self.accepted_batches > 0;
+        self.start_session()?;
+        match oldest_in_flight {
+            // Batches that are not durable yet come before it in the log:
+            // it waits there to be released with them.
+            Some(refused) if accepted_ahead => {
+                let seq = refused.seq;
+                self.refused.push(refused);
+                self.dropped += 1;
+                Ok(Some(seq))
+            }
+            None if accepted_ahead => Ok(None),
+            // It is the oldest batch the log holds.
+            _ => match self.log.read(self.send)? {
+                Some((Record::Batch(batch), next)) => {
+                    self.send = next;
+                    self.advance_ack(next, true);
+                    self.dropped += 1;
+                    Ok(Some(batch.seq))
+                }
+                _ => Ok(None),
+            },
+        }
+    }
+
+    fn is_refused(&self, batch: &pb::Batch) -> bool {
+        self.refused
+            .iter()
+            .any(|r| r.seq == batch.seq && r.stream == batch.boot_id)
     }
 
     fn advance_ack(&mut self, upto: Position, batch: bool) {
         if upto > self.ack {
             self.ack = upto;
             self.log.release(upto, batch);
+            self.refused.retain(|r| r.end > upto);
         }
     }
 
-    /// Batches sent in this session and not yet acknowledged.
+    /// Batches sent in this session and not yet accepted: what
+    /// `max_in_flight` bounds.
     pub fn in_flight_batches(&self) -> usize {
         self.in_flight_batches
     }
 
-    /// Batches not yet acknowledged, sent or not.
+    /// Batches the collector accepted in this session and has not yet made
+    /// durable (it holds their samples in memory until a flush).
+    pub fn accepted_batches(&self) -> usize {
+        self.accepted_batches
+    }
+
+    /// Batches not yet durable, sent or not: what the log holds.
     pub fn pending_batches(&self) -> u64 {
         self.log.pending_batches()
     }

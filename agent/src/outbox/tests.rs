@@ -132,6 +132,153 @@ fn a_new_inventory_is_registered_between_the_batches_it_separates() {
 }
 
 #[test]
+fn accepted_batches_leave_the_window_but_stay_until_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    for mut outbox in [memory(100), spool(&spool_config(dir.path()))] {
+        outbox.push_register(registration("550")).unwrap();
+        let seqs: Vec<u64> = (1..=5)
+            .map(|i| outbox.push_batch(batch(i)).unwrap())
+            .collect();
+        let stream = outbox.stream_id().to_owned();
+        outbox.start_session().unwrap();
+        drain(&mut outbox);
+
+        outbox.accept(&stream, seqs[3]);
+        assert_eq!(outbox.in_flight_batches(), 1);
+        assert_eq!(outbox.accepted_batches(), 4);
+        assert_eq!(outbox.pending_batches(), 5, "accepted is not durable");
+
+        outbox.ack(&stream, seqs[1]).unwrap();
+        assert_eq!(outbox.in_flight_batches(), 1);
+        assert_eq!(outbox.accepted_batches(), 2);
+        assert_eq!(
+            outbox.pending_batches(),
+            3,
+            "released up to the durable mark"
+        );
+
+        // The collector restarted and lost what it held in memory.
+        outbox.start_session().unwrap();
+        assert_eq!(outbox.accepted_batches(), 0);
+        assert_eq!(intervals(&drain(&mut outbox).0), [3, 4, 5]);
+        assert_eq!(outbox.in_flight_batches(), 3);
+    }
+}
+
+#[test]
+fn only_durable_batches_leave_the_spool() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut outbox = spool(&spool_config(dir.path()));
+    outbox.push_register(registration("550")).unwrap();
+    let seqs: Vec<u64> = (1..=400)
+        .map(|i| outbox.push_batch(batch(i)).unwrap())
+        .collect();
+    let segments = outbox.stats().segments;
+    let stream = outbox.stream_id().to_owned();
+    outbox.start_session().unwrap();
+    drain(&mut outbox);
+    outbox.accept(&stream, seqs[399]);
+    assert_eq!(outbox.in_flight_batches(), 0);
+    assert_eq!(outbox.pending_batches(), 400);
+    assert_eq!(
+        outbox.stats().segments,
+        segments,
+        "no segment goes on accept"
+    );
+
+    outbox.ack(&stream, seqs[199]).unwrap();
+    assert_eq!(outbox.pending_batches(), 200);
+    let left = outbox.stats().segments;
+    assert!(1 < left && left < segments, "{left} of {segments}");
+    outbox.start_session().unwrap();
+    assert_eq!(
+        intervals(&drain(&mut outbox).0),
+        (201..=400).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn an_ack_without_an_accepted_mark_releases_as_it_always_did() {
+    let mut outbox = memory(100);
+    outbox.push_register(registration("550")).unwrap();
+    let seqs: Vec<u64> = (1..=5)
+        .map(|i| outbox.push_batch(batch(i)).unwrap())
+        .collect();
+    let stream = outbox.stream_id().to_owned();
+    outbox.start_session().unwrap();
+    drain(&mut outbox);
+    // An old collector: accepted_seq 0, committed_seq the batch it stored.
+    outbox.accept(&stream, 0);
+    outbox.ack(&stream, seqs[2]).unwrap();
+    assert_eq!(outbox.in_flight_batches(), 2);
+    assert_eq!(outbox.accepted_batches(), 0);
+    assert_eq!(outbox.pending_batches(), 2);
+    // A mark below what is already durable moves nothing back.
+    outbox.accept(&stream, seqs[0]);
+    outbox.ack(&stream, seqs[1]).unwrap();
+    assert_eq!(outbox.in_flight_batches(), 2);
+    assert_eq!(outbox.pending_batches(), 2);
+    outbox.start_session().unwrap();
+    assert_eq!(intervals(&drain(&mut outbox).0), [4, 5]);
+}
+
+#[test]
+fn a_new_inventory_waits_for_the_batches_before_it_to_be_accepted() {
+    let mut outbox = memory(100);
+    outbox.push_register(registration("550")).unwrap();
+    let s1 = outbox.push_batch(batch(1)).unwrap();
+    outbox.push_register(registration("560")).unwrap();
+    outbox.push_batch(batch(2)).unwrap();
+    let stream = outbox.stream_id().to_owned();
+    outbox.start_session().unwrap();
+    assert!(matches!(
+        outbox.next_unsent().unwrap(),
+        Some(Record::Batch(_))
+    ));
+    assert!(
+        matches!(outbox.next_unsent().unwrap(), Some(Record::Register(r)) if r.driver_version == "560")
+    );
+    // The uplink registers it once nothing before it is in flight.
+    assert_eq!(outbox.in_flight_batches(), 1);
+    outbox.accept(&stream, s1);
+    assert_eq!(outbox.in_flight_batches(), 0);
+    assert_eq!(intervals(&drain(&mut outbox).0), [2]);
+
+    // Batch 1 was accepted but never made durable: the next session
+    // starts under the inventory it was sampled under.
+    assert_eq!(
+        outbox.start_session().unwrap().unwrap().driver_version,
+        "550"
+    );
+    let (sent, registrations) = drain(&mut outbox);
+    assert_eq!(intervals(&sent), [1, 2]);
+    assert_eq!(registrations, ["560"]);
+}
+
+#[test]
+fn a_batch_refused_behind_accepted_ones_is_dropped_and_they_are_kept() {
+    let mut outbox = memory(10);
+    outbox.push_register(registration("550")).unwrap();
+    let seqs: Vec<u64> = (1..=4)
+        .map(|i| outbox.push_batch(batch(i)).unwrap())
+        .collect();
+    let stream = outbox.stream_id().to_owned();
+    outbox.start_session().unwrap();
+    drain(&mut outbox);
+    outbox.accept(&stream, seqs[1]);
+    assert_eq!(outbox.reject_oldest().unwrap(), Some(seqs[2]));
+    assert_eq!(outbox.dropped_batches(), 1);
+    outbox.start_session().unwrap();
+    assert_eq!(intervals(&drain(&mut outbox).0), [1, 2, 4]);
+    outbox.ack(&stream, seqs[3]).unwrap();
+    assert_eq!(
+        outbox.pending_batches(),
+        0,
+        "it went with the batches after it"
+    );
+}
+
+#[test]
 fn memory_cap_drops_the_oldest_batches_and_counts_them() {
     let mut outbox = memory(3);
     outbox.push_register(registration("550")).unwrap();
