@@ -34,6 +34,9 @@ pub enum BatchOutcome {
     Committed,
     /// A replay of a batch already stored.
     Duplicate,
+    /// A replay of a batch accepted before whose samples were not yet
+    /// durable: its samples are taken again.
+    Replayed,
     /// Refused as invalid (the agent drops it).
     Rejected,
     /// The store failed (the agent retries it).
@@ -46,6 +49,7 @@ pub struct CollectorMetrics {
     registrations_refused: AtomicU64,
     committed: AtomicU64,
     duplicate: AtomicU64,
+    replayed: AtomicU64,
     rejected: AtomicU64,
     failed: AtomicU64,
     gpu_samples: AtomicU64,
@@ -70,6 +74,10 @@ pub struct CollectorMetrics {
     maintenance_leader: AtomicI64,
     maintenance_passes: AtomicU64,
     maintenance_failures: AtomicU64,
+    chunk_flushes: AtomicU64,
+    chunk_flush_failures: AtomicU64,
+    chunks_written: AtomicU64,
+    chunk_samples_written: AtomicU64,
     partitions_created: AtomicU64,
     partitions_dropped: AtomicU64,
     rows_expired: AtomicU64,
@@ -101,6 +109,7 @@ impl CollectorMetrics {
         let counter = match outcome {
             BatchOutcome::Committed => &self.committed,
             BatchOutcome::Duplicate => &self.duplicate,
+            BatchOutcome::Replayed => &self.replayed,
             BatchOutcome::Rejected => &self.rejected,
             BatchOutcome::Failed => &self.failed,
         };
@@ -180,6 +189,19 @@ impl CollectorMetrics {
         self.maintenance_at_ms.store(now_ms, Ordering::Relaxed);
     }
 
+    /// A flush of open chunks that wrote something.
+    pub fn chunks_flushed(&self, report: &headroom_store::model::FlushReport) {
+        self.chunk_flushes.fetch_add(1, Ordering::Relaxed);
+        self.chunks_written
+            .fetch_add(report.chunks as u64, Ordering::Relaxed);
+        self.chunk_samples_written
+            .fetch_add(report.samples as u64, Ordering::Relaxed);
+    }
+
+    pub fn chunk_flush_failed(&self) {
+        self.chunk_flush_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn maintenance_failed(&self) {
         self.maintenance_failures.fetch_add(1, Ordering::Relaxed);
     }
@@ -241,10 +263,11 @@ impl CollectorMetrics {
             &mut out,
             "headroom_collector_batches_total",
             "counter",
-            "Batches by outcome: committed, duplicate (a replay already stored), rejected (invalid, dropped by the agent), failed (storage error, retried by the agent).",
+            "Batches by outcome: committed, duplicate (a replay already stored), replayed (accepted before, its samples taken again: they were still in open chunks), rejected (invalid, dropped by the agent), failed (storage error, retried by the agent).",
             &[
                 ("outcome=\"committed\"", get(&self.committed).to_string()),
                 ("outcome=\"duplicate\"", get(&self.duplicate).to_string()),
+                ("outcome=\"replayed\"", get(&self.replayed).to_string()),
                 ("outcome=\"rejected\"", get(&self.rejected).to_string()),
                 ("outcome=\"failed\"", get(&self.failed).to_string()),
             ],
@@ -420,6 +443,30 @@ impl CollectorMetrics {
 
     fn render_maintenance(&self, out: &mut String) {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed).to_string();
+        family(
+            out,
+            "headroom_collector_chunk_flushes_total",
+            "counter",
+            "Flushes of open chunks that wrote samples, by result; a failed one is retried, the agents holding its batches meanwhile.",
+            &[
+                ("result=\"ok\"", get(&self.chunk_flushes)),
+                ("result=\"failed\"", get(&self.chunk_flush_failures)),
+            ],
+        );
+        family(
+            out,
+            "headroom_collector_chunks_written_total",
+            "counter",
+            "Compressed chunks written (one per series and hour a flush holds samples of).",
+            &[("", get(&self.chunks_written))],
+        );
+        family(
+            out,
+            "headroom_collector_chunk_samples_written_total",
+            "counter",
+            "GPU and process samples written in chunks.",
+            &[("", get(&self.chunk_samples_written))],
+        );
         let passes = self.maintenance_passes.load(Ordering::Relaxed);
         family(
             out,

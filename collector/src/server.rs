@@ -117,6 +117,11 @@ impl Collector {
             metrics.clone(),
             stopped.clone(),
         ));
+        tokio::spawn(flush_chunks(
+            self.store.clone(),
+            metrics.clone(),
+            stopped.clone(),
+        ));
         let writers = Coalescer::start(self.store.clone(), &self.writers, metrics.clone());
         // One list of active tokens for both sides, so a revocation reaches
         // agents and browsers alike and the store is asked once per refresh.
@@ -258,6 +263,34 @@ impl CollectorBuilder {
             http: self.http,
             tls: self.tls,
         })
+    }
+}
+
+/// Writes the store's open chunks whenever a flush is due, checking every
+/// second, until shutdown (closing the store writes what is left).
+async fn flush_chunks(
+    store: Arc<dyn Store>,
+    metrics: Arc<CollectorMetrics>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped.wait_for(|stop| *stop) => return,
+        }
+        match store.flush(false).await {
+            Ok(report) if report.samples > 0 => {
+                metrics.chunks_flushed(&report);
+                tracing::debug!(?report, "wrote open chunks");
+            }
+            Ok(_) => {}
+            Err(error) => {
+                metrics.chunk_flush_failed();
+                tracing::warn!(%error, "writing open chunks failed; retrying (the agents hold those batches)");
+            }
+        }
     }
 }
 

@@ -27,6 +27,7 @@ fn session() -> NodeSession {
         node: "node-a".into(),
         boot_id: "boot-a".into(),
         committed_seq: 0,
+        durable_seq: 0,
         device_ids: HashMap::from([(GPU.to_owned(), 7)]),
         devices: HashMap::from([(
             7,

@@ -28,6 +28,13 @@ pub enum StoreError {
         limit: usize,
         forget_after_h: i64,
     },
+    /// Samples waiting for a flush fill their memory twice over: the
+    /// database does not take chunks as fast as agents send samples. The
+    /// batch is refused for now; its agent keeps it and sends it again.
+    #[error(
+        "{held_mib} MiB of samples wait to be written, twice [storage] chunk_memory_mib; the database is behind"
+    )]
+    Backlog { held_mib: usize },
     /// Stored data that cannot be read back (a damaged packed chunk).
     #[error("stored data is damaged: {0}")]
     Damaged(String),

@@ -7,6 +7,7 @@ pub mod alerts;
 mod connection;
 mod error;
 pub mod model;
+pub mod open_chunks;
 mod postgres;
 pub mod rollup;
 mod rows;

@@ -77,13 +77,18 @@ pub struct MigPlacement {
 }
 
 /// What the store knows about one agent boot: the ids of its node and
-/// devices and the highest batch it committed.
+/// devices, the highest batch it accepted and the highest whose samples
+/// are durable.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeSession {
     pub node_id: i64,
     pub node: String,
     pub boot_id: String,
     pub committed_seq: u64,
+    /// At most `committed_seq`: a store that writes samples in chunks holds
+    /// the newest batches' samples in memory until a flush. The agent
+    /// replays everything after it.
+    pub durable_seq: u64,
     pub device_ids: HashMap<String, i64>,
     pub devices: HashMap<i64, DeviceMeta>,
 }
@@ -135,6 +140,15 @@ pub struct GpuSampleRow {
     pub utilization_pct: Option<i16>,
     pub pcie_tx_bytes_per_s: Option<i64>,
     pub pcie_rx_bytes_per_s: Option<i64>,
+}
+
+/// A process sample as stored: the process by its row id, and its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProcessPoint {
+    pub process_id: i64,
+    pub timestamp_ms: i64,
+    pub used_last: i64,
+    pub used_max: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -200,10 +214,28 @@ pub struct EventRow {
     pub detail: String,
 }
 
+/// What one flush of open chunks wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FlushReport {
+    pub chunks: usize,
+    /// Compressed bytes of those chunks (before row and index overhead).
+    pub chunk_bytes: usize,
+    pub samples: usize,
+    /// Samples left out because another collector had written them.
+    pub left_out: usize,
+}
+
 /// The outcome of a write: stored now, or already stored by an earlier copy
 /// of the same batch (a replay).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WriteOutcome {
     Committed,
-    Duplicate { committed_seq: u64 },
+    /// Accepted before (its events stored, its rules run) but its samples
+    /// were not yet durable: a collector that held them in memory died, or
+    /// the agent moved to another. Its samples are taken again, nothing
+    /// else is.
+    Replayed,
+    Duplicate {
+        committed_seq: u64,
+    },
 }

@@ -41,6 +41,30 @@ pub struct StorageConfig {
     /// least one transaction of each table (a GPU, or eight processes), so
     /// even 0 makes progress, slowly. Rollups wait while it runs.
     pub pack_seconds_per_pass: u32,
+    /// Postgres: how GPU and process samples are written.
+    pub sample_writes: SampleWrites,
+    /// Postgres, chunked writes: the oldest sample held in memory is written
+    /// within this many seconds (1 to 60). Agents keep every batch until
+    /// then; a longer wait makes fewer, smaller-per-sample chunks.
+    pub chunk_flush_s: u32,
+    /// Postgres, chunked writes: past this many MiB of samples held in
+    /// memory, they are written at once, so the collector's memory stays
+    /// bounded whatever the fleet's size.
+    pub chunk_memory_mib: u32,
+}
+
+/// How a Postgres store writes samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SampleWrites {
+    /// Each series' samples are held in memory and written as one
+    /// compressed chunk per flush; agents' spools hold them meanwhile.
+    #[default]
+    Chunks,
+    /// A row per sample, packed into chunks a day later: the layout before
+    /// chunks, kept for a rolling upgrade (collectors of both kinds on one
+    /// database) and for comparison.
+    Rows,
 }
 
 impl Default for StorageConfig {
@@ -52,6 +76,9 @@ impl Default for StorageConfig {
             maintenance_interval_s: 20,
             pack_raw_after_hours: 24,
             pack_seconds_per_pass: 10,
+            sample_writes: SampleWrites::Chunks,
+            chunk_flush_s: 60,
+            chunk_memory_mib: 256,
         }
     }
 }
@@ -79,8 +106,22 @@ impl StorageConfig {
         i64::from(self.hour_retention_days.max(1)) * DAY_MS
     }
 
+    /// When open chunks are written.
+    pub fn chunk_limits(&self) -> crate::open_chunks::ChunkLimits {
+        crate::open_chunks::ChunkLimits {
+            flush_after_ms: i64::from(self.chunk_flush_s.clamp(1, 60)) * 1000,
+            max_bytes: (self.chunk_memory_mib.max(1) as usize) << 20,
+        }
+    }
+
     /// A problem with the values, named, or `None`.
     pub fn problem(&self) -> Option<String> {
+        if !(1..=60).contains(&self.chunk_flush_s) || self.chunk_memory_mib == 0 {
+            return Some(format!(
+                "storage.chunk_flush_s must be 1 to 60 (is {}) and storage.chunk_memory_mib at least 1",
+                self.chunk_flush_s
+            ));
+        }
         if self.raw_retention_days == 0 || self.maintenance_interval_s == 0 {
             return Some(
                 "storage.raw_retention_days and storage.maintenance_interval_s must be at least 1"

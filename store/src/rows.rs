@@ -219,6 +219,7 @@ pub(crate) fn session_from(
     node: &str,
     boot_id: &str,
     committed_seq: i64,
+    durable_seq: i64,
     rows: Vec<SessionDevice>,
 ) -> NodeSession {
     let mut device_ids = HashMap::with_capacity(rows.len());
@@ -241,6 +242,7 @@ pub(crate) fn session_from(
         node: node.to_owned(),
         boot_id: boot_id.to_owned(),
         committed_seq: u64::try_from(committed_seq).unwrap_or(0),
+        durable_seq: u64::try_from(durable_seq.min(committed_seq)).unwrap_or(0),
         device_ids,
         devices,
     }

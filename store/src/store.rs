@@ -4,7 +4,7 @@ use async_trait::async_trait;
 
 use crate::StoreError;
 use crate::alerts::AlertStore;
-use crate::model::{NodeSession, Registration, StoreBatch, WriteOutcome};
+use crate::model::{FlushReport, NodeSession, Registration, StoreBatch, WriteOutcome};
 use crate::rollup::{MaintenanceReport, Watermarks};
 use crate::tokens::TokenStore;
 use crate::views::{
@@ -44,6 +44,22 @@ pub trait Store: AlertStore + TokenStore + Send + Sync + std::fmt::Debug + 'stat
             .into_iter()
             .next()
             .unwrap_or(WriteOutcome::Duplicate { committed_seq: 0 }))
+    }
+
+    /// Writes the samples held in open chunks, when a flush is due (the
+    /// oldest waited its time, or they fill their memory) or `force`d; a
+    /// store that writes every sample as it takes it has none.
+    async fn flush(&self, force: bool) -> Result<FlushReport, StoreError> {
+        let _ = force;
+        Ok(FlushReport::default())
+    }
+
+    /// The highest seq of the stream `(node_id, boot_id)` whose samples are
+    /// durable, where that trails the batches accepted (samples wait in
+    /// open chunks); `None` where every accepted batch is durable.
+    fn durable_seq(&self, node_id: i64, boot_id: &str) -> Option<u64> {
+        let _ = (node_id, boot_id);
+        None
     }
 
     /// One maintenance pass: partitions ahead of time, rollups of finished

@@ -1,6 +1,7 @@
-//! Storage at scale, on Postgres: ingest rate against the COPY limit, bytes
-//! on disk per GPU-second against Prometheus' TSDB, and dashboard query
-//! latency with a day of data loaded.
+//! Storage at scale, on Postgres, with samples written as chunks at a
+//! flush: what ingest costs in CPU per GPU-second stored, bytes on disk per
+//! GPU-second and process-second beside Prometheus' TSDB and
+//! VictoriaMetrics, and dashboard query latency with a day of data loaded.
 //!
 //! ```sh
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \
@@ -12,35 +13,35 @@
 //! `fleet` (alone, ROUNDS = calls per range, default 200) times the fleet
 //! history on SQLite and on Postgres.
 //! `BENCH_WRITERS=N` sets the collector's `[ingest] writers` (default 0: 2
-//! on Postgres).
+//! on Postgres); `BENCH_FLUSH_S` its `chunk_flush_s` (default 10).
 //!
 //! 1. Ingest: AGENTS (default 200) simulated 8-GPU agents register over real
-//!    gRPC on loopback with a collector on Postgres and stream one batch per
-//!    simulated second (8 GPU samples, 16 process samples whose memory moves
-//!    in steps every few minutes, as the CUDA caching allocator's does) as
-//!    fast as the acks come back, for SECONDS (default 20). Then the same number of rows,
-//!    generated the same way, go into the same tables with one `COPY` each:
-//!    the most this Postgres takes. Same process, same machine, one run;
-//!    ROUNDS (default 3) rounds of both, and the median ratio. Beside the
-//!    rates, the CPU each path cost per 1,000 rows over its timed window:
-//!    the Postgres server's (when it runs on this machine), the simulated
-//!    agents' threads and the rest of this process (collector or `COPY`
-//!    client).
+//!    gRPC on loopback with a collector on Postgres and stream pre-encoded
+//!    batches, one per simulated second (8 GPU samples, 16 process samples
+//!    whose memory moves in steps every few minutes, as the CUDA caching
+//!    allocator's does) as fast as the acks come back, for SECONDS (default
+//!    20), ROUNDS (default 3) times. Beside the rate, the CPU per 1,000
+//!    GPU-seconds taken in: the Postgres server's (when it runs on this
+//!    machine), the collector's (this process but the agents' threads) and
+//!    the simulated agents'; and the share of the samples the flushes wrote
+//!    in the window (about 1 when they keep up).
 //! 2. Storage: HISTORY_NODES (default 8) nodes of 8 GPUs, each GPU with two
-//!    processes, write one whole UTC day (the last that ended more than a day
-//!    ago) at one sample per second through the store's own write path, then
-//!    maintenance rolls them up. Bytes per GPU-second are the raw
-//!    partitions' size on disk, indexes included. Then maintenance packs the
-//!    day's GPU and process samples into chunks, timed and sized the same
-//!    way. The first
-//!    node's 8 GPUs go to Prometheus too (`promtool tsdb create-blocks-from
-//!    openmetrics`, Debian's `prometheus` package) as 8 series per GPU, the
-//!    same figures.
+//!    processes, write one whole UTC day (the last that ended more than a
+//!    day ago) at one sample per second through the store's own write path,
+//!    the open chunks written every simulated minute, as a collector with
+//!    the default `chunk_flush_s` writes them; then maintenance rolls up the
+//!    hours. Bytes per GPU-second and process-second are the tables' size
+//!    on disk, indexes included. The first node's 8 GPUs go to Prometheus
+//!    too (`promtool tsdb create-blocks-from openmetrics`, Debian's
+//!    `prometheus` package) and to VictoriaMetrics (Debian's
+//!    `victoria-metrics`, its Prometheus import API, then flushed and
+//!    merged) as 8 series per GPU, the same figures, with the CPU
+//!    VictoriaMetrics spent taking them.
 //! 3. Queries: the fleet grows to 1,000 GPUs (the rest with a current sample
 //!    only), a collector serves it, and one client times the fleet overview
 //!    (`GET /api/v1/gpus`), a 24 h chart of one GPU
 //!    (`GET /api/v1/gpus/{uuid}/series`, 1,000 points) and a 1 h chart of
-//!    the packed day at one point per sample, 300 of each.
+//!    the day at one point per sample (from its chunks), 300 of each.
 //! 4. Fleet history (`fleet`): 1,000 GPUs × 7 days of minute and hour
 //!    rollups loaded straight into their tables, on SQLite and on Postgres;
 //!    the fleet rows are filled as the rollup pass fills them (timed per
@@ -288,6 +289,9 @@ struct IngestFigures {
     process_rows: u64,
     seconds: f64,
     batches_per_write: f64,
+    /// Samples the flushes wrote in the window over those taken in: about
+    /// 1 once flushes keep up.
+    written_share: f64,
     cpu: CpuSpent,
 }
 
@@ -374,9 +378,25 @@ async fn connect_and_register(url: &str, node: usize) -> tonic::transport::Chann
 }
 
 /// Phase 1a: agents over gRPC into a collector on Postgres.
+/// `BENCH_FLUSH_S`: how often the ingest phase's collector writes its open
+/// chunks (default 10, so that a 20 s window holds two flushes; production
+/// writes them every 60 s, which makes fewer, larger chunks).
+fn bench_flush_s() -> u32 {
+    std::env::var("BENCH_FLUSH_S")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10)
+}
+
 async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
     let db = postgres::fresh_database().await.expect("Postgres");
-    let store = headroom_store::connect(&db.url).await.unwrap();
+    let storage = StorageConfig {
+        chunk_flush_s: bench_flush_s(),
+        ..StorageConfig::default()
+    };
+    let store = headroom_store::connect_with(&db.url, storage)
+        .await
+        .unwrap();
     let postmaster = postmaster_of(&mut PgConnection::connect(&db.url).await.unwrap()).await;
     let mut writers = WriterConfig::default();
     if let Some(count) = std::env::var("BENCH_WRITERS")
@@ -451,6 +471,7 @@ async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
     .await;
     let writes0 = metric(&collector, "headroom_collector_write_groups_total").await;
     let batches0 = metric(&collector, "headroom_collector_write_group_batches_total").await;
+    let written0 = metric(&collector, "headroom_collector_chunk_samples_written_total").await;
     let cpu = CpuMark::now(postmaster);
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(seconds)).await;
@@ -463,6 +484,7 @@ async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
     .await;
     let writes1 = metric(&collector, "headroom_collector_write_groups_total").await;
     let batches1 = metric(&collector, "headroom_collector_write_group_batches_total").await;
+    let written1 = metric(&collector, "headroom_collector_chunk_samples_written_total").await;
     let elapsed = started.elapsed().as_secs_f64();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     collector.stop().await;
@@ -477,86 +499,9 @@ async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
         process_rows: (proc1 - proc0) as u64,
         seconds: elapsed,
         batches_per_write: (batches1 - batches0) / (writes1 - writes0).max(1.0),
+        written_share: (written1 - written0) / (gpu1 - gpu0 + proc1 - proc0).max(1.0),
         cpu,
     }
-}
-
-/// Phase 1b: the same rows into the same tables with COPY, the limit.
-async fn copy_limit(gpu_rows: u64, process_rows: u64, agents: usize) -> (f64, CpuSpent) {
-    let db = postgres::fresh_database().await.expect("Postgres");
-    let store = headroom_store::connect(&db.url).await.unwrap();
-    store.close().await;
-    let mut conn = PgConnection::connect(&db.url).await.unwrap();
-    let postmaster = postmaster_of(&mut conn).await;
-    let start_ms = (now_ms() - 2 * 3_600_000) / 1000 * 1000;
-    let seconds_of_data = gpu_rows / (agents * GPUS_PER_NODE) as u64 + 1;
-    let cpu = CpuMark::now(postmaster);
-    let started = Instant::now();
-    let mut copy = conn
-        .copy_in_raw(
-            "COPY gpu_samples (ts_ms, used_last, used_min, used_max, reserved, total, pcie_tx, pcie_rx,
-                 device_id, interval_ms, poll_count, utilization) FROM STDIN",
-        )
-        .await
-        .unwrap();
-    let mut text = String::with_capacity(1 << 23);
-    let mut sent = 0u64;
-    'gpus: for s in 1..=seconds_of_data {
-        let ts = start_ms + s as i64 * 1000;
-        for gpu in 0..agents * GPUS_PER_NODE {
-            let f = figures(gpu as u64, ts / 1000);
-            let _ = writeln!(
-                text,
-                "{ts}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t1000\t10\t{}",
-                f.used,
-                f.used_min,
-                f.used_max,
-                f.reserved,
-                f.total,
-                f.pcie_tx,
-                f.pcie_rx,
-                gpu + 1,
-                f.utilization
-            );
-            sent += 1;
-            if text.len() > 1 << 22 {
-                copy.send(text.as_bytes()).await.unwrap();
-                text.clear();
-            }
-            if sent == gpu_rows {
-                break 'gpus;
-            }
-        }
-    }
-    copy.send(text.as_bytes()).await.unwrap();
-    text.clear();
-    copy.finish().await.unwrap();
-    let mut copy = conn
-        .copy_in_raw("COPY process_samples (process_id, ts_ms, used_last, used_max) FROM STDIN")
-        .await
-        .unwrap();
-    let processes = (agents * GPUS_PER_NODE * PROCESSES_PER_GPU) as u64;
-    for row in 0..process_rows {
-        let ts = start_ms + (row / processes) as i64 * 1000;
-        let process = row % processes;
-        let used = process_used(
-            process / PROCESSES_PER_GPU as u64,
-            process % PROCESSES_PER_GPU as u64,
-            ts / 1000,
-        );
-        let _ = writeln!(text, "{}\t{ts}\t{used}\t{}", process + 1, used + 64 * MIB);
-        if text.len() > 1 << 22 {
-            copy.send(text.as_bytes()).await.unwrap();
-            text.clear();
-        }
-    }
-    copy.send(text.as_bytes()).await.unwrap();
-    copy.finish().await.unwrap();
-    let elapsed = started.elapsed().as_secs_f64();
-    let cpu = cpu.spent();
-    conn.close().await.unwrap();
-    db.drop_database().await;
-    (elapsed, cpu)
 }
 
 /// Phase 2: a day of history through the store's write path, then rollups.
@@ -573,12 +518,18 @@ async fn load_history(store: &PostgresStore, nodes: usize, end_ms: i64) -> (f64,
     let start_ms = end_ms - DAY_MS;
     let started = Instant::now();
     let limits = Limits::default();
-    // One writer's worth of batches per call, as the coalescer would send.
-    let per_write = 256 / nodes.max(1);
+    // One writer's worth of batches per call, as the coalescer would send,
+    // in seconds that divide a minute: the open chunks are written every
+    // simulated minute, as a collector at one sample per second and the
+    // default `chunk_flush_s` (60) writes them.
+    let per_write = (1..=60)
+        .rev()
+        .find(|d| 60 % d == 0 && *d <= 256 / nodes.max(1))
+        .unwrap_or(1);
     let mut group: Vec<StoreBatch> = Vec::with_capacity(256);
     let mut second = 0i64;
     while second < DAY_MS / 1000 {
-        for _ in 0..per_write.max(1) {
+        for _ in 0..per_write {
             if second >= DAY_MS / 1000 {
                 break;
             }
@@ -591,7 +542,11 @@ async fn load_history(store: &PostgresStore, nodes: usize, end_ms: i64) -> (f64,
         }
         store.write_batches(&group).await.unwrap();
         group.clear();
+        if second % 60 == 0 {
+            store.flush(true).await.unwrap();
+        }
     }
+    store.flush(true).await.unwrap();
     let write_s = started.elapsed().as_secs_f64();
     let started = Instant::now();
     loop {
@@ -671,6 +626,121 @@ fn prometheus_bytes(dir: &std::path::Path, end_ms: i64) -> Option<(u64, f64)> {
     }
     let _ = std::fs::remove_file(&om);
     Some((dir_bytes(&blocks), took))
+}
+
+struct VictoriaFigures {
+    bytes: u64,
+    samples: u64,
+    cpu_s: f64,
+}
+
+/// The same series as [`prometheus_bytes`] imported into VictoriaMetrics
+/// (Debian's `victoria-metrics`) through its Prometheus import API, then
+/// flushed and merged: its bytes on disk (data and index, not its caches)
+/// and the CPU its server spent taking them. `None` when it is missing.
+async fn victoria_metrics(dir: &std::path::Path, end_ms: i64) -> Option<VictoriaFigures> {
+    let addr = headroom_tests::harness::free_loopback_addr();
+    let data = dir.join("victoria");
+    let mut server = match std::process::Command::new("victoria-metrics")
+        .arg(format!("-storageDataPath={}", data.display()))
+        .arg(format!("-httpListenAddr={addr}"))
+        .args(["-retentionPeriod=100y", "-loggerLevel=ERROR"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(server) => server,
+        Err(error) => {
+            eprintln!("victoria-metrics is missing ({error}): no VictoriaMetrics figure");
+            return None;
+        }
+    };
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let mut ready = false;
+    for _ in 0..100 {
+        if client.get(format!("{base}/health")).send().await.is_ok() {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let cpu = || headroom_tests::cpu::process_seconds(server.id()).unwrap_or(0.0);
+    let before = cpu();
+    let start_s = (end_ms - DAY_MS) / 1000;
+    let mut samples = 0u64;
+    let mut body = String::new();
+    for g in 0..GPUS_PER_NODE {
+        let uuid = gpu_uuid(0, g);
+        let labels = format!("node=\"{}\",gpu=\"{g}\",uuid=\"{uuid}\"", node_name(0));
+        for s in 0..DAY_MS / 1000 {
+            let second = start_s + s;
+            let f = figures(g as u64, second);
+            let ms = second * 1000;
+            for (name, value) in [
+                ("gpu_memory_used_bytes", f.used as f64),
+                ("gpu_memory_used_min_bytes", f.used_min as f64),
+                ("gpu_memory_used_max_bytes", f.used_max as f64),
+                ("gpu_memory_reserved_bytes", f.reserved as f64),
+                ("gpu_memory_total_bytes", f.total as f64),
+                ("gpu_utilization_ratio", f64::from(f.utilization) / 100.0),
+                ("gpu_pcie_tx_bytes_per_second", f.pcie_tx as f64),
+                ("gpu_pcie_rx_bytes_per_second", f.pcie_rx as f64),
+            ] {
+                let _ = writeln!(body, "{name}{{{labels}}} {value} {ms}");
+                samples += 1;
+            }
+            if body.len() > 8 << 20 {
+                import_into_victoria(&client, &base, std::mem::take(&mut body)).await;
+            }
+        }
+    }
+    import_into_victoria(&client, &base, body).await;
+    let _ = client
+        .get(format!("{base}/internal/force_flush"))
+        .send()
+        .await;
+    let cpu_s = cpu() - before;
+    // VictoriaMetrics names a month's partition YYYY_MM.
+    let day = postgres::day_suffix(end_ms - DAY_MS);
+    let month = format!("{}_{}", &day[..4], &day[4..6]);
+    let _ = client
+        .get(format!(
+            "{base}/internal/force_merge?partition_prefix={month}"
+        ))
+        .send()
+        .await;
+    // The merge runs in the background: wait for the size to settle.
+    let on_disk = || dir_bytes(&data.join("data")) + dir_bytes(&data.join("indexdb"));
+    let mut last = on_disk();
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = on_disk();
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    ready.then_some(VictoriaFigures {
+        bytes: last,
+        samples,
+        cpu_s,
+    })
+}
+
+async fn import_into_victoria(client: &reqwest::Client, base: &str, body: String) {
+    let response = client
+        .post(format!("{base}/api/v1/import/prometheus"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        response.status().is_success(),
+        "{:?}",
+        response.text().await
+    );
 }
 
 fn dir_bytes(path: &std::path::Path) -> u64 {
@@ -757,72 +827,48 @@ async fn main() {
 /// Phase 1, `rounds` times: the collector over gRPC, then `COPY`.
 async fn ingest_rounds(agents: usize, seconds: u64, rounds: usize) {
     println!(
-        "## 1. Ingest: {agents} agents × {GPUS_PER_NODE} GPUs over gRPC, {seconds} s, {rounds} rounds"
+        "## 1. Ingest: {agents} agents × {GPUS_PER_NODE} GPUs ({PROCESSES_PER_GPU} processes each) over gRPC, {seconds} s, {rounds} rounds"
     );
-    println!("| round | path | GPU samples/s | process samples/s | rows/s | ratio to COPY |");
-    println!("|---|---|---|---|---|---|");
-    let mut ratios = Vec::new();
-    let mut cpu_rows = Vec::new();
+    println!(
+        "Open chunks written every {} s (BENCH_FLUSH_S); a GPU-second is one GPU sample and its {PROCESSES_PER_GPU} process samples.",
+        bench_flush_s()
+    );
+    println!(
+        "| round | GPU samples/s (GPUs at 1 Hz) | process samples/s | batches per write | written by flushes | CPU per 1,000 GPU-s: collector | Postgres | both | simulated agents |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let mut both = Vec::new();
+    let mut rates = Vec::new();
     for round in 1..=rounds {
         let ingest = ingest_over_grpc(agents, seconds).await;
-        let (copy_s, copy_cpu) = copy_limit(ingest.gpu_rows, ingest.process_rows, agents).await;
-        cpu_rows.push((
-            round,
-            ingest.cpu,
-            copy_cpu,
-            ingest.gpu_rows + ingest.process_rows,
-        ));
-        let rows = (ingest.gpu_rows + ingest.process_rows) as f64;
-        let ingest_rate = rows / ingest.seconds;
-        let copy_rate = rows / copy_s;
-        ratios.push(ingest_rate / copy_rate);
-        println!(
-            "| {round} | collector (gRPC, {:.0} batches per write) | {:.0} | {:.0} | {:.0} | {:.2} |",
-            ingest.batches_per_write,
-            ingest.gpu_rows as f64 / ingest.seconds,
-            ingest.process_rows as f64 / ingest.seconds,
-            ingest_rate,
-            ingest_rate / copy_rate
-        );
-        println!(
-            "| {round} | COPY of the same {rows} rows | {:.0} | {:.0} | {copy_rate:.0} | 1.00 |",
-            ingest.gpu_rows as f64 / copy_s,
-            ingest.process_rows as f64 / copy_s,
-        );
-    }
-    ratios.sort_by(f64::total_cmp);
-    println!("median ratio to COPY: {:.2}", percentile(&ratios, 0.5));
-    println!();
-    // Rates on two shared cores move with the load generator and the
-    // machine; what each path costs the database per row does not.
-    println!("CPU per 1,000 rows stored, by process (ms):");
-    println!("| round | path | Postgres | collector or COPY client | simulated agents |");
-    println!("|---|---|---|---|---|");
-    let per_k = |seconds: f64, rows: u64| seconds * 1e6 / rows.max(1) as f64;
-    let shown =
-        |s: Option<f64>, rows| s.map_or("n/a".to_string(), |s| format!("{:.3}", per_k(s, rows)));
-    let mut postgres_ratios = Vec::new();
-    for (round, ingest, copy, rows) in cpu_rows {
-        println!(
-            "| {round} | collector | {} | {:.3} | {:.3} |",
-            shown(ingest.postgres, rows),
-            per_k(ingest.client, rows),
-            per_k(ingest.agents, rows)
-        );
-        println!(
-            "| {round} | COPY | {} | {:.3} | |",
-            shown(copy.postgres, rows),
-            per_k(copy.client, rows)
-        );
-        if let (Some(i), Some(c)) = (ingest.postgres, copy.postgres) {
-            postgres_ratios.push(c / i);
+        let per_k = |cpu: f64| cpu * 1e6 / ingest.gpu_rows.max(1) as f64;
+        let postgres = ingest.cpu.postgres.map(per_k);
+        let together = postgres.map(|p| p + per_k(ingest.cpu.client));
+        if let Some(t) = together {
+            both.push(t);
         }
-    }
-    if !postgres_ratios.is_empty() {
-        postgres_ratios.sort_by(f64::total_cmp);
+        let rate = ingest.gpu_rows as f64 / ingest.seconds;
+        rates.push(rate);
+        let ms = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.2} ms"));
         println!(
-            "median Postgres CPU per row, COPY over collector: {:.2}",
-            percentile(&postgres_ratios, 0.5)
+            "| {round} | {rate:.0} | {:.0} | {:.0} | {:.0} % | {:.2} ms | {} | {} | {:.2} ms |",
+            ingest.process_rows as f64 / ingest.seconds,
+            ingest.batches_per_write,
+            ingest.written_share * 100.0,
+            per_k(ingest.cpu.client),
+            ms(postgres),
+            ms(together),
+            per_k(ingest.cpu.agents),
+        );
+    }
+    rates.sort_by(f64::total_cmp);
+    println!("median: {:.0} GPU samples/s", percentile(&rates, 0.5));
+    if !both.is_empty() {
+        both.sort_by(f64::total_cmp);
+        let median = percentile(&both, 0.5);
+        println!(
+            "median CPU per 1,000 GPU-seconds stored, collector and Postgres: {median:.2} ms (target 15 ms); 100,000 GPUs at 1 Hz would take {:.2} cores",
+            median * 100.0 / 1000.0
         );
     }
     println!();
@@ -836,15 +882,15 @@ async fn storage_and_queries(history_nodes: usize) {
         gpus * PROCESSES_PER_GPU
     );
     let db = postgres::fresh_database().await.expect("Postgres");
-    // Loaded and rolled up with packing off, to size the raw rows first.
-    let unpacked = StorageConfig {
-        pack_raw_after_hours: 0,
-        ..StorageConfig::default()
-    };
-    let store = PostgresStore::connect(&db.url, unpacked).await.unwrap();
-    // One whole UTC day, ended more than a day ago: what packing takes.
+    let store = PostgresStore::connect(&db.url, StorageConfig::default())
+        .await
+        .unwrap();
+    let postmaster = postmaster_of(&mut PgConnection::connect(&db.url).await.unwrap()).await;
+    // One whole UTC day, ended more than a day ago.
     let end_ms = bucket_start(now_ms() - DAY_MS, DAY_MS);
+    let cpu = CpuMark::now(postmaster);
     let (write_s, rollup_s) = load_history(&store, history_nodes, end_ms).await;
+    let cpu = cpu.spent();
     sqlx::query("VACUUM ANALYZE")
         .execute(store.pool())
         .await
@@ -852,78 +898,60 @@ async fn storage_and_queries(history_nodes: usize) {
     let gpu_seconds = (gpus as i64 * DAY_MS / 1000) as f64;
     let process_seconds = gpu_seconds * PROCESSES_PER_GPU as f64;
     println!(
-        "loaded in {write_s:.0} s through the write path ({:.0} GPU samples/s); rolled up in {rollup_s:.1} s",
+        "loaded in {write_s:.0} s through the store's write path, chunks written every simulated minute ({:.0} GPU samples/s); rollup passes {rollup_s:.1} s",
         gpu_seconds / write_s
     );
-    println!("| table | bytes on disk | per GPU-second (process-second) |");
+    let per_thousand = |seconds: f64| seconds * 1e3 / gpu_seconds * 1e3;
+    println!(
+        "CPU per 1,000 GPU-seconds (each with {PROCESSES_PER_GPU} processes) while loading: collector {:.1} ms, Postgres {} (load generator included in the collector's share)",
+        per_thousand(cpu.client),
+        cpu.postgres
+            .map_or("not on this machine".into(), |p| format!(
+                "{:.1} ms",
+                per_thousand(p)
+            ))
+    );
+    println!("| table (indexes included) | bytes on disk | per GPU-second (process-second) |");
     println!("|---|---|---|");
+    let mut kept = 0;
     for (table, per) in [
+        ("gpu_samples_packed", gpu_seconds),
+        ("process_samples_packed", process_seconds),
         ("gpu_samples", gpu_seconds),
         ("process_samples", process_seconds),
         ("gpu_samples_1m", gpu_seconds),
         ("gpu_samples_1h", gpu_seconds),
         ("process_samples_1m", process_seconds),
+        ("process_samples_1h", process_seconds),
     ] {
         let bytes = table_bytes(&store, table).await;
+        kept += bytes;
         println!("| {table} | {bytes} | {:.2} |", bytes as f64 / per);
     }
-    store.close().await;
-
-    // The same day packed, as maintenance does a day after it ends.
-    let store = PostgresStore::connect(&db.url, StorageConfig::default())
-        .await
-        .unwrap();
-    let started = Instant::now();
-    let mut packed = 0;
-    loop {
-        let report = store.maintain(now_ms()).await.unwrap();
-        if report.samples_packed == 0 {
-            break;
-        }
-        packed += report.samples_packed;
-    }
-    let pack_s = started.elapsed().as_secs_f64();
-    // A day this large is emptied once autovacuum has cleared its dead
-    // rows (maintenance leaves that to it past a million): keep passing,
-    // as the collector does every 20 s, until the raw partitions are empty.
-    let raw_bytes = || async {
-        table_bytes(&store, "gpu_samples").await + table_bytes(&store, "process_samples").await
-    };
-    let partitions: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
-         WHERE p.relname IN ('gpu_samples', 'process_samples')",
-    )
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
-    let empty = partitions * (64 << 10);
-    let waited = Instant::now();
-    while raw_bytes().await > empty && waited.elapsed() < Duration::from_secs(600) {
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        packed += store.maintain(now_ms()).await.unwrap().samples_packed;
-    }
-    let empty_s = waited.elapsed().as_secs_f64();
-    sqlx::query("VACUUM ANALYZE")
-        .execute(store.pool())
-        .await
-        .unwrap();
-    let raw_left = raw_bytes().await;
     println!(
-        "packed {packed} samples in {pack_s:.1} s ({:.0}/s); raw partitions emptied {empty_s:.0} s later ({raw_left} B left in {partitions} partitions)",
-        packed as f64 / pack_s
+        "| everything above (samples, rollups) | {kept} | {:.2} per GPU-second |",
+        kept as f64 / gpu_seconds
     );
-    for (table, per) in [
-        ("gpu_samples_packed", gpu_seconds),
-        ("process_samples_packed", process_seconds),
-    ] {
-        let bytes = table_bytes(&store, table).await;
-        println!("| {table} | {bytes} | {:.2} |", bytes as f64 / per);
-    }
     let dir = tempfile::tempdir().unwrap();
+    let peer_seconds = (GPUS_PER_NODE as i64 * DAY_MS / 1000) as f64;
     if let Some((bytes, took)) = prometheus_bytes(dir.path(), end_ms) {
-        let per = bytes as f64 / (GPUS_PER_NODE as i64 * DAY_MS / 1000) as f64;
         println!(
-            "| Prometheus TSDB, 8 GPUs × 8 series (promtool, {took:.0} s) | {bytes} | {per:.2} |"
+            "| Prometheus TSDB, 8 GPUs × 8 series (promtool, {took:.0} s) | {bytes} | {:.2} |",
+            bytes as f64 / peer_seconds
+        );
+    }
+    if let Some(vm) = victoria_metrics(dir.path(), end_ms).await {
+        println!(
+            "| VictoriaMetrics, 8 GPUs × 8 series (import API, merged) | {} | {:.2} |",
+            vm.bytes,
+            vm.bytes as f64 / peer_seconds
+        );
+        println!(
+            "VictoriaMetrics took {} samples with {:.2} CPU-s of its server: {:.0} samples per CPU-second, {:.1} ms per 1,000 GPU-seconds of 8 series",
+            vm.samples,
+            vm.cpu_s,
+            vm.samples as f64 / vm.cpu_s,
+            vm.cpu_s * 1e3 / peer_seconds * 1e3
         );
     }
 
@@ -975,13 +1003,13 @@ async fn storage_and_queries(history_nodes: usize) {
     println!("| fleet overview, {FLEET_GPUS} GPUs | {o50:.1} ms | {o99:.1} ms | {obytes} B |");
     println!("| 24 h chart, 1,000 points | {c50:.1} ms | {c99:.1} ms | {cbytes} B |");
     println!(
-        "| 1 h chart of a packed day, 3,600 points | {z50:.1} ms | {z99:.1} ms | {zbytes} B |"
+        "| 1 h chart at one point per sample (chunks), 3,600 points | {z50:.1} ms | {z99:.1} ms | {zbytes} B |"
     );
     println!(
-        "| 9 h chart of a packed day, 600 points (54 samples each) | {d50:.1} ms | {d99:.1} ms | {dbytes} B |"
+        "| 9 h chart, 600 points (54 samples each, from chunks) | {d50:.1} ms | {d99:.1} ms | {dbytes} B |"
     );
     println!(
-        "| 24 h chart of a packed day, 10,000 points (9 samples each) | {a50:.1} ms | {a99:.1} ms | {abytes} B |"
+        "| 24 h chart, 10,000 points (9 samples each, from chunks) | {a50:.1} ms | {a99:.1} ms | {abytes} B |"
     );
     collector.stop().await;
     shared.close().await;

@@ -54,6 +54,14 @@ pub fn postgres_seconds(postmaster: u32) -> Option<f64> {
     Some(ticks as f64 / USER_HZ as f64)
 }
 
+/// CPU seconds of process `pid` (every thread of it, and the children it
+/// waited for); `None` when it is not readable here.
+pub fn process_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, ticks) = stat_cpu_ticks(&stat, true)?;
+    Some(ticks as f64 / USER_HZ as f64)
+}
+
 /// The postmaster of backend `pid` (what `pg_backend_pid()` answered),
 /// when that backend runs on this machine: its process title names
 /// `database`, which a process that merely has the same pid here does not.

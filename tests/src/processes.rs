@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use headroom_store::PostgresStore;
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
 
@@ -29,10 +30,42 @@ pub fn start_collector(
     http: SocketAddr,
     log: &Path,
 ) -> KillOnDrop {
+    start_configured_collector(database_url, rules, None, grpc, http, log)
+}
+
+/// [`start_collector`] writing its open chunks every `flush_s` seconds
+/// (from a configuration file beside `log`), so that what an agent sends
+/// is on disk, and acknowledged as durable, within about that long.
+pub fn start_collector_flushing_every(
+    flush_s: u32,
+    database_url: &str,
+    rules: Option<&Path>,
+    grpc: SocketAddr,
+    http: SocketAddr,
+    log: &Path,
+) -> KillOnDrop {
+    let config = log.with_extension("toml");
+    std::fs::write(&config, format!("[storage]\nchunk_flush_s = {flush_s}\n")).unwrap();
+    start_configured_collector(database_url, rules, Some(&config), grpc, http, log)
+}
+
+/// [`start_collector`] with a configuration file.
+pub fn start_configured_collector(
+    database_url: &str,
+    rules: Option<&Path>,
+    config: Option<&Path>,
+    grpc: SocketAddr,
+    http: SocketAddr,
+    log: &Path,
+) -> KillOnDrop {
     let log = log_file(log);
     let mut command = Command::new(built("headroom-collector"));
+    if let Some(config) = config {
+        command.arg("serve").arg("--config").arg(config);
+    } else {
+        command.arg("serve");
+    }
     command
-        .arg("serve")
         .args(["--grpc-listen", &grpc.to_string()])
         .args(["--http-listen", &http.to_string()]);
     if let Some(rules) = rules {
@@ -102,23 +135,29 @@ pub async fn pending_batches(metrics: SocketAddr) -> Option<u64> {
         .ok()
 }
 
-/// (end of interval, its length) of `node`'s GPU 0 samples in the Postgres
-/// database at `url`, in time order; empty while it cannot be reached.
+/// (end of interval, its length) of `node`'s GPU 0 samples on disk in the
+/// Postgres database at `url` (rows and chunks; not what a collector holds
+/// in open chunks), in time order; empty while it cannot be reached.
 pub async fn gpu0_samples(url: &str, node: &str) -> Vec<(i64, i64)> {
     let Ok(mut conn) = PgConnection::connect(url).await else {
         return Vec::new();
     };
-    sqlx::query_as::<_, (i64, i32)>(
-        "SELECT s.ts_ms, s.interval_ms FROM gpu_samples s
-         JOIN devices d ON d.id = s.device_id JOIN nodes n ON n.id = d.node_id
-         WHERE n.name = $1 AND d.parent_id IS NULL AND d.gpu_index = 0
-         ORDER BY s.ts_ms",
+    let device: Option<i64> = sqlx::query_scalar(
+        "SELECT d.id::int8 FROM devices d JOIN nodes n ON n.id = d.node_id
+         WHERE n.name = $1 AND d.parent_id IS NULL AND d.gpu_index = 0",
     )
     .bind(node)
-    .fetch_all(&mut conn)
+    .fetch_optional(&mut conn)
     .await
-    .unwrap_or_default()
-    .into_iter()
-    .map(|(ts, interval)| (ts, i64::from(interval)))
-    .collect()
+    .ok()
+    .flatten();
+    let Some(device) = device else {
+        return Vec::new();
+    };
+    PostgresStore::stored_gpu_samples(&mut conn, &[device], 0, i64::MAX / 2)
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| (s.timestamp_ms, i64::from(s.interval_ms)))
+        .collect()
 }

@@ -216,14 +216,31 @@ impl Inner {
                 if let Some(alerting) = &self.alerting {
                     alerting.observe_batch(&session, &rows).await;
                 }
-                Ok(pb::Ack { committed_seq: seq })
+                Ok(self.ack(&session, seq))
+            }
+            Ok(WriteOutcome::Replayed) => {
+                self.metrics.batch(BatchOutcome::Replayed);
+                tracing::debug!(
+                    node,
+                    seq,
+                    "replayed batch accepted before; its samples taken again"
+                );
+                committed.fetch_max(seq, Ordering::Relaxed);
+                Ok(self.ack(&session, seq))
             }
             Ok(WriteOutcome::Duplicate { committed_seq }) => {
                 self.metrics.batch(BatchOutcome::Duplicate);
                 tracing::debug!(node, seq, committed_seq, "replayed batch already stored");
                 committed.fetch_max(committed_seq, Ordering::Relaxed);
+                // Where samples wait in open chunks, `committed_seq` is the
+                // durable mark; otherwise every batch up to `seq` is stored.
+                let durable = match self.store.durable_seq(session.node_id, &session.boot_id) {
+                    Some(held) => held.max(committed_seq),
+                    None => committed_seq.max(seq),
+                };
                 Ok(pb::Ack {
-                    committed_seq: committed_seq.max(seq),
+                    committed_seq: durable,
+                    accepted_seq: committed_seq.max(seq),
                 })
             }
             Err(WriteError::Closed) => {
@@ -241,6 +258,33 @@ impl Inner {
 }
 
 impl Inner {
+    /// A new ack for the stream of `node` and `boot` when its durable mark
+    /// moved past `last` (which it then becomes); `None` when it did not.
+    fn durable_news(&self, node: &str, boot: &str, last: &mut pb::Ack) -> Option<pb::Ack> {
+        let (session, _) = self.cached(node, boot)?;
+        let durable = self
+            .store
+            .durable_seq(session.node_id, &session.boot_id)?
+            .min(last.accepted_seq);
+        (durable > last.committed_seq).then(|| {
+            last.committed_seq = durable;
+            *last
+        })
+    }
+
+    /// The ack for batch `seq` of `session`'s stream, taken in: durable as
+    /// far as the store says (samples in open chunks are not yet).
+    fn ack(&self, session: &NodeSession, seq: u64) -> pb::Ack {
+        let durable = self
+            .store
+            .durable_seq(session.node_id, &session.boot_id)
+            .map_or(seq, |durable| durable.min(seq));
+        pb::Ack {
+            committed_seq: durable,
+            accepted_seq: seq,
+        }
+    }
+
     /// The status for a registration the store did not take: a refusal the
     /// agent's operator must act on, or storage trouble to wait out.
     fn registration_refused(&self, node: &str, error: StoreError) -> Status {
@@ -313,8 +357,10 @@ impl Ingest for IngestService {
             .await
             .map_err(|error| self.inner.registration_refused(&registration.node, error))?;
         tracing::info!(node = %session.node, boot_id = %session.boot_id, devices = session.device_ids.len(),
-            committed_seq = session.committed_seq, "agent registered");
-        let committed_seq = session.committed_seq;
+            committed_seq = session.committed_seq, durable_seq = session.durable_seq, "agent registered");
+        // The agent sends again everything after this; what was accepted
+        // but not yet durable is taken as a replay.
+        let committed_seq = session.durable_seq;
         self.inner.metrics.registered();
         if let Some(alerting) = &self.inner.alerting {
             alerting.node_registered(&session.node, registration.sample_interval_ms);
@@ -338,7 +384,30 @@ impl Ingest for IngestService {
         tokio::spawn(async move {
             inner.metrics.stream_opened();
             let _open = StreamOpen(inner.metrics.clone());
-            while let Some(batch) = batches.next().await {
+            // The stream's last ack: once a flush makes more of it durable,
+            // the agent hears so even if it sends nothing more (an agent
+            // that throttles on the durable mark would otherwise wait for
+            // an ack that only its next batch could bring).
+            let mut last: Option<(String, String, pb::Ack)> = None;
+            let mut durable_check = tokio::time::interval(std::time::Duration::from_secs(1));
+            durable_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let batch = tokio::select! {
+                    batch = batches.next() => batch,
+                    _ = durable_check.tick() => {
+                        if let Some(ack) = last.as_mut().and_then(|(node, boot, ack)| inner.durable_news(node, boot, ack))
+                            && acks.send(Ok(ack)).await.is_err()
+                        {
+                            return;
+                        }
+                        continue;
+                    }
+                };
+                let Some(batch) = batch else { return };
+                let stream = match &batch {
+                    Ok(batch) => Some((batch.node.clone(), batch.boot_id.clone())),
+                    Err(_) => None,
+                };
                 let result = match batch {
                     Ok(batch) => match inner
                         .auth
@@ -363,6 +432,9 @@ impl Ingest for IngestService {
                         return;
                     }
                 };
+                if let (Ok(ack), Some((node, boot))) = (&result, stream) {
+                    last = Some((node, boot, *ack));
+                }
                 let failed = result.is_err();
                 if acks.send(result).await.is_err() || failed {
                     return;

@@ -14,6 +14,7 @@ use sqlx::{Postgres, Row, Transaction};
 
 mod alerts;
 mod checkpoints;
+mod chunk_flush;
 mod copy;
 mod fold;
 mod maintenance;
@@ -26,10 +27,13 @@ mod process_cache;
 mod write;
 mod write_connections;
 
-use crate::model::{GpuSampleRow, NodeSession, Registration, StoreBatch, WriteOutcome};
+use crate::model::{
+    FlushReport, GpuSampleRow, NodeSession, Registration, StoreBatch, WriteOutcome,
+};
+use crate::open_chunks::OpenChunks;
 use crate::rollup::{
-    self, MaintenanceReport, StorageConfig, Watermarks, fleet_source_bounds, resolution_for,
-    source_bounds,
+    self, MaintenanceReport, SampleWrites, StorageConfig, Watermarks, fleet_source_bounds,
+    resolution_for, source_bounds,
 };
 use crate::rows::{
     DeviceRow, PROCESS_COLUMNS, ProcessBucket, ProcessKey, ProcessMeta, ProcessRow, SessionDevice,
@@ -56,6 +60,11 @@ pub struct PostgresStore {
     /// Paces the checkpoint rows (`gpu_latest`, process last-seen times).
     clock: Clock,
     writers: Arc<write_connections::WriteConnections>,
+    /// Samples held until a flush writes them as chunks; `None` where they
+    /// are written as rows.
+    open_chunks: Option<Arc<std::sync::Mutex<OpenChunks>>>,
+    /// One flush at a time: a second would take nothing the first has not.
+    flush_turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl PostgresStore {
@@ -93,7 +102,6 @@ impl PostgresStore {
         MIGRATOR.run(&pool).await?;
         let store = Self {
             pool,
-            storage,
             leadership: Arc::new(maintenance::Leadership::new(primary.clone())),
             process_cache: Arc::default(),
             latest_cache: Arc::default(),
@@ -101,6 +109,13 @@ impl PostgresStore {
             process_seen: Arc::default(),
             clock: Clock::System,
             writers: Arc::new(write_connections::WriteConnections::new(primary.clone())),
+            open_chunks: (storage.sample_writes == SampleWrites::Chunks).then(|| {
+                Arc::new(std::sync::Mutex::new(OpenChunks::new(
+                    storage.chunk_limits(),
+                )))
+            }),
+            flush_turn: Arc::default(),
+            storage,
         };
         if primary.has_standbys() {
             tokio::spawn(follow_failover(
@@ -134,6 +149,7 @@ impl PostgresStore {
                 latest: &self.latest_cache,
                 nodes: &self.node_cache,
                 process_seen: &self.process_seen,
+                chunks: self.open_chunks.as_deref(),
                 now_ms: self.clock.now_ms(),
             };
             let written = write::write_group(&mut conn, &caches, batches).await;
@@ -154,6 +170,90 @@ impl PostgresStore {
         }
     }
 
+    /// What the store now knows of a stream's durable mark.
+    fn learn_durable(&self, session: &NodeSession) {
+        if let Some(open) = &self.open_chunks {
+            lock(open).learn_durable(
+                &(session.node_id, session.boot_id.clone()),
+                session.durable_seq,
+            );
+        }
+    }
+
+    /// Open and flushing samples of `device` in `[from_ms, to_ms]`, added
+    /// to `stored` (a sample in both, as a flush commits, counts once).
+    fn with_open_gpu(
+        &self,
+        mut stored: Vec<GpuSampleRow>,
+        device: i64,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Vec<GpuSampleRow> {
+        if let Some(open) = &self.open_chunks {
+            stored.extend(lock(open).gpu_between(device, from_ms, to_ms));
+            stored.sort_by_key(|r| r.timestamp_ms);
+            stored.dedup_by_key(|r| r.timestamp_ms);
+        }
+        stored
+    }
+
+    fn with_open_processes(
+        &self,
+        mut stored: Vec<ProcessPoint>,
+        processes: &[i64],
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Vec<ProcessPoint> {
+        if let Some(open) = &self.open_chunks {
+            stored.extend(lock(open).processes_between(processes, from_ms, to_ms));
+            stored.sort_by_key(|r| (r.process_id, r.timestamp_ms));
+            stored.dedup_by_key(|r| (r.process_id, r.timestamp_ms));
+        }
+        stored
+    }
+
+    /// Writes the open chunks taken now; on failure they stay held and the
+    /// next flush takes them again.
+    async fn flush_open_chunks(
+        &self,
+        open: &std::sync::Mutex<OpenChunks>,
+        force: bool,
+    ) -> Result<FlushReport, StoreError> {
+        let _turn = self.flush_turn.lock().await;
+        let taken = {
+            let mut open = lock(open);
+            if !force && !open.due(self.clock.now_ms()) {
+                return Ok(FlushReport::default());
+            }
+            open.take()
+        };
+        let Some(taken) = taken else {
+            return Ok(FlushReport::default());
+        };
+        let span = taken_span(&taken);
+        let write = || async {
+            let mut conn = self.pool.acquire().await?;
+            chunk_flush::write_open_chunks(&mut conn, taken.clone()).await
+        };
+        let flushed = match write().await {
+            Err(StoreError::Database(e)) if is_missing_partition(&e) => {
+                if let Some((from, to)) = span {
+                    tracing::warn!(from, to, "a flush met a missing partition; creating it");
+                    maintenance::ensure_partitions(&self.pool, from, to).await?;
+                }
+                write().await
+            }
+            other => other,
+        }?;
+        lock(open).flushed(&flushed.marks);
+        Ok(FlushReport {
+            chunks: flushed.chunks,
+            chunk_bytes: flushed.chunk_bytes,
+            samples: flushed.samples,
+            left_out: flushed.left_out,
+        })
+    }
+
     /// Paces checkpoints by `clock` instead of the system's (tests move
     /// time by hand).
     pub fn with_clock(mut self, clock: Clock) -> Self {
@@ -163,6 +263,40 @@ impl PostgresStore {
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// Every GPU sample of `devices` in `[from_ms, to_ms]` on disk, rows
+    /// and chunks alike, in device and time order: what outlives every
+    /// collector (open chunks are not on disk). For checks from outside,
+    /// such as the chaos test's.
+    pub async fn stored_gpu_samples(
+        conn: &mut sqlx::PgConnection,
+        devices: &[i64],
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<Vec<GpuSampleRow>, StoreError> {
+        use packing::PackedTable;
+        let mut samples =
+            packing::samples_between::<GpuSampleRow>(&mut *conn, devices, from_ms, to_ms).await?;
+        let raw = sqlx::query(&format!(
+            "SELECT {} FROM gpu_samples WHERE device_id = ANY($1) AND ts_ms >= $2 AND ts_ms <= $3",
+            GpuSampleRow::COLUMNS
+        ))
+        .bind(
+            devices
+                .iter()
+                .map(|d| i32::try_from(*d).unwrap_or(i32::MAX))
+                .collect::<Vec<_>>(),
+        )
+        .bind(from_ms)
+        .bind(to_ms)
+        .fetch_all(&mut *conn)
+        .await?;
+        for row in &raw {
+            samples.push(GpuSampleRow::from_row(row)?);
+        }
+        samples.sort_by_key(|r| (r.device_id, r.timestamp_ms));
+        Ok(samples)
     }
 
     /// Recomputes the fleet rollup rows of `[from_ms, to_ms)` at `step_ms`
@@ -184,12 +318,33 @@ impl PostgresStore {
 /// Every device the node ever registered, present or not: a batch sampled
 /// before a MIG reconfiguration may arrive after it and still names the old
 /// instances.
+/// The open chunks, whatever a panicking holder left: they are plain data,
+/// every update of which is complete before the lock is let go.
+fn lock(open: &std::sync::Mutex<OpenChunks>) -> std::sync::MutexGuard<'_, OpenChunks> {
+    open.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The oldest and newest sample time held in `samples`.
+fn taken_span(samples: &crate::open_chunks::Samples) -> Option<(i64, i64)> {
+    let gpu = samples.gpu.values().flatten().map(|h| h.row.timestamp_ms);
+    let processes = samples
+        .processes
+        .values()
+        .flatten()
+        .map(|h| h.row.timestamp_ms);
+    gpu.chain(processes).fold(None, |span, ts| match span {
+        None => Some((ts, ts)),
+        Some((lo, hi)) => Some((lo.min(ts), hi.max(ts))),
+    })
+}
+
 async fn load_session(
     tx: &mut Transaction<'_, Postgres>,
     node_id: i64,
     node: &str,
     boot_id: &str,
-    committed_seq: i64,
+    (committed_seq, durable_seq): (i64, i64),
 ) -> Result<NodeSession, StoreError> {
     let rows = sqlx::query_as::<_, SessionDevice>(
         "SELECT id::int8 AS id, uuid, gpu_index::int8 AS gpu_index, mig_profile, parent_id::int8 AS parent_id, memory_total
@@ -198,7 +353,14 @@ async fn load_session(
     .bind(node_id)
     .fetch_all(&mut **tx)
     .await?;
-    Ok(session_from(node_id, node, boot_id, committed_seq, rows))
+    Ok(session_from(
+        node_id,
+        node,
+        boot_id,
+        committed_seq,
+        durable_seq,
+        rows,
+    ))
 }
 
 crate::tokens::impl_token_store!(PostgresStore);
@@ -252,8 +414,10 @@ impl Store for PostgresStore {
         .bind(&reg.boot_id)
         .execute(&mut *tx)
         .await?;
-        let committed: i64 = sqlx::query_scalar(
-            "SELECT committed_seq FROM agent_boots WHERE node_id = $1 AND boot_id = $2",
+        let seqs: (i64, i64) = sqlx::query_as(
+            "SELECT b.committed_seq, COALESCE(d.durable_seq, 0) FROM agent_boots b
+             LEFT JOIN stream_durable d ON d.node_id = b.node_id AND d.boot_id = b.boot_id
+             WHERE b.node_id = $1 AND b.boot_id = $2",
         )
         .bind(node_id)
         .bind(&reg.boot_id)
@@ -297,7 +461,8 @@ impl Store for PostgresStore {
             .await?;
             ids.insert(&d.uuid, id);
         }
-        let session = load_session(&mut tx, node_id, &reg.node, &reg.boot_id, committed).await?;
+        let session = load_session(&mut tx, node_id, &reg.node, &reg.boot_id, seqs).await?;
+        self.learn_durable(&session);
         tx.commit().await?;
         Ok(session)
     }
@@ -317,7 +482,9 @@ impl Store for PostgresStore {
     async fn session(&self, node: &str, boot_id: &str) -> Result<Option<NodeSession>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
-            "SELECT n.id, b.committed_seq FROM nodes n JOIN agent_boots b ON b.node_id = n.id
+            "SELECT n.id, b.committed_seq, COALESCE(d.durable_seq, 0) AS durable_seq
+             FROM nodes n JOIN agent_boots b ON b.node_id = n.id
+             LEFT JOIN stream_durable d ON d.node_id = b.node_id AND d.boot_id = b.boot_id
              WHERE n.name = $1 AND b.boot_id = $2",
         )
         .bind(node)
@@ -330,10 +497,11 @@ impl Store for PostgresStore {
             row.try_get("id")?,
             node,
             boot_id,
-            row.try_get("committed_seq")?,
+            (row.try_get("committed_seq")?, row.try_get("durable_seq")?),
         )
         .await?;
         tx.commit().await?;
+        self.learn_durable(&session);
         Ok(Some(session))
     }
 
@@ -341,7 +509,31 @@ impl Store for PostgresStore {
         if batches.is_empty() {
             return Ok(Vec::new());
         }
+        if let Some(open) = &self.open_chunks {
+            let open = lock(open);
+            if open.overfull() {
+                return Err(StoreError::Backlog {
+                    held_mib: open.bytes() >> 20,
+                });
+            }
+        }
         self.write_group_creating_partitions(batches).await
+    }
+
+    async fn flush(&self, force: bool) -> Result<FlushReport, StoreError> {
+        match &self.open_chunks {
+            Some(open) => self.flush_open_chunks(open, force).await,
+            None => Ok(FlushReport::default()),
+        }
+    }
+
+    fn durable_seq(&self, node_id: i64, boot_id: &str) -> Option<u64> {
+        let open = self.open_chunks.as_ref()?;
+        Some(
+            lock(open)
+                .durable(&(node_id, boot_id.to_owned()))
+                .unwrap_or(0),
+        )
     }
 
     async fn maintain(&self, now_ms: i64) -> Result<MaintenanceReport, StoreError> {
@@ -357,6 +549,19 @@ impl Store for PostgresStore {
     }
 
     async fn close(&self) {
+        // What is held would otherwise wait for the agents to send it again.
+        match self.flush(true).await {
+            Ok(report) if report.samples > 0 => {
+                tracing::info!(
+                    samples = report.samples,
+                    chunks = report.chunks,
+                    "wrote the open chunks on close"
+                );
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error,
+                "could not write the open chunks on close; the agents still hold those samples and send them again"),
+        }
         // Another collector would otherwise show this one's devices as they
         // were at their last checkpoint until their agents reconnect.
         let devices = self.latest_cache.take_unwritten();
@@ -448,14 +653,15 @@ impl Store for PostgresStore {
         // in the snapshot of the query below: a pack or unpack committing
         // in between neither hides samples nor counts them twice.
         let mut tx = chart_transaction(&self.pool).await?;
+        let stored = packing::samples_between::<GpuSampleRow>(
+            &mut tx,
+            &[i64::from(device)],
+            bounds.minute_end_ms,
+            to_ms,
+        )
+        .await?;
         let packed = fold::gpu_buckets(
-            &packing::samples_between::<GpuSampleRow>(
-                &mut tx,
-                &[i64::from(device)],
-                bounds.minute_end_ms,
-                to_ms,
-            )
-            .await?,
+            &self.with_open_gpu(stored, i64::from(device), bounds.minute_end_ms, to_ms),
             from_ms,
             width,
         );
@@ -658,9 +864,11 @@ impl Store for PostgresStore {
             marks,
         );
         let mut tx = chart_transaction(&self.pool).await?;
-        let packed = fold::process_peaks(
+        let stored =
             packing::samples_between::<ProcessPoint>(&mut tx, &ids, bounds.minute_end_ms, to_ms)
-                .await?,
+                .await?;
+        let packed = fold::process_peaks(
+            self.with_open_processes(stored, &ids, bounds.minute_end_ms, to_ms),
             from_ms,
             width,
         );

@@ -12,6 +12,7 @@
 //! their entropy.
 
 use crate::model::GpuSampleRow;
+pub(super) use crate::model::ProcessPoint;
 use crate::rollup::{HOUR_MS, bucket_start};
 
 /// First byte of every chunk: the layout below.
@@ -253,15 +254,6 @@ impl Packable for GpuSampleRow {
         }
         Ok(rows)
     }
-}
-
-/// A row of `process_samples` as stored: the process by its id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) struct ProcessPoint {
-    pub process_id: i64,
-    pub timestamp_ms: i64,
-    pub used_last: i64,
-    pub used_max: i64,
 }
 
 impl Packable for ProcessPoint {

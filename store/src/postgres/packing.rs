@@ -466,7 +466,7 @@ async fn empty_partition<T: PackedTable>(pool: &PgPool, day: &Partition) -> Resu
 /// SQLSTATE of a lock wait that ran into `lock_timeout`.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
-async fn insert_chunks<T: PackedTable>(
+pub(super) async fn insert_chunks<T: PackedTable>(
     tx: &mut Transaction<'_, Postgres>,
     chunks: &[Chunk],
 ) -> Result<(), StoreError> {

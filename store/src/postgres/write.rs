@@ -25,9 +25,12 @@ use super::checkpoints::{
 use super::copy::{BinaryRows, copy_in};
 use super::process_cache::{ProcessCache, ProcessKey, RowState};
 use crate::StoreError;
+use std::sync::Mutex;
+
 use crate::model::{
-    AllocatorRow, EventRow, GpuSampleRow, ProcessSampleRow, StoreBatch, WriteOutcome,
+    AllocatorRow, EventRow, GpuSampleRow, ProcessPoint, ProcessSampleRow, StoreBatch, WriteOutcome,
 };
+use crate::open_chunks::OpenChunks;
 use crate::rollup::{MINUTE_MS, minutes_of};
 
 /// Writes `batches` in one transaction; one outcome per batch, in order.
@@ -37,8 +40,8 @@ pub(super) async fn write_group(
     batches: &[StoreBatch],
 ) -> Result<Vec<WriteOutcome>, StoreError> {
     let mut tx = conn.begin().await?;
-    let claimed = claim_seqs(&mut tx, batches).await?;
-    if claimed.accepted.is_empty() {
+    let claimed = claim_seqs(&mut tx, batches, caches.chunks.is_some()).await?;
+    if claimed.accepted.is_empty() && claimed.replayed.is_empty() {
         tx.rollback().await?;
         return Ok(claimed.outcomes);
     }
@@ -53,6 +56,9 @@ pub(super) struct Caches<'c> {
     pub(super) latest: &'c LatestCache,
     pub(super) nodes: &'c NodeCache,
     pub(super) process_seen: &'c ProcessSeenCache,
+    /// Where samples go when they are written as chunks at a flush; `None`
+    /// where they are written as rows.
+    pub(super) chunks: Option<&'c Mutex<OpenChunks>>,
     /// The wall clock, which paces the checkpoints.
     pub(super) now_ms: i64,
 }
@@ -63,6 +69,7 @@ async fn write_claimed(
     caches: &Caches<'_>,
     claim: &Claim<'_>,
 ) -> Result<(), StoreError> {
+    let chunked = caches.chunks.is_some();
     let gpu: Vec<&GpuSampleRow> = claim.accepted.iter().flat_map(|b| &b.gpu_samples).collect();
     let processes: Vec<&ProcessSampleRow> = claim
         .accepted
@@ -74,7 +81,7 @@ async fn write_claimed(
         .iter()
         .flat_map(|b| b.events.iter().map(|e| (b.node_id, e)))
         .collect();
-    if !gpu.is_empty() {
+    if !chunked && !gpu.is_empty() {
         copy_in(
             &mut tx,
             GPU_SAMPLES_COPY,
@@ -88,22 +95,44 @@ async fn write_claimed(
     let seen = newest_per_node(&claim.accepted);
     let seen_newest: Vec<&NodeSeen> = seen.iter().collect();
     let nodes = caches.nodes.due(&seen_newest, caches.now_ms);
-    let processes_written = write_process_samples(&mut tx, caches.process, &processes).await?;
+    // A replayed batch's processes have rows; their ids come the same way.
+    let with_replayed: Vec<&ProcessSampleRow> = processes
+        .iter()
+        .copied()
+        .chain(claim.replayed.iter().flat_map(|b| &b.process_samples))
+        .collect();
+    let processes_written = write_process_samples(&mut tx, caches.process, &with_replayed).await?;
+    if !chunked && !processes_written.committed.is_empty() {
+        let copy = process_sample_rows(
+            processes_written
+                .committed
+                .iter()
+                .map(|(id, row)| (*id, row.timestamp_ms, row.used_last, row.used_max)),
+        );
+        copy_in(&mut tx, PROCESS_SAMPLES_COPY, copy).await?;
+    }
     let refreshed = process_refreshes(caches, &processes_written);
     write_allocator_samples(&mut tx, &processes).await?;
     write_events(&mut tx, &events).await?;
-    let timestamps = gpu
-        .iter()
-        .map(|s| s.timestamp_ms)
-        .chain(processes.iter().map(|s| s.timestamp_ms));
+    // Chunks are rolled up as they are written, late ones too.
+    let minutes = if chunked {
+        Vec::new()
+    } else {
+        minutes_of(
+            gpu.iter()
+                .map(|s| s.timestamp_ms)
+                .chain(processes.iter().map(|s| s.timestamp_ms)),
+        )
+    };
     let moved = keep_books(
         &mut tx,
         &Books {
             boots: &claim.boots,
+            durable_at_commit: !chunked,
             nodes: &nodes,
             latest: &latest,
             refreshed: &refreshed,
-            minutes: minutes_of(timestamps),
+            minutes,
         },
     )
     .await?;
@@ -127,7 +156,49 @@ async fn write_claimed(
         .learn(&newest_per_key(&seen_refs), &written, caches.now_ms);
     caches.latest.learn(&newest, &latest, caches.now_ms);
     caches.nodes.learn(&seen_newest, &nodes, caches.now_ms);
+    if let Some(chunks) = caches.chunks {
+        hold_samples(chunks, claim, &processes_written.committed, caches.now_ms);
+    }
     Ok(())
+}
+
+/// Puts the samples of the batches `claim` stored (and replayed) into the
+/// open chunks, each process sample by its row's id, once they are
+/// committed: a failed write leaves the agent to send the batch again.
+fn hold_samples(
+    chunks: &Mutex<OpenChunks>,
+    claim: &Claim<'_>,
+    process_ids: &[(i64, &ProcessSampleRow)],
+    now_ms: i64,
+) {
+    let ids: HashMap<ProcessKey, i64> = process_ids
+        .iter()
+        .map(|(id, row)| (ProcessKey::of(row), *id))
+        .collect();
+    let mut open = chunks
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for batch in claim.accepted.iter().chain(&claim.replayed) {
+        let points: Vec<ProcessPoint> = batch
+            .process_samples
+            .iter()
+            .filter_map(|row| {
+                Some(ProcessPoint {
+                    process_id: *ids.get(&ProcessKey::of(row))?,
+                    timestamp_ms: row.timestamp_ms,
+                    used_last: row.used_last,
+                    used_max: row.used_max,
+                })
+            })
+            .collect();
+        open.push(
+            &(batch.node_id, batch.boot_id.clone()),
+            batch.seq,
+            &batch.gpu_samples,
+            &points,
+            now_ms,
+        );
+    }
 }
 
 /// Which batches of a group a write stores, and what that does to each
@@ -136,6 +207,9 @@ struct Claim<'b> {
     /// One per batch of the group, in order.
     outcomes: Vec<WriteOutcome>,
     accepted: Vec<&'b StoreBatch>,
+    /// Accepted before, their samples not yet durable: only their samples
+    /// are taken (into open chunks).
+    replayed: Vec<&'b StoreBatch>,
     /// Boots with accepted batches, in key order: each boot's committed seq
     /// is below `first_seq` and moves to `last_seq`.
     boots: Vec<BootMove<'b>>,
@@ -150,27 +224,49 @@ struct BootMove<'b> {
 }
 
 impl<'b> Claim<'b> {
-    /// The claim from each boot's committed seq. A batch is new when its
-    /// seq is above its boot's committed seq and above every seq already
-    /// accepted for the boot in this group: a replay inside the group, or
-    /// of a committed batch, is left out, and so is a batch of a boot with
-    /// no row (never registered), as a duplicate of nothing.
-    fn with_committed(batches: &'b [StoreBatch], committed: &HashMap<(i64, &str), i64>) -> Self {
+    /// The claim from each boot's committed and durable seqs. A batch is
+    /// new when its seq is above its boot's committed seq and above every
+    /// seq already accepted for the boot in this group: a replay inside the
+    /// group, or of a committed batch, is left out, and so is a batch of a
+    /// boot with no row (never registered), as a duplicate of nothing.
+    /// Where samples go to open chunks (`chunked`), a replay of a batch
+    /// committed but not yet durable is replayed: its samples are taken
+    /// again.
+    fn with_seqs(
+        batches: &'b [StoreBatch],
+        seqs: &HashMap<(i64, &str), BootSeqs>,
+        chunked: bool,
+    ) -> Self {
         let mut outcomes = Vec::with_capacity(batches.len());
         let mut accepted = Vec::with_capacity(batches.len());
+        let mut replayed = Vec::new();
         let mut moves: BTreeMap<(i64, &'b str), BootMove<'b>> = BTreeMap::new();
         for batch in batches {
             let seq = i64::try_from(batch.seq).unwrap_or(i64::MAX);
             let key = (batch.node_id, batch.boot_id.as_str());
+            let stored = seqs.get(&key);
             let current = moves
                 .get(&key)
                 .map(|m| m.last_seq)
-                .or_else(|| committed.get(&key).copied());
-            match current {
-                Some(current) if current < seq => {}
+                .or_else(|| stored.map(|s| s.committed));
+            match (current, stored) {
+                (Some(current), _) if current < seq => {}
+                (_, Some(stored)) if chunked && stored.durable < seq && seq <= stored.committed => {
+                    outcomes.push(WriteOutcome::Replayed);
+                    replayed.push(batch);
+                    continue;
+                }
+                // A replay of a batch accepted before and durable, or of one
+                // this group accepts: in open chunks, only the durable mark
+                // may be acknowledged.
                 _ => {
+                    let reported = if chunked {
+                        stored.map(|s| s.durable)
+                    } else {
+                        current
+                    };
                     outcomes.push(WriteOutcome::Duplicate {
-                        committed_seq: current.and_then(|c| u64::try_from(c).ok()).unwrap_or(0),
+                        committed_seq: reported.and_then(|c| u64::try_from(c).ok()).unwrap_or(0),
                     });
                     continue;
                 }
@@ -190,6 +286,7 @@ impl<'b> Claim<'b> {
         Self {
             outcomes,
             accepted,
+            replayed,
             // In key order, as the claim locked them.
             boots: moves.into_values().collect(),
         }
@@ -204,13 +301,15 @@ impl<'b> Claim<'b> {
 async fn claim_seqs<'b>(
     tx: &mut Transaction<'_, Postgres>,
     batches: &'b [StoreBatch],
+    chunked: bool,
 ) -> Result<Claim<'b>, StoreError> {
     let nodes: Vec<i64> = batches.iter().map(|b| b.node_id).collect();
     let boots: Vec<&str> = batches.iter().map(|b| b.boot_id.as_str()).collect();
     let rows = sqlx::query(
-        "SELECT b.node_id, b.boot_id, b.committed_seq
+        "SELECT b.node_id, b.boot_id, b.committed_seq, COALESCE(d.durable_seq, 0) AS durable_seq
          FROM agent_boots b JOIN (SELECT DISTINCT * FROM UNNEST($1::int8[], $2::text[])) AS k(node_id, boot_id)
              ON b.node_id = k.node_id AND b.boot_id = k.boot_id
+         LEFT JOIN stream_durable d ON d.node_id = b.node_id AND d.boot_id = b.boot_id
          WHERE b.node_id = ANY($1)
          ORDER BY b.node_id, b.boot_id
          FOR UPDATE OF b",
@@ -219,14 +318,25 @@ async fn claim_seqs<'b>(
     .bind(&boots)
     .fetch_all(&mut **tx)
     .await?;
-    let mut committed: HashMap<(i64, &str), i64> = HashMap::with_capacity(rows.len());
+    let mut seqs: HashMap<(i64, &str), BootSeqs> = HashMap::with_capacity(rows.len());
     for row in &rows {
-        committed.insert(
+        seqs.insert(
             (row.try_get("node_id")?, row.try_get("boot_id")?),
-            row.try_get("committed_seq")?,
+            BootSeqs {
+                committed: row.try_get("committed_seq")?,
+                durable: row.try_get("durable_seq")?,
+            },
         );
     }
-    Ok(Claim::with_committed(batches, &committed))
+    Ok(Claim::with_seqs(batches, &seqs, chunked))
+}
+
+/// An agent boot's marks: the last batch accepted, and the last whose
+/// samples are durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BootSeqs {
+    committed: i64,
+    durable: i64,
 }
 
 /// The steady processes whose last-seen checkpoint is due: not those
@@ -265,6 +375,9 @@ fn newest_per_node(batches: &[&StoreBatch]) -> Vec<NodeSeen> {
 #[derive(Debug, Default)]
 struct Books<'a> {
     boots: &'a [BootMove<'a>],
+    /// Whether the boots' samples are durable as this write commits (rows),
+    /// or only once a flush writes their chunks.
+    durable_at_commit: bool,
     /// Nodes' last-seen times due, in node order.
     nodes: &'a [NodeSeen],
     /// `gpu_latest` rows due, one per device, in device order.
@@ -294,7 +407,12 @@ async fn keep_books(conn: &mut PgConnection, books: &Books<'_>) -> Result<usize,
              FROM UNNEST($1::int8[], $2::text[], $3::int8[], $4::int8[]) AS v(node_id, boot_id, first_seq, last_seq)
              WHERE b.node_id = ANY($1) AND b.node_id = v.node_id AND b.boot_id = v.boot_id
                  AND b.committed_seq < v.first_seq
-             RETURNING 1),
+             RETURNING b.node_id, b.boot_id, v.last_seq),
+         durable AS (
+             INSERT INTO stream_durable (node_id, boot_id, durable_seq)
+             SELECT node_id, boot_id, last_seq FROM moved WHERE $22
+             ON CONFLICT (node_id, boot_id) DO UPDATE
+                 SET durable_seq = GREATEST(stream_durable.durable_seq, EXCLUDED.durable_seq)),
          touched AS (
              UPDATE nodes n SET last_seen_ms = GREATEST(n.last_seen_ms, v.ts)
              FROM UNNEST($5::int8[], $6::int8[]) AS v(id, ts) WHERE n.id = ANY($5) AND n.id = v.id),
@@ -339,6 +457,7 @@ async fn keep_books(conn: &mut PgConnection, books: &Books<'_>) -> Result<usize,
     .bind(books.refreshed.iter().map(|r| r.memory).collect::<Vec<_>>())
     .bind(MINUTE_MS)
     .bind(&books.minutes)
+    .bind(books.durable_at_commit)
     .fetch_one(conn)
     .await?;
     Ok(usize::try_from(moved).unwrap_or(0))
@@ -426,7 +545,7 @@ struct ProcessesWritten<'r> {
     upserted: Vec<ProcessSeen>,
 }
 
-/// Process samples, and the rows of the processes they belong to. A
+/// The rows of the processes of samples `p`, with each sample's row id. A
 /// process this collector wrote recently and that has not changed (most,
 /// between allocator growth steps) keeps its row, but for its last-seen
 /// time and memory, a checkpoint (left to [`keep_books`]); its samples go
@@ -471,12 +590,6 @@ async fn write_process_samples<'r>(
         .zip(&steady_ids)
         .filter_map(|((row, id), steady)| Some(((*id)?, *row, steady.is_some())))
         .collect();
-    let copy = process_sample_rows(
-        stored
-            .iter()
-            .map(|(id, row, _)| (*id, row.timestamp_ms, row.used_last, row.used_max)),
-    );
-    copy_in(tx, PROCESS_SAMPLES_COPY, copy).await?;
     // The memory goes with the time: another collector may have written
     // the row since this one last did, with a value this sample's replaces.
     let newest = |steady: bool| -> Vec<ProcessSeen> {
@@ -743,8 +856,9 @@ mod tests {
             batch(2, "b", 4),
             batch(9, "z", 1),
         ];
-        let committed = HashMap::from([((1, "a"), 2), ((2, "b"), 4)]);
-        let claim = Claim::with_committed(&batches, &committed);
+        let seqs = |committed, durable| BootSeqs { committed, durable };
+        let committed = HashMap::from([((1, "a"), seqs(2, 2)), ((2, "b"), seqs(4, 4))]);
+        let claim = Claim::with_seqs(&batches, &committed, false);
         assert_eq!(
             claim.outcomes,
             vec![

@@ -132,7 +132,14 @@ async fn load_session(
     .bind(node_id)
     .fetch_all(&mut **tx)
     .await?;
-    Ok(session_from(node_id, node, boot_id, committed_seq, rows))
+    Ok(session_from(
+        node_id,
+        node,
+        boot_id,
+        committed_seq,
+        committed_seq,
+        rows,
+    ))
 }
 
 crate::tokens::impl_token_store!(SqliteStore);

@@ -6,6 +6,8 @@
 //! sets another length). Afterwards every interval the agent
 //! sampled is stored exactly once: the samples of a GPU tile time without a
 //! gap or an overlap, except across the one moment the agent was dead.
+//! The collector writes chunks every second, so every kill finds samples
+//! in open chunks: the agent's spool holds them until they are written.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -21,8 +23,11 @@ const SAMPLE_MS: i64 = 20;
 /// The collector's outage, in intervals.
 const OUTAGE_INTERVALS: i64 = 600;
 
+/// How often the collector writes its open chunks.
+const FLUSH_MS: i64 = 1000;
+
 fn start_collector(url: &str, grpc: SocketAddr, http: SocketAddr, log: &Path) -> KillOnDrop {
-    processes::start_collector(url, None, grpc, http, log)
+    processes::start_collector_flushing_every((FLUSH_MS / 1000) as u32, url, None, grpc, http, log)
 }
 
 fn start_agent(grpc: SocketAddr, metrics: SocketAddr, spool: &Path, log: &Path) -> KillOnDrop {
@@ -41,9 +46,9 @@ async fn gpu0_samples(url: &str) -> Vec<(i64, i64)> {
     processes::gpu0_samples(url, NODE).await
 }
 
-/// Batches a live agent has in flight at any moment (one every 20 ms, each
-/// acknowledged after its commit).
-const LIVE_IN_FLIGHT: u64 = 3;
+/// Batches a live agent holds at any moment (one every 20 ms): those in
+/// flight, and those accepted whose samples wait for the next flush.
+const LIVE_IN_FLIGHT: u64 = 3 + (FLUSH_MS / SAMPLE_MS) as u64 + 10;
 
 /// Waits until the agent's backlog is down to what is live; returns a time
 /// before which every interval it sampled is committed.

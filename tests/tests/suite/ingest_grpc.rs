@@ -299,3 +299,81 @@ async fn api_rejects_bad_ranges_and_unknown_devices_clearly() {
     refused(&f.collector, "/api/v1/fleet/history?max_points=0").await;
     f.collector.stop().await;
 }
+
+/// On Postgres samples wait in open chunks: each ack says the batch is
+/// accepted but not yet durable; once a flush writes them, the stream hears
+/// so without sending anything more, and a new connection's Register
+/// answers the durable mark. A batch accepted but not durable is replayed
+/// after the collector that held it dies.
+#[tokio::test]
+async fn acks_carry_the_accepted_and_the_durable_mark() {
+    let Some(db) = headroom_tests::postgres::fresh_database().await else {
+        return;
+    };
+    let storage = headroom_store::rollup::StorageConfig {
+        chunk_flush_s: 2,
+        ..Default::default()
+    };
+    let store = headroom_store::connect_with(&db.url, storage.clone())
+        .await
+        .unwrap();
+    let collector = RunningCollector::start(store.clone()).await;
+    let mut client = client(&collector).await;
+    client
+        .register(fixtures::register(NODE, BOOT))
+        .await
+        .unwrap();
+    let ts = now_ms() - 3000;
+    let (tx, rx) = mpsc::channel(16);
+    tx.send(fixtures::batch(1, ts)).await.unwrap();
+    tx.send(fixtures::batch(2, ts + 1000)).await.unwrap();
+    let mut acks = client
+        .stream(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut marks = vec![];
+    for _ in 0..2 {
+        let ack = acks.message().await.unwrap().unwrap();
+        marks.push((ack.accepted_seq, ack.committed_seq));
+    }
+    assert_eq!(marks, [(1, 0), (2, 0)], "accepted, nothing durable yet");
+    // The chart shows them already, from the open chunks.
+    assert_eq!(samples_at(&collector, GPU0, ts + 1000).await, 1);
+    let flushed = tokio::time::timeout(std::time::Duration::from_secs(10), acks.message())
+        .await
+        .expect("an ack once the flush wrote the samples")
+        .unwrap()
+        .unwrap();
+    assert_eq!((flushed.accepted_seq, flushed.committed_seq), (2, 2));
+
+    // Batch 3 is accepted, then its collector dies with it in open chunks.
+    tx.send(fixtures::batch(3, ts + 2000)).await.unwrap();
+    let ack = acks.message().await.unwrap().unwrap();
+    assert_eq!((ack.accepted_seq, ack.committed_seq), (3, 2));
+    drop(tx);
+    collector.stop().await;
+    drop(store);
+    let store = headroom_store::connect_with(&db.url, storage)
+        .await
+        .unwrap();
+    let collector = RunningCollector::start(store.clone()).await;
+    let mut client = self::client(&collector).await;
+    let reg = client
+        .register(fixtures::register(NODE, BOOT))
+        .await
+        .unwrap()
+        .into_inner();
+    // 2 unless a flush came between the ack and the stop (a slow machine).
+    assert!(
+        [2, 3].contains(&reg.committed_seq),
+        "Register answers the durable mark: {}",
+        reg.committed_seq
+    );
+    let answers = exchange(&mut client, vec![fixtures::batch(3, ts + 2000)], 1).await;
+    assert!(answers[0].is_ok(), "{answers:?}");
+    assert_eq!(samples_at(&collector, GPU0, ts + 2000).await, 1);
+    collector.stop().await;
+    store.close().await;
+    db.drop_database().await;
+}

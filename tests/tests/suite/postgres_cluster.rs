@@ -12,7 +12,7 @@ use headroom_collector::ingest::validate::{self, Limits};
 use headroom_common::Clock;
 use headroom_proto::v1 as pb;
 use headroom_store::model::{NodeSession, StoreBatch, WriteOutcome};
-use headroom_store::rollup::{DAY_MS, MINUTE_MS, StorageConfig, bucket_start};
+use headroom_store::rollup::{DAY_MS, MINUTE_MS, SampleWrites, StorageConfig, bucket_start};
 use headroom_store::{PostgresStore, Store};
 use headroom_tests::fixtures::{self, BOOT, NODE, now_ms};
 use headroom_tests::postgres::{self, TestDatabase, day_suffix};
@@ -21,6 +21,16 @@ async fn collector(db: &TestDatabase) -> PostgresStore {
     PostgresStore::connect(&db.url, StorageConfig::default())
         .await
         .unwrap()
+}
+
+/// A collector that writes a row per sample, as before chunks (kept for a
+/// rolling upgrade).
+async fn collector_writing_rows(db: &TestDatabase) -> PostgresStore {
+    let storage = StorageConfig {
+        sample_writes: SampleWrites::Rows,
+        ..StorageConfig::default()
+    };
+    PostgresStore::connect(&db.url, storage).await.unwrap()
 }
 
 /// Two collectors on one database, their checkpoints paced by one manual
@@ -75,7 +85,9 @@ async fn partitions_exist_ahead_and_go_whole_past_retention() {
         store.write_batch(&batch).await.unwrap(),
         WriteOutcome::Committed
     );
-    let old_raw = format!("gpu_samples_p{}", day_suffix(old));
+    // Its chunks are written at the flush, which makes their partitions.
+    store.flush(true).await.unwrap();
+    let old_raw = format!("gpu_samples_packed_p{}", day_suffix(old));
     let old_minutes = format!("gpu_samples_1m_p{}", day_suffix(old));
     assert!(partitions(&store).await.contains(&old_raw));
 
@@ -83,7 +95,10 @@ async fn partitions_exist_ahead_and_go_whole_past_retention() {
     assert!(report.leader);
     assert!(report.partitions_created > 0, "two days ahead: {report:?}");
     let after = partitions(&store).await;
-    assert!(!after.contains(&old_raw), "raw day past retention dropped");
+    assert!(
+        !after.contains(&old_raw),
+        "a day of chunks past retention dropped"
+    );
     assert!(after.contains(&old_minutes), "its minutes are kept 90 days");
     assert!(after.contains(&format!("gpu_samples_p{}", day_suffix(now + 2 * DAY_MS))));
     // Dropping, not deleting: no row-by-row work, and the minutes answer.
@@ -180,21 +195,23 @@ async fn two_collectors_racing_on_the_same_batches_store_each_once() {
     // Each collector writes every agent's batches in order, so none is
     // skipped: all 300 are stored.
     assert_eq!(distinct.len(), batches.len(), "every batch committed once");
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM gpu_samples")
-        .fetch_one(a.pool())
-        .await
-        .unwrap();
-    let distinct_rows: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT DISTINCT device_id, ts_ms FROM gpu_samples) s",
+    // A batch one collector accepted, the other may have taken as a replay
+    // (its samples not yet durable): both hold its samples until they
+    // flush, at once, and the flush that comes second leaves them out.
+    let (flushed_a, flushed_b) = tokio::join!(a.flush(true), b.flush(true));
+    let left_out = flushed_a.unwrap().left_out + flushed_b.unwrap().left_out;
+    let (chunk_samples, raw_rows): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT COALESCE(sum(samples), 0)::int8 FROM gpu_samples_packed),
+                (SELECT count(*) FROM gpu_samples)",
     )
     .fetch_one(a.pool())
     .await
     .unwrap();
-    assert_eq!(rows, distinct_rows, "no sample stored twice");
+    assert_eq!(raw_rows, 0, "no sample is written as a row");
     assert_eq!(
-        rows,
+        chunk_samples,
         2 * distinct.len() as i64,
-        "two GPU samples per stored batch"
+        "two GPU samples per stored batch, none twice ({left_out} left out by a flush)"
     );
     a.close().await;
     b.close().await;
@@ -387,6 +404,7 @@ async fn late_samples_written_by_two_collectors_during_rollups_are_all_rolled_up
     a.write_batches(&[rows_at(&node_a, &fixtures::batch(1, at(0)), now)])
         .await
         .unwrap();
+    a.flush(true).await.unwrap();
     while a.maintain(now).await.unwrap().minutes_rolled_up > 0 {}
 
     let replay = move |store: Arc<PostgresStore>, session: NodeSession, other: bool| {
@@ -399,6 +417,11 @@ async fn late_samples_written_by_two_collectors_during_rollups_are_all_rolled_up
                 };
                 let outcome = store.write_batches(&[rows_at(&session, &b, now)]).await;
                 assert_eq!(outcome.unwrap(), vec![WriteOutcome::Committed]);
+                // Chunks of the late minute, merged into its rollup row
+                // while rollup passes run.
+                if i % 7 == 0 {
+                    store.flush(true).await.unwrap();
+                }
             }
         })
     };
@@ -419,21 +442,31 @@ async fn late_samples_written_by_two_collectors_during_rollups_are_all_rolled_up
     ra.unwrap();
     rb.unwrap();
     rr.unwrap();
-    while b.maintain(now).await.unwrap().minutes_rolled_up > 0 {}
+    a.flush(true).await.unwrap();
+    b.flush(true).await.unwrap();
+    // The leader's next passes redo the hours those flushes marked.
+    loop {
+        let pass = a.maintain(now).await.unwrap();
+        assert!(pass.leader);
+        if pass.minutes_rolled_up + pass.hours_rolled_up == 0 {
+            break;
+        }
+    }
 
-    // Every raw sample of the minute is in its rollup row, whatever order
-    // the writers and the rollup passes took.
-    let (rolled, raw): (i64, i64) = sqlx::query_as(
+    // Every sample of the minute is in its rollup row, whatever order the
+    // writers, the flushes and the rollup passes took.
+    let (rolled, stored): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT sum(samples)::int8 FROM gpu_samples_1m WHERE ts_ms = $1),
-                (SELECT count(*) FROM gpu_samples WHERE ts_ms >= $1 AND ts_ms < $1 + $2)",
+                (SELECT sum(samples)::int8 FROM gpu_samples_packed
+                 WHERE first_ts_ms >= $1 AND last_ts_ms < $1 + $2)",
     )
     .bind(minute)
     .bind(MINUTE_MS)
     .fetch_one(a.pool())
     .await
     .unwrap();
-    assert_eq!(raw, 2 * 60 + 2 * 59, "two GPUs per batch, both nodes");
-    assert_eq!(rolled, raw);
+    assert_eq!(stored, 2 * 60 + 2 * 59, "two GPUs per batch, both nodes");
+    assert_eq!(rolled, stored);
     let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM rollup_pending")
         .fetch_one(a.pool())
         .await
@@ -453,7 +486,8 @@ async fn a_late_write_does_not_wait_for_a_rollup_of_its_minute() {
     let Some(db) = postgres::fresh_database().await else {
         return;
     };
-    let store = collector(&db).await;
+    // Where samples are written as rows, a write marks its late minutes.
+    let store = collector_writing_rows(&db).await;
     let session = register(&store, &fixtures::register(NODE, BOOT)).await;
     let now = now_ms();
     let minute = bucket_start(now - 30 * MINUTE_MS, MINUTE_MS);
@@ -642,5 +676,77 @@ async fn a_process_whose_agent_hops_between_collectors_shows_its_current_memory(
     assert_eq!(memory(&b).await, ((10 * gib) as i64, at(10)));
     a.close().await;
     b.close().await;
+    db.drop_database().await;
+}
+
+/// The collector holding a stream dies (no close, as under SIGKILL) with
+/// ten batches written as chunks and ten more in open chunks; the agent
+/// moves to another collector. It registers there, learns the durable mark
+/// and sends everything after it again: those batches were accepted (their
+/// events stored, their rules run), so only their samples are taken, and
+/// every sample ends on disk once.
+#[tokio::test]
+async fn a_stream_moves_to_another_collector_when_the_one_holding_it_dies() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let now = now_ms();
+    let start = now - 60_000;
+    let batch = |session: &NodeSession, seq: u64| {
+        rows_at(
+            session,
+            &fixtures::batch(seq, start + seq as i64 * 1000),
+            now,
+        )
+    };
+    let first = collector(&db).await;
+    let session = register(&first, &fixtures::register(NODE, BOOT)).await;
+    for seq in 1..=20 {
+        if seq == 11 {
+            first.flush(true).await.unwrap();
+        }
+        assert_eq!(
+            first.write_batch(&batch(&session, seq)).await.unwrap(),
+            WriteOutcome::Committed
+        );
+    }
+    assert_eq!(first.durable_seq(session.node_id, BOOT), Some(10));
+    drop(first);
+
+    let second = collector(&db).await;
+    let moved = register(&second, &fixtures::register(NODE, BOOT)).await;
+    assert_eq!((moved.committed_seq, moved.durable_seq), (20, 10));
+    for seq in 11..=30 {
+        let expected = if seq <= 20 {
+            WriteOutcome::Replayed
+        } else {
+            WriteOutcome::Committed
+        };
+        assert_eq!(
+            second.write_batch(&batch(&moved, seq)).await.unwrap(),
+            expected,
+            "batch {seq}"
+        );
+    }
+    // Before the flush the chart already shows them all, once.
+    let chart = second
+        .device_series(fixtures::GPU0, start, now, 1000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(chart.len(), 30);
+    assert!(chart.iter().all(|p| p.samples == 1));
+    second.flush(true).await.unwrap();
+    let mut conn = second.pool().acquire().await.unwrap();
+    let gpu0 = *moved.device_ids.get(fixtures::GPU0).unwrap();
+    let stored = PostgresStore::stored_gpu_samples(&mut conn, &[gpu0], start, now)
+        .await
+        .unwrap();
+    let times: Vec<i64> = stored.iter().map(|s| s.timestamp_ms).collect();
+    let expected: Vec<i64> = (1..=30).map(|seq| start + seq * 1000).collect();
+    assert_eq!(times, expected, "every sample on disk once");
+    drop(conn);
+    assert_eq!(second.durable_seq(moved.node_id, BOOT), Some(30));
+    second.close().await;
     db.drop_database().await;
 }

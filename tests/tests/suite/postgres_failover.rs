@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use headroom_tests::fixtures::now_ms;
 use headroom_tests::harness::{eventually, free_loopback_addr};
 use headroom_tests::postgres::Cluster;
-use headroom_tests::processes::{SimAgent, pending_batches, start_agent, start_collector};
+use headroom_tests::processes::{
+    SimAgent, pending_batches, start_agent, start_collector_flushing_every,
+};
 use headroom_tests::receiver::Receiver;
 use serde_json::Value;
 use sqlx::Connection;
@@ -22,8 +24,11 @@ const NODE: &str = "failover-node";
 /// Started after the failover: its alerts can only fire on the new primary.
 const LATE_NODE: &str = "failover-late-node";
 const SAMPLE_MS: i64 = 20;
-/// Batches a live agent has in flight at any moment.
-const LIVE_IN_FLIGHT: u64 = 3;
+/// How often the collector writes its open chunks.
+const FLUSH_MS: i64 = 1000;
+/// Batches a live agent holds at any moment (one every 20 ms): those in
+/// flight, and those accepted whose samples wait for the next flush.
+const LIVE_IN_FLIGHT: u64 = 3 + (FLUSH_MS / SAMPLE_MS) as u64 + 10;
 
 async fn gpu0_samples(url: &str) -> Vec<(i64, i64)> {
     headroom_tests::processes::gpu0_samples(url, NODE).await
@@ -111,7 +116,14 @@ async fn the_collector_follows_a_promoted_standby_and_stores_every_interval_once
         free_loopback_addr(),
         free_loopback_addr(),
     );
-    let mut collector = start_collector(&url, Some(&rules), grpc, http, &collector_log);
+    let mut collector = start_collector_flushing_every(
+        (FLUSH_MS / 1000) as u32,
+        &url,
+        Some(&rules),
+        grpc,
+        http,
+        &collector_log,
+    );
     let spool = dir.path().join("spool");
     let agent = start_agent(&SimAgent {
         sim_node: "gpu-node-01",

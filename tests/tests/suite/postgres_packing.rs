@@ -1,15 +1,25 @@
 //! Packing cold raw GPU samples on Postgres: what it does to the tables and
-//! the bytes, and what a damaged chunk costs. That a packed day charts and
-//! rolls up as before is in the conformance suite.
+//! the bytes, and what a damaged chunk costs. Raw rows are what collectors
+//! wrote before chunks at write time (and what one configured with
+//! `sample_writes = "rows"` still writes during a rolling upgrade): packing
+//! is their way into chunks, and a collector that writes chunks reads them
+//! beside its own. That a packed day charts and rolls up as before is in
+//! the conformance suite.
 
 use headroom_collector::ingest::validate::{self, Limits};
-use headroom_store::model::{NodeSession, StoreBatch};
-use headroom_store::rollup::{DAY_MS, HOUR_MS, MINUTE_MS, StorageConfig, bucket_start};
+use headroom_store::model::{NodeSession, StoreBatch, WriteOutcome};
+use headroom_store::rollup::{
+    DAY_MS, HOUR_MS, MINUTE_MS, SampleWrites, StorageConfig, bucket_start,
+};
 use headroom_store::{PostgresStore, Store};
 use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, GPU1, NODE, now_ms};
 use headroom_tests::postgres::{self, TestDatabase, day_suffix};
 
 async fn store(db: &TestDatabase, storage: StorageConfig) -> PostgresStore {
+    let storage = StorageConfig {
+        sample_writes: SampleWrites::Rows,
+        ..storage
+    };
     PostgresStore::connect(&db.url, storage).await.unwrap()
 }
 
@@ -401,5 +411,61 @@ async fn a_minute_waiting_for_its_rollup_is_packed_only_after_it() {
     );
     assert_eq!(chart().await.unwrap().unwrap(), before);
     store.close().await;
+    db.drop_database().await;
+}
+
+/// An upgrade: two hours written as rows by a collector from before chunks,
+/// then one that writes chunks takes the same agent on the same database.
+/// What the old one stored counts as durable (the agent forgets it, a
+/// replay of it is a duplicate), the next two hours go into chunks, all
+/// four chart at full resolution once each, and the old rows still pack.
+#[tokio::test]
+async fn rows_written_before_the_upgrade_chart_beside_chunks_and_still_pack() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let (before, session, now, cold) = cold_day_setup(&db, StorageConfig::default()).await;
+    write_two_hours(&before, &session, 1, cold, now).await;
+    before.close().await;
+
+    let after = PostgresStore::connect(&db.url, StorageConfig::default())
+        .await
+        .unwrap();
+    let session = register(&after).await;
+    assert_eq!(
+        (session.committed_seq, session.durable_seq),
+        (7200, 7200),
+        "rows were durable as they were written"
+    );
+    let replay = late_gpu0_sample(&session, 7200, cold, now);
+    assert_eq!(
+        after.write_batch(&replay).await.unwrap(),
+        WriteOutcome::Duplicate {
+            committed_seq: 7200
+        }
+    );
+    write_two_hours(&after, &session, 7201, cold + 2 * HOUR_MS, now).await;
+    after.flush(true).await.unwrap();
+    let (raw_rows, chunk_samples): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM gpu_samples),
+                (SELECT COALESCE(sum(samples), 0)::int8 FROM gpu_samples_packed)",
+    )
+    .fetch_one(after.pool())
+    .await
+    .unwrap();
+    assert_eq!((raw_rows, chunk_samples), (2 * 7200, 2 * 7200));
+
+    let chart = || after.device_series(GPU0, cold, cold + 4 * HOUR_MS - 1, 20_000);
+    let whole = chart().await.unwrap().unwrap();
+    assert_eq!(whole.len(), 4 * 3600, "one point a second, rows and chunks");
+    assert!(whole.iter().all(|p| p.samples == 1));
+    let report = after.maintain(now).await.unwrap();
+    assert_eq!(
+        report.samples_packed,
+        2 * 7200 + 7200,
+        "the old rows, GPUs and process"
+    );
+    assert_eq!(chart().await.unwrap().unwrap(), whole);
+    after.close().await;
     db.drop_database().await;
 }

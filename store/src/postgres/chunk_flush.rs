@@ -1,0 +1,364 @@
+//! Writing the open chunks: every series' held samples as compressed chunks
+//! (one row per series and hour they touch), their minute rollups merged
+//! into the rollup tables, and each stream's durable mark, in one
+//! transaction. Once it commits, the agents may forget those batches.
+//!
+//! Exactly once across collectors: a flush locks the durable marks of its
+//! streams (their own table, so batch writes never wait for a flush) and
+//! leaves out the samples of batches another collector already made
+//! durable; an agent that moved holds its batches in both collectors until
+//! one of them writes them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use sqlx::postgres::PgConnection;
+use sqlx::{Connection, Postgres, Row, Transaction};
+
+use super::maintenance::roll_up_fleet;
+use super::packed::{Chunk, chunks_by_hour};
+use super::packing::insert_chunks;
+use crate::StoreError;
+use crate::model::{GpuSampleRow, ProcessPoint};
+use crate::open_chunks::{
+    GpuMinute, ProcessMinute, Samples, StreamKey, gpu_minutes, process_minutes,
+};
+use crate::rollup::{HOUR_MS, MINUTE_MS, bucket_start, contiguous_runs};
+
+/// What a flush wrote.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct Flushed {
+    pub chunks: usize,
+    pub chunk_bytes: usize,
+    pub samples: usize,
+    /// Samples another collector had already written.
+    pub left_out: usize,
+    /// Each stream's durable mark after the flush.
+    pub marks: Vec<(StreamKey, u64)>,
+}
+
+/// Chunks and rollups of a set of samples, computed off the async runtime.
+struct Encoded {
+    gpu_chunks: Vec<Chunk>,
+    process_chunks: Vec<Chunk>,
+    gpu_minutes: Vec<GpuMinute>,
+    process_minutes: Vec<ProcessMinute>,
+    samples: usize,
+}
+
+fn encode(samples: &Samples) -> Result<Encoded, StoreError> {
+    let mut gpu_chunks = Vec::new();
+    for (device, held) in &samples.gpu {
+        let rows: Vec<GpuSampleRow> = held.iter().map(|h| h.row).collect();
+        gpu_chunks.extend(
+            chunks_by_hour(*device, dedup(rows, |r| r.timestamp_ms))
+                .map_err(|e| StoreError::Damaged(format!("chunking device {device}: {e}")))?,
+        );
+    }
+    let mut process_chunks = Vec::new();
+    for (process, held) in &samples.processes {
+        let rows: Vec<ProcessPoint> = held.iter().map(|h| h.row).collect();
+        process_chunks.extend(
+            chunks_by_hour(*process, dedup(rows, |r| r.timestamp_ms))
+                .map_err(|e| StoreError::Damaged(format!("chunking process {process}: {e}")))?,
+        );
+    }
+    Ok(Encoded {
+        gpu_chunks,
+        process_chunks,
+        gpu_minutes: gpu_minutes(samples),
+        process_minutes: process_minutes(samples),
+        samples: samples.sample_count(),
+    })
+}
+
+/// One sample per timestamp and series: an agent whose clock stepped back
+/// may send a time twice, and a chart would draw both.
+fn dedup<T>(mut rows: Vec<T>, ts: impl Fn(&T) -> i64) -> Vec<T> {
+    rows.sort_by_key(&ts);
+    rows.dedup_by_key(|r| ts(r));
+    rows
+}
+
+async fn encode_off_runtime(samples: Arc<Samples>) -> Result<Encoded, StoreError> {
+    tokio::task::spawn_blocking(move || encode(&samples))
+        .await
+        .map_err(|e| StoreError::Invalid(format!("encoding chunks failed: {e}")))?
+}
+
+/// Writes `taken` and commits; see the module's notes.
+pub(super) async fn write_open_chunks(
+    conn: &mut PgConnection,
+    taken: Arc<Samples>,
+) -> Result<Flushed, StoreError> {
+    let mut encoded = encode_off_runtime(taken.clone()).await?;
+    let mut tx = conn.begin().await?;
+    let durable = lock_marks(&mut tx, &taken.streams).await?;
+    let mut left_out = 0;
+    let needs_leaving_out = taken.streams.iter().zip(&taken.seqs).any(|(key, seqs)| {
+        let mark = durable.get(key).copied().unwrap_or(0);
+        seqs.first().is_some_and(|&first| first <= mark)
+    });
+    let kept = if needs_leaving_out {
+        let mut kept = (*taken).clone();
+        left_out = kept.retain_above(&durable);
+        tracing::info!(
+            left_out,
+            "a flush left out samples another collector already wrote (an agent moved)"
+        );
+        let kept = Arc::new(kept);
+        encoded = encode_off_runtime(kept.clone()).await?;
+        kept
+    } else {
+        taken
+    };
+    insert_chunks::<GpuSampleRow>(&mut tx, &encoded.gpu_chunks).await?;
+    insert_chunks::<ProcessPoint>(&mut tx, &encoded.process_chunks).await?;
+    merge_gpu_minutes(&mut tx, &encoded.gpu_minutes).await?;
+    merge_process_minutes(&mut tx, &encoded.process_minutes).await?;
+    redo_late_buckets(&mut tx, &encoded).await?;
+    let mut marks: Vec<(StreamKey, u64)> = kept
+        .last_seqs()
+        .into_iter()
+        .map(|(key, seq)| (key.clone(), seq))
+        .collect();
+    raise_marks(&mut tx, &marks).await?;
+    tx.commit().await?;
+    // Streams whose every batch here another collector wrote keep its mark.
+    for (key, mark) in durable {
+        if !marks.iter().any(|(k, _)| *k == key) {
+            marks.push((key, mark));
+        }
+    }
+    Ok(Flushed {
+        chunks: encoded.gpu_chunks.len() + encoded.process_chunks.len(),
+        chunk_bytes: encoded
+            .gpu_chunks
+            .iter()
+            .chain(&encoded.process_chunks)
+            .map(|c| c.data.len())
+            .sum(),
+        samples: encoded.samples,
+        left_out,
+        marks,
+    })
+}
+
+/// Locks the durable marks of `streams` (creating those that have none),
+/// in key order so that two flushes cannot deadlock; returns them.
+async fn lock_marks(
+    tx: &mut Transaction<'_, Postgres>,
+    streams: &[StreamKey],
+) -> Result<HashMap<StreamKey, u64>, StoreError> {
+    let mut sorted: Vec<&StreamKey> = streams.iter().collect();
+    sorted.sort();
+    let nodes: Vec<i64> = sorted.iter().map(|k| k.0).collect();
+    let boots: Vec<&str> = sorted.iter().map(|k| k.1.as_str()).collect();
+    // A stream of a node deleted meanwhile gets no mark (and its samples,
+    // whose devices went with the node, no readers).
+    sqlx::query(
+        "INSERT INTO stream_durable (node_id, boot_id, durable_seq)
+         SELECT v.node_id, v.boot_id, 0 FROM UNNEST($1::int8[], $2::text[]) AS v(node_id, boot_id)
+         WHERE EXISTS (SELECT 1 FROM nodes n WHERE n.id = v.node_id)
+         ON CONFLICT (node_id, boot_id) DO NOTHING",
+    )
+    .bind(&nodes)
+    .bind(&boots)
+    .execute(&mut **tx)
+    .await?;
+    let rows = sqlx::query(
+        "SELECT d.node_id, d.boot_id, d.durable_seq FROM stream_durable d
+         JOIN UNNEST($1::int8[], $2::text[]) AS v(node_id, boot_id)
+             ON d.node_id = v.node_id AND d.boot_id = v.boot_id
+         WHERE d.node_id = ANY($1)
+         ORDER BY d.node_id, d.boot_id
+         FOR UPDATE OF d",
+    )
+    .bind(&nodes)
+    .bind(&boots)
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut marks = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let seq: i64 = row.try_get("durable_seq")?;
+        marks.insert(
+            (row.try_get("node_id")?, row.try_get("boot_id")?),
+            u64::try_from(seq).unwrap_or(0),
+        );
+    }
+    Ok(marks)
+}
+
+async fn raise_marks(
+    tx: &mut Transaction<'_, Postgres>,
+    marks: &[(StreamKey, u64)],
+) -> Result<(), StoreError> {
+    if marks.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "UPDATE stream_durable d SET durable_seq = GREATEST(d.durable_seq, v.seq)
+         FROM UNNEST($1::int8[], $2::text[], $3::int8[]) AS v(node_id, boot_id, seq)
+         WHERE d.node_id = ANY($1) AND d.node_id = v.node_id AND d.boot_id = v.boot_id",
+    )
+    .bind(marks.iter().map(|(k, _)| k.0).collect::<Vec<_>>())
+    .bind(marks.iter().map(|(k, _)| k.1.as_str()).collect::<Vec<_>>())
+    .bind(
+        marks
+            .iter()
+            .map(|(_, s)| i64::try_from(*s).unwrap_or(i64::MAX))
+            .collect::<Vec<_>>(),
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Merges minutes into `gpu_samples_1m`: a minute already there (the same
+/// minute's earlier samples, or a late batch's) ends as the rollup of all
+/// of them, each mean weighted by how many samples it holds.
+async fn merge_gpu_minutes(
+    tx: &mut Transaction<'_, Postgres>,
+    minutes: &[GpuMinute],
+) -> Result<(), StoreError> {
+    if minutes.is_empty() {
+        return Ok(());
+    }
+    let device_ids = minutes
+        .iter()
+        .map(|m| {
+            i32::try_from(m.device_id).map_err(|_| {
+                StoreError::Invalid(format!("device id {} is out of range", m.device_id))
+            })
+        })
+        .collect::<Result<Vec<i32>, StoreError>>()?;
+    sqlx::query(
+        "INSERT INTO gpu_samples_1m AS r (device_id, ts_ms, last_ts_ms, samples, used_min, used_max,
+             used_avg, used_last, reserved, total, utilization, pcie_tx, pcie_rx)
+         SELECT * FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int4[], $5::int8[], $6::int8[],
+             $7::int8[], $8::int8[], $9::int8[], $10::int8[], $11::float4[], $12::int8[], $13::int8[])
+         ON CONFLICT (device_id, ts_ms) DO UPDATE SET
+             samples = r.samples + EXCLUDED.samples,
+             last_ts_ms = GREATEST(r.last_ts_ms, EXCLUDED.last_ts_ms),
+             used_last = CASE WHEN EXCLUDED.last_ts_ms >= r.last_ts_ms THEN EXCLUDED.used_last ELSE r.used_last END,
+             used_min = LEAST(r.used_min, EXCLUDED.used_min),
+             used_max = GREATEST(r.used_max, EXCLUDED.used_max),
+             used_avg = round((r.used_avg::numeric * r.samples + EXCLUDED.used_avg::numeric * EXCLUDED.samples)
+                 / (r.samples + EXCLUDED.samples))::int8,
+             reserved = GREATEST(r.reserved, EXCLUDED.reserved),
+             total = GREATEST(r.total, EXCLUDED.total),
+             utilization = ((COALESCE(r.utilization * r.samples, 0) + COALESCE(EXCLUDED.utilization * EXCLUDED.samples, 0))
+                 / NULLIF(CASE WHEN r.utilization IS NULL THEN 0 ELSE r.samples END
+                     + CASE WHEN EXCLUDED.utilization IS NULL THEN 0 ELSE EXCLUDED.samples END, 0))::real,
+             pcie_tx = round((COALESCE(r.pcie_tx::numeric * r.samples, 0) + COALESCE(EXCLUDED.pcie_tx::numeric * EXCLUDED.samples, 0))
+                 / NULLIF(CASE WHEN r.pcie_tx IS NULL THEN 0 ELSE r.samples END
+                     + CASE WHEN EXCLUDED.pcie_tx IS NULL THEN 0 ELSE EXCLUDED.samples END, 0))::int8,
+             pcie_rx = round((COALESCE(r.pcie_rx::numeric * r.samples, 0) + COALESCE(EXCLUDED.pcie_rx::numeric * EXCLUDED.samples, 0))
+                 / NULLIF(CASE WHEN r.pcie_rx IS NULL THEN 0 ELSE r.samples END
+                     + CASE WHEN EXCLUDED.pcie_rx IS NULL THEN 0 ELSE EXCLUDED.samples END, 0))::int8",
+    )
+    .bind(device_ids)
+    .bind(minutes.iter().map(|m| m.minute_ms).collect::<Vec<_>>())
+    .bind(minutes.iter().map(|m| m.last_ts_ms).collect::<Vec<_>>())
+    .bind(minutes.iter().map(|m| i32::try_from(m.samples).unwrap_or(i32::MAX)).collect::<Vec<_>>())
+    .bind(minutes.iter().map(|m| m.used_min).collect::<Vec<_>>())
+    .bind(minutes.iter().map(|m| m.used_max).collect::<Vec<_>>())
+    .bind(minutes.iter().map(GpuMinute::used_avg).collect::<Vec<_>>())
+    .bind(minutes.iter().map(|m| m.used_last).collect::<Vec<_>>())
+    .bind(minutes.iter().map(|m| m.reserved).collect::<Vec<_>>())
+    .bind(minutes.iter().map(|m| m.total).collect::<Vec<_>>())
+    .bind(minutes.iter().map(GpuMinute::utilization).collect::<Vec<_>>())
+    .bind(minutes.iter().map(GpuMinute::pcie_tx).collect::<Vec<_>>())
+    .bind(minutes.iter().map(GpuMinute::pcie_rx).collect::<Vec<_>>())
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+async fn merge_process_minutes(
+    tx: &mut Transaction<'_, Postgres>,
+    minutes: &[ProcessMinute],
+) -> Result<(), StoreError> {
+    if minutes.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO process_samples_1m AS r (process_id, ts_ms, last_ts_ms, samples, used_min, used_max,
+             used_avg, used_last)
+         SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::int4[], $5::int8[], $6::int8[],
+             $7::int8[], $8::int8[])
+         ON CONFLICT (process_id, ts_ms) DO UPDATE SET
+             samples = r.samples + EXCLUDED.samples,
+             last_ts_ms = GREATEST(r.last_ts_ms, EXCLUDED.last_ts_ms),
+             used_last = CASE WHEN EXCLUDED.last_ts_ms >= r.last_ts_ms THEN EXCLUDED.used_last ELSE r.used_last END,
+             used_min = LEAST(r.used_min, EXCLUDED.used_min),
+             used_max = GREATEST(r.used_max, EXCLUDED.used_max),
+             used_avg = round((r.used_avg::numeric * r.samples + EXCLUDED.used_avg::numeric * EXCLUDED.samples)
+                 / (r.samples + EXCLUDED.samples))::int8",
+    )
+    .bind(minutes.iter().map(|m| m.process_id).collect::<Vec<_>>())
+    .bind(minutes.iter().map(|m| m.minute_ms).collect::<Vec<_>>())
+    .bind(minutes.iter().map(|m| m.last_ts_ms).collect::<Vec<_>>())
+    .bind(minutes.iter().map(|m| i32::try_from(m.samples).unwrap_or(i32::MAX)).collect::<Vec<_>>())
+    .bind(minutes.iter().map(|m| m.used_min).collect::<Vec<_>>())
+    .bind(minutes.iter().map(|m| m.used_max).collect::<Vec<_>>())
+    .bind(minutes.iter().map(ProcessMinute::used_avg).collect::<Vec<_>>())
+    .bind(minutes.iter().map(|m| m.used_last).collect::<Vec<_>>())
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Minutes the rollup pass already passed (a spool replayed after an
+/// outage) get their fleet row summed again here, and their hours marked
+/// for the next pass to roll up again; newer minutes are summed when the
+/// pass reaches them. The watermark is read under a share lock, as batch
+/// writes read it, so the pass cannot move it past these minutes unseen.
+async fn redo_late_buckets(
+    tx: &mut Transaction<'_, Postgres>,
+    encoded: &Encoded,
+) -> Result<(), StoreError> {
+    let done_until: Option<i64> = sqlx::query_scalar(
+        "SELECT done_until_ms FROM rollup_progress WHERE step_ms = $1 FOR SHARE",
+    )
+    .bind(MINUTE_MS)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some(done_until) = done_until else {
+        return Ok(());
+    };
+    let late: Vec<i64> = encoded
+        .gpu_minutes
+        .iter()
+        .map(|m| m.minute_ms)
+        .chain(encoded.process_minutes.iter().map(|m| m.minute_ms))
+        .filter(|m| *m < done_until)
+        .collect();
+    if late.is_empty() {
+        return Ok(());
+    }
+    for (from, to) in contiguous_runs(&late, MINUTE_MS) {
+        roll_up_fleet(tx, MINUTE_MS, from, to).await?;
+    }
+    let mut hours: Vec<i64> = late.iter().map(|m| bucket_start(*m, HOUR_MS)).collect();
+    hours.sort_unstable();
+    hours.dedup();
+    sqlx::query("INSERT INTO rollup_pending (step_ms, bucket_ms) SELECT $1, UNNEST($2::int8[])")
+        .bind(HOUR_MS)
+        .bind(&hours)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_time_sent_twice_is_kept_once() {
+        let rows = vec![(3, 'a'), (1, 'b'), (3, 'c'), (2, 'd')];
+        let kept: Vec<i64> = dedup(rows, |r| r.0).iter().map(|r| r.0).collect();
+        assert_eq!(kept, [1, 2, 3]);
+    }
+}
