@@ -50,9 +50,9 @@ pub struct Samples {
     /// The batches held of each stream, by stream index.
     pub seqs: Vec<BTreeSet<u64>>,
     /// By device id, in arrival order.
-    pub gpu: BTreeMap<i64, Vec<Held<GpuSampleRow>>>,
+    pub gpu: Series<GpuSampleRow>,
     /// By process id, in arrival order.
-    pub processes: BTreeMap<i64, Vec<Held<ProcessPoint>>>,
+    pub processes: Series<ProcessPoint>,
     pub bytes: usize,
 }
 
@@ -83,23 +83,14 @@ impl Samples {
         if let Some(seqs) = self.seqs.get_mut(stream as usize) {
             seqs.insert(seq);
         }
-        for row in gpu {
-            self.gpu.entry(row.device_id).or_default().push(Held {
-                stream,
-                seq,
-                row: *row,
-            });
-        }
-        for row in processes {
-            self.processes
-                .entry(row.process_id)
-                .or_default()
-                .push(Held {
-                    stream,
-                    seq,
-                    row: *row,
-                });
-        }
+        hold(&mut self.gpu, gpu, |r| r.device_id, stream, seq);
+        hold(
+            &mut self.processes,
+            processes,
+            |r| r.process_id,
+            stream,
+            seq,
+        );
         self.bytes += gpu.len() * GPU_SAMPLE_BYTES + processes.len() * PROCESS_SAMPLE_BYTES;
     }
 
@@ -120,42 +111,10 @@ impl Samples {
                 .and_then(|key| self.stream_index.get(key).copied())
                 .unwrap_or(stream)
         };
-        let gpu: Vec<(i64, Vec<Held<GpuSampleRow>>)> = other
-            .gpu
-            .iter()
-            .map(|(k, v)| {
-                (
-                    *k,
-                    v.iter()
-                        .map(|h| Held {
-                            stream: remap(h.stream),
-                            ..*h
-                        })
-                        .collect(),
-                )
-            })
-            .collect();
-        let processes: Vec<(i64, Vec<Held<ProcessPoint>>)> = other
-            .processes
-            .iter()
-            .map(|(k, v)| {
-                (
-                    *k,
-                    v.iter()
-                        .map(|h| Held {
-                            stream: remap(h.stream),
-                            ..*h
-                        })
-                        .collect(),
-                )
-            })
-            .collect();
-        for (k, v) in gpu {
-            self.gpu.entry(k).or_default().extend(v);
-        }
-        for (k, v) in processes {
-            self.processes.entry(k).or_default().extend(v);
-        }
+        let gpu = remapped(&other.gpu, remap);
+        let processes = remapped(&other.processes, remap);
+        extend(&mut self.gpu, gpu);
+        extend(&mut self.processes, processes);
         self.bytes += other.bytes;
     }
 
@@ -168,19 +127,7 @@ impl Samples {
             .map(|key| durable.get(key).copied().unwrap_or(0))
             .collect();
         let above = |stream: u32, seq: u64| seq > marks.get(stream as usize).copied().unwrap_or(0);
-        let mut dropped = 0;
-        for samples in self.gpu.values_mut() {
-            let before = samples.len();
-            samples.retain(|h| above(h.stream, h.seq));
-            dropped += before - samples.len();
-        }
-        for samples in self.processes.values_mut() {
-            let before = samples.len();
-            samples.retain(|h| above(h.stream, h.seq));
-            dropped += before - samples.len();
-        }
-        self.gpu.retain(|_, v| !v.is_empty());
-        self.processes.retain(|_, v| !v.is_empty());
+        let dropped = retain(&mut self.gpu, above) + retain(&mut self.processes, above);
         for (seqs, mark) in self.seqs.iter_mut().zip(&marks) {
             seqs.retain(|s| s > mark);
         }
@@ -205,6 +152,54 @@ impl Samples {
         self.gpu.values().map(Vec::len).sum::<usize>()
             + self.processes.values().map(Vec::len).sum::<usize>()
     }
+}
+
+/// Series by key, each sample with its batch.
+type Series<T> = BTreeMap<i64, Vec<Held<T>>>;
+
+fn hold<T: Copy>(series: &mut Series<T>, rows: &[T], key: fn(&T) -> i64, stream: u32, seq: u64) {
+    for row in rows {
+        series.entry(key(row)).or_default().push(Held {
+            stream,
+            seq,
+            row: *row,
+        });
+    }
+}
+
+/// `series` with each sample's stream index turned by `remap`.
+fn remapped<T: Copy>(series: &Series<T>, remap: impl Fn(u32) -> u32) -> Vec<(i64, Vec<Held<T>>)> {
+    series
+        .iter()
+        .map(|(key, held)| {
+            let held = held
+                .iter()
+                .map(|h| Held {
+                    stream: remap(h.stream),
+                    ..*h
+                })
+                .collect();
+            (*key, held)
+        })
+        .collect()
+}
+
+fn extend<T>(series: &mut Series<T>, more: Vec<(i64, Vec<Held<T>>)>) {
+    for (key, held) in more {
+        series.entry(key).or_default().extend(held);
+    }
+}
+
+/// Keeps the samples `keep` says of (stream, seq); returns how many went.
+fn retain<T>(series: &mut Series<T>, keep: impl Fn(u32, u64) -> bool) -> usize {
+    let mut dropped = 0;
+    for held in series.values_mut() {
+        let before = held.len();
+        held.retain(|h| keep(h.stream, h.seq));
+        dropped += before - held.len();
+    }
+    series.retain(|_, held| !held.is_empty());
+    dropped
 }
 
 /// The open chunks of a collector: samples taken in and not yet written.
@@ -298,6 +293,13 @@ impl OpenChunks {
     /// The flush committed: its streams are durable up to `marks`.
     pub fn flushed(&mut self, marks: &[(StreamKey, u64)]) {
         self.flushing = None;
+        // Only streams still sending need their mark here (it answers their
+        // acks and skips their replays); an idle one's is in the database,
+        // and its next session brings it back. Agents that start a stream
+        // per run would otherwise grow this map for good.
+        let open = &self.open;
+        self.durable
+            .retain(|key, _| open.stream_index.contains_key(key));
         for (key, mark) in marks {
             self.learn_durable(key, *mark);
         }
@@ -545,6 +547,21 @@ mod tests {
         // Once durable, a replay is known by the mark.
         assert!(!open.push(&s, 1, &[gpu(7, 1_000, 10)], &[], 0));
         assert!(open.push(&s, 2, &[gpu(7, 2_000, 10)], &[], 0));
+    }
+
+    #[test]
+    fn an_idle_streams_mark_is_forgotten_and_a_busy_ones_kept() {
+        let mut open = OpenChunks::new(LIMITS);
+        let (idle, busy) = (stream("idle"), stream("busy"));
+        open.push(&idle, 4, &[gpu(7, 1_000, 10)], &[], 0);
+        open.push(&busy, 8, &[gpu(8, 1_000, 10)], &[], 0);
+        open.take();
+        open.flushed(&[(idle.clone(), 4), (busy.clone(), 8)]);
+        open.push(&busy, 9, &[gpu(8, 2_000, 10)], &[], 0);
+        open.take();
+        open.flushed(&[(busy.clone(), 9)]);
+        assert_eq!(open.durable(&busy), Some(9));
+        assert_eq!(open.durable(&idle), None, "idle through a whole flush");
     }
 
     #[test]

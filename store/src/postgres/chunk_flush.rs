@@ -16,7 +16,7 @@ use sqlx::postgres::PgConnection;
 use sqlx::{Connection, Postgres, Row, Transaction};
 
 use super::maintenance::roll_up_fleet;
-use super::packed::{Chunk, chunks_by_hour};
+use super::packed::{Chunk, Compressor, chunks_by_hour_with};
 use super::packing::insert_chunks;
 use crate::StoreError;
 use crate::model::{GpuSampleRow, ProcessPoint};
@@ -47,11 +47,13 @@ struct Encoded {
 }
 
 fn encode(samples: &Samples) -> Result<Encoded, StoreError> {
+    let mut compressor =
+        Compressor::new().map_err(|e| StoreError::Invalid(format!("no zstd context: {e}")))?;
     let mut gpu_chunks = Vec::new();
     for (device, held) in &samples.gpu {
         let rows: Vec<GpuSampleRow> = held.iter().map(|h| h.row).collect();
         gpu_chunks.extend(
-            chunks_by_hour(*device, dedup(rows, |r| r.timestamp_ms))
+            chunks_by_hour_with(&mut compressor, *device, dedup(rows, |r| r.timestamp_ms))
                 .map_err(|e| StoreError::Damaged(format!("chunking device {device}: {e}")))?,
         );
     }
@@ -59,7 +61,7 @@ fn encode(samples: &Samples) -> Result<Encoded, StoreError> {
     for (process, held) in &samples.processes {
         let rows: Vec<ProcessPoint> = held.iter().map(|h| h.row).collect();
         process_chunks.extend(
-            chunks_by_hour(*process, dedup(rows, |r| r.timestamp_ms))
+            chunks_by_hour_with(&mut compressor, *process, dedup(rows, |r| r.timestamp_ms))
                 .map_err(|e| StoreError::Damaged(format!("chunking process {process}: {e}")))?,
         );
     }
@@ -214,6 +216,16 @@ async fn raise_marks(
     Ok(())
 }
 
+/// A minute row `r` merged with the same minute's `EXCLUDED` one: the
+/// memory figures both rollup tables share.
+const MERGED_MEMORY: &str = "samples = r.samples + EXCLUDED.samples,
+    last_ts_ms = GREATEST(r.last_ts_ms, EXCLUDED.last_ts_ms),
+    used_last = CASE WHEN EXCLUDED.last_ts_ms >= r.last_ts_ms THEN EXCLUDED.used_last ELSE r.used_last END,
+    used_min = LEAST(r.used_min, EXCLUDED.used_min),
+    used_max = GREATEST(r.used_max, EXCLUDED.used_max),
+    used_avg = round((r.used_avg::numeric * r.samples + EXCLUDED.used_avg::numeric * EXCLUDED.samples)
+        / (r.samples + EXCLUDED.samples))::int8";
+
 /// Merges minutes into `gpu_samples_1m`: a minute already there (the same
 /// minute's earlier samples, or a late batch's) ends as the rollup of all
 /// of them, each mean weighted by how many samples it holds.
@@ -232,19 +244,12 @@ async fn merge_gpu_minutes(
             })
         })
         .collect::<Result<Vec<i32>, StoreError>>()?;
-    sqlx::query(
+    sqlx::query(&format!(
         "INSERT INTO gpu_samples_1m AS r (device_id, ts_ms, last_ts_ms, samples, used_min, used_max,
              used_avg, used_last, reserved, total, utilization, pcie_tx, pcie_rx)
          SELECT * FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int4[], $5::int8[], $6::int8[],
              $7::int8[], $8::int8[], $9::int8[], $10::int8[], $11::float4[], $12::int8[], $13::int8[])
-         ON CONFLICT (device_id, ts_ms) DO UPDATE SET
-             samples = r.samples + EXCLUDED.samples,
-             last_ts_ms = GREATEST(r.last_ts_ms, EXCLUDED.last_ts_ms),
-             used_last = CASE WHEN EXCLUDED.last_ts_ms >= r.last_ts_ms THEN EXCLUDED.used_last ELSE r.used_last END,
-             used_min = LEAST(r.used_min, EXCLUDED.used_min),
-             used_max = GREATEST(r.used_max, EXCLUDED.used_max),
-             used_avg = round((r.used_avg::numeric * r.samples + EXCLUDED.used_avg::numeric * EXCLUDED.samples)
-                 / (r.samples + EXCLUDED.samples))::int8,
+         ON CONFLICT (device_id, ts_ms) DO UPDATE SET {MERGED_MEMORY},
              reserved = GREATEST(r.reserved, EXCLUDED.reserved),
              total = GREATEST(r.total, EXCLUDED.total),
              utilization = ((COALESCE(r.utilization * r.samples, 0) + COALESCE(EXCLUDED.utilization * EXCLUDED.samples, 0))
@@ -255,8 +260,8 @@ async fn merge_gpu_minutes(
                      + CASE WHEN EXCLUDED.pcie_tx IS NULL THEN 0 ELSE EXCLUDED.samples END, 0))::int8,
              pcie_rx = round((COALESCE(r.pcie_rx::numeric * r.samples, 0) + COALESCE(EXCLUDED.pcie_rx::numeric * EXCLUDED.samples, 0))
                  / NULLIF(CASE WHEN r.pcie_rx IS NULL THEN 0 ELSE r.samples END
-                     + CASE WHEN EXCLUDED.pcie_rx IS NULL THEN 0 ELSE EXCLUDED.samples END, 0))::int8",
-    )
+                     + CASE WHEN EXCLUDED.pcie_rx IS NULL THEN 0 ELSE EXCLUDED.samples END, 0))::int8"
+    ))
     .bind(device_ids)
     .bind(minutes.iter().map(|m| m.minute_ms).collect::<Vec<_>>())
     .bind(minutes.iter().map(|m| m.last_ts_ms).collect::<Vec<_>>())
@@ -282,20 +287,13 @@ async fn merge_process_minutes(
     if minutes.is_empty() {
         return Ok(());
     }
-    sqlx::query(
+    sqlx::query(&format!(
         "INSERT INTO process_samples_1m AS r (process_id, ts_ms, last_ts_ms, samples, used_min, used_max,
              used_avg, used_last)
          SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::int4[], $5::int8[], $6::int8[],
              $7::int8[], $8::int8[])
-         ON CONFLICT (process_id, ts_ms) DO UPDATE SET
-             samples = r.samples + EXCLUDED.samples,
-             last_ts_ms = GREATEST(r.last_ts_ms, EXCLUDED.last_ts_ms),
-             used_last = CASE WHEN EXCLUDED.last_ts_ms >= r.last_ts_ms THEN EXCLUDED.used_last ELSE r.used_last END,
-             used_min = LEAST(r.used_min, EXCLUDED.used_min),
-             used_max = GREATEST(r.used_max, EXCLUDED.used_max),
-             used_avg = round((r.used_avg::numeric * r.samples + EXCLUDED.used_avg::numeric * EXCLUDED.samples)
-                 / (r.samples + EXCLUDED.samples))::int8",
-    )
+         ON CONFLICT (process_id, ts_ms) DO UPDATE SET {MERGED_MEMORY}"
+    ))
     .bind(minutes.iter().map(|m| m.process_id).collect::<Vec<_>>())
     .bind(minutes.iter().map(|m| m.minute_ms).collect::<Vec<_>>())
     .bind(minutes.iter().map(|m| m.last_ts_ms).collect::<Vec<_>>())

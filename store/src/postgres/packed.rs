@@ -76,6 +76,27 @@ pub(super) struct Chunk {
 /// Groups one series' samples (any order) into a chunk per hour.
 pub(super) fn chunks_by_hour<T: Packable>(
     key: i64,
+    rows: Vec<T>,
+) -> Result<Vec<Chunk>, ChunkError> {
+    chunks_by_hour_with(&mut Compressor::new()?, key, rows)
+}
+
+/// A zstd context for many chunks: setting one up costs more than
+/// compressing a minute of a series, which a flush does for every series.
+pub(super) struct Compressor(zstd::bulk::Compressor<'static>);
+
+impl Compressor {
+    pub(super) fn new() -> Result<Self, ChunkError> {
+        zstd::bulk::Compressor::new(ZSTD_LEVEL)
+            .map(Self)
+            .map_err(|e| ChunkError::Compression(e.to_string()))
+    }
+}
+
+/// [`chunks_by_hour`] with a context of the caller's.
+pub(super) fn chunks_by_hour_with<T: Packable>(
+    compressor: &mut Compressor,
+    key: i64,
     mut rows: Vec<T>,
 ) -> Result<Vec<Chunk>, ChunkError> {
     rows.sort_unstable_by_key(T::timestamp_ms);
@@ -98,14 +119,22 @@ pub(super) fn chunks_by_hour<T: Packable>(
             last_ts_ms: last.timestamp_ms(),
             samples: i32::try_from(hour.len())
                 .map_err(|_| ChunkError::TooLarge(hour.len() as u64))?,
-            data: encode(hour)?,
+            data: encode_with(compressor, hour)?,
         });
     }
     Ok(chunks)
 }
 
 /// Packs samples, in time order, into a chunk.
+#[cfg(test)]
 pub(super) fn encode<T: Packable>(rows: &[T]) -> Result<Vec<u8>, ChunkError> {
+    encode_with(&mut Compressor::new()?, rows)
+}
+
+fn encode_with<T: Packable>(
+    compressor: &mut Compressor,
+    rows: &[T],
+) -> Result<Vec<u8>, ChunkError> {
     let mut raw = Vec::with_capacity(rows.len() * 16 + 10);
     put_varint(&mut raw, rows.len() as u64);
     let mut prev_ts = 0i64;
@@ -119,7 +148,9 @@ pub(super) fn encode<T: Packable>(rows: &[T]) -> Result<Vec<u8>, ChunkError> {
 
     let mut chunk = vec![FORMAT_V1];
     put_varint(&mut chunk, raw.len() as u64);
-    let packed = zstd::bulk::compress(&raw, ZSTD_LEVEL)
+    let packed = compressor
+        .0
+        .compress(&raw)
         .map_err(|e| ChunkError::Compression(e.to_string()))?;
     chunk.extend_from_slice(&packed);
     Ok(chunk)
