@@ -304,6 +304,9 @@ pub struct MaintenanceReport {
     pub hours_rolled_up: u64,
     /// Raw GPU and process samples moved into packed chunks (Postgres).
     pub samples_packed: u64,
+    /// Chunks of closed hours folded into one per series and hour
+    /// (Postgres): chunks read minus chunks written.
+    pub chunks_compacted: u64,
     /// Where the rollups stand after the pass.
     pub watermarks: Option<Watermarks>,
 }

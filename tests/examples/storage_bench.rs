@@ -29,9 +29,11 @@
 //!    processes, write one whole UTC day (the last that ended more than a
 //!    day ago) at one sample per second through the store's own write path,
 //!    the open chunks written every simulated minute, as a collector with
-//!    the default `chunk_flush_s` writes them; then maintenance rolls up the
-//!    hours. Bytes per GPU-second and process-second are the tables' size
-//!    on disk, indexes included. The first node's 8 GPUs go to Prometheus
+//!    the default `chunk_flush_s` writes them. Bytes per GPU-second and
+//!    process-second are the tables' size on disk, indexes included: as
+//!    written, then once maintenance has rolled up the hours and compacted
+//!    the closed hours' chunks into one per series and hour (after `VACUUM
+//!    FULL`, the space later chunks would reuse given back). The first node's 8 GPUs go to Prometheus
 //!    too (`promtool tsdb create-blocks-from openmetrics`, Debian's
 //!    `prometheus` package) and to VictoriaMetrics (Debian's
 //!    `victoria-metrics`, its Prometheus import API, then flushed and
@@ -504,8 +506,9 @@ async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
     }
 }
 
-/// Phase 2: a day of history through the store's write path, then rollups.
-async fn load_history(store: &PostgresStore, nodes: usize, end_ms: i64) -> (f64, f64) {
+/// Phase 2: a day of history through the store's write path; returns how
+/// long it took.
+async fn load_history(store: &PostgresStore, nodes: usize, end_ms: i64) -> f64 {
     let sessions: Vec<NodeSession> = {
         let mut s = Vec::new();
         for node in 0..nodes {
@@ -547,15 +550,36 @@ async fn load_history(store: &PostgresStore, nodes: usize, end_ms: i64) -> (f64,
         }
     }
     store.flush(true).await.unwrap();
-    let write_s = started.elapsed().as_secs_f64();
+    started.elapsed().as_secs_f64()
+}
+
+/// Maintenance passes until the rollups and the compaction of closed hours
+/// have nothing left; returns how long they took and the chunks folded.
+async fn maintain_until_done(store: &PostgresStore) -> (f64, u64) {
     let started = Instant::now();
+    let mut compacted = 0;
     loop {
         let report = store.maintain(now_ms()).await.unwrap();
-        if report.minutes_rolled_up == 0 && report.hours_rolled_up == 0 {
+        compacted += report.chunks_compacted;
+        if report.minutes_rolled_up + report.hours_rolled_up + report.chunks_compacted == 0 {
             break;
         }
     }
-    (write_s, started.elapsed().as_secs_f64())
+    (started.elapsed().as_secs_f64(), compacted)
+}
+
+/// Prints each table's bytes on disk and per second of `per`; returns
+/// their sum.
+async fn print_table_bytes(store: &PostgresStore, tables: &[(&str, f64)]) -> i64 {
+    println!("| table (indexes included) | bytes on disk | per GPU-second (process-second) |");
+    println!("|---|---|---|");
+    let mut sum = 0;
+    for (table, per) in tables {
+        let bytes = table_bytes(store, table).await;
+        sum += bytes;
+        println!("| {table} | {bytes} | {:.2} |", bytes as f64 / per);
+    }
+    sum
 }
 
 async fn table_bytes(store: &PostgresStore, parent: &str) -> i64 {
@@ -889,7 +913,7 @@ async fn storage_and_queries(history_nodes: usize) {
     // One whole UTC day, ended more than a day ago.
     let end_ms = bucket_start(now_ms() - DAY_MS, DAY_MS);
     let cpu = CpuMark::now(postmaster);
-    let (write_s, rollup_s) = load_history(&store, history_nodes, end_ms).await;
+    let write_s = load_history(&store, history_nodes, end_ms).await;
     let cpu = cpu.spent();
     sqlx::query("VACUUM ANALYZE")
         .execute(store.pool())
@@ -898,7 +922,7 @@ async fn storage_and_queries(history_nodes: usize) {
     let gpu_seconds = (gpus as i64 * DAY_MS / 1000) as f64;
     let process_seconds = gpu_seconds * PROCESSES_PER_GPU as f64;
     println!(
-        "loaded in {write_s:.0} s through the store's write path, chunks written every simulated minute ({:.0} GPU samples/s); rollup passes {rollup_s:.1} s",
+        "loaded in {write_s:.0} s through the store's write path, chunks written every simulated minute ({:.0} GPU samples/s)",
         gpu_seconds / write_s
     );
     let per_thousand = |seconds: f64| seconds * 1e3 / gpu_seconds * 1e3;
@@ -911,23 +935,40 @@ async fn storage_and_queries(history_nodes: usize) {
                 per_thousand(p)
             ))
     );
-    println!("| table (indexes included) | bytes on disk | per GPU-second (process-second) |");
-    println!("|---|---|---|");
-    let mut kept = 0;
-    for (table, per) in [
+    let chunk_tables = [
         ("gpu_samples_packed", gpu_seconds),
         ("process_samples_packed", process_seconds),
-        ("gpu_samples", gpu_seconds),
-        ("process_samples", process_seconds),
-        ("gpu_samples_1m", gpu_seconds),
-        ("gpu_samples_1h", gpu_seconds),
-        ("process_samples_1m", process_seconds),
-        ("process_samples_1h", process_seconds),
-    ] {
-        let bytes = table_bytes(&store, table).await;
-        kept += bytes;
-        println!("| {table} | {bytes} | {:.2} |", bytes as f64 / per);
-    }
+    ];
+    println!("As written (chunks of a minute):");
+    print_table_bytes(&store, &chunk_tables).await;
+    let (rollup_s, compacted) = maintain_until_done(&store).await;
+    // Compaction frees the minute chunks' space for later chunks to reuse;
+    // VACUUM FULL gives it back, which is what the steady state holds.
+    sqlx::query("VACUUM FULL gpu_samples_packed, process_samples_packed")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    sqlx::query("VACUUM ANALYZE")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    println!(
+        "Once maintenance rolled up the hours and compacted {compacted} chunks of closed hours ({rollup_s:.1} s), after VACUUM FULL:"
+    );
+    let kept = print_table_bytes(
+        &store,
+        &[
+            ("gpu_samples_packed", gpu_seconds),
+            ("process_samples_packed", process_seconds),
+            ("gpu_samples", gpu_seconds),
+            ("process_samples", process_seconds),
+            ("gpu_samples_1m", gpu_seconds),
+            ("gpu_samples_1h", gpu_seconds),
+            ("process_samples_1m", process_seconds),
+            ("process_samples_1h", process_seconds),
+        ],
+    )
+    .await;
     println!(
         "| everything above (samples, rollups) | {kept} | {:.2} per GPU-second |",
         kept as f64 / gpu_seconds

@@ -119,6 +119,7 @@ pub(super) async fn write_open_chunks(
     merge_gpu_minutes(&mut tx, &encoded.gpu_minutes).await?;
     merge_process_minutes(&mut tx, &encoded.process_minutes).await?;
     redo_late_buckets(&mut tx, &encoded).await?;
+    mark_for_compaction(&mut tx, &encoded).await?;
     let mut marks: Vec<(StreamKey, u64)> = kept
         .last_seqs()
         .into_iter()
@@ -304,6 +305,31 @@ async fn merge_process_minutes(
     .bind(minutes.iter().map(|m| m.used_last).collect::<Vec<_>>())
     .execute(&mut **tx)
     .await?;
+    Ok(())
+}
+
+/// The hours these chunks went into, for the maintenance pass to compact
+/// once they are closed.
+async fn mark_for_compaction(
+    tx: &mut Transaction<'_, Postgres>,
+    encoded: &Encoded,
+) -> Result<(), StoreError> {
+    let mut hours: Vec<i64> = encoded
+        .gpu_chunks
+        .iter()
+        .chain(&encoded.process_chunks)
+        .map(|c| c.hour_ms)
+        .collect();
+    hours.sort_unstable();
+    hours.dedup();
+    if !hours.is_empty() {
+        sqlx::query(
+            "INSERT INTO compact_pending (hour_ms) SELECT UNNEST($1::int8[]) ON CONFLICT DO NOTHING",
+        )
+        .bind(&hours)
+        .execute(&mut **tx)
+        .await?;
+    }
     Ok(())
 }
 

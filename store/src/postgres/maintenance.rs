@@ -201,6 +201,12 @@ pub(super) async fn run(
         report.rows_expired = expire_fleet(pool, storage, now_ms, marks).await?;
         report.samples_packed =
             packing::pack_cold_days(pool, storage, now_ms, marks.minute_ms).await?;
+        report.chunks_compacted = super::compaction::compact_closed_hours(
+            pool,
+            now_ms,
+            Instant::now() + storage.pack_time_per_pass(),
+        )
+        .await?;
     }
     report.watermarks = Some(watermarks(pool).await?);
     Ok(report)

@@ -15,6 +15,7 @@ use sqlx::{Postgres, Row, Transaction};
 mod alerts;
 mod checkpoints;
 mod chunk_flush;
+mod compaction;
 mod copy;
 mod fold;
 mod maintenance;

@@ -607,7 +607,7 @@ pub(super) async fn samples_between<T: PackedTable>(
     Ok(rows)
 }
 
-fn chunk_row(row: &PgRow) -> Result<Chunk, sqlx::Error> {
+pub(super) fn chunk_row(row: &PgRow) -> Result<Chunk, sqlx::Error> {
     Ok(Chunk {
         key: row.try_get("key")?,
         hour_ms: row.try_get("hour_ms")?,

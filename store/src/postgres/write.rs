@@ -1,20 +1,24 @@
 //! Writing a group of batches, from any number of agents, in one
-//! transaction: one binary `COPY` per sample table, then one statement for
-//! everything else (the agent boots' committed seqs, the nodes' last-seen
-//! times, the `gpu_latest` checkpoints, process refreshes, late minutes'
-//! marks). Each statement costs a round trip, and under load a round trip
-//! costs a millisecond or more of waiting: a write is the claim, the two
-//! `COPY`s (two round trips each), that statement, `BEGIN` and `COMMIT`.
+//! transaction: the process and allocator rows and events, then one
+//! statement for everything else (the agent boots' committed seqs, the
+//! nodes' last-seen times, the `gpu_latest` checkpoints, process refreshes,
+//! late minutes' marks). Each statement costs a round trip, and under load
+//! a round trip costs a millisecond or more of waiting. The samples go to
+//! the open chunks once the transaction commits (`open_chunks.rs`), or,
+//! where samples are written as rows, in one binary `COPY` per sample
+//! table inside it.
 //!
 //! Exactly once: the write first locks the agent boots of its batches (in
 //! key order) and reads their committed seqs; a batch whose seq was already
-//! committed is left out and reported as a duplicate, inside the same
+//! committed is left out and reported as a duplicate (or, its samples not
+//! yet durable, replayed: only its samples are taken), inside the same
 //! transaction that writes the others, so two collectors can never both
-//! store one batch. Every other row a write touches (nodes, devices'
+//! accept one batch. Every other row a write touches (nodes, devices'
 //! checkpoints, processes) belongs to one of those boots' nodes, so two
 //! writes that could meet on them meet on the boots first, and queue there.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Mutex;
 
 use sqlx::postgres::PgConnection;
 use sqlx::{Connection, Postgres, Row, Transaction};
@@ -25,8 +29,6 @@ use super::checkpoints::{
 use super::copy::{BinaryRows, copy_in};
 use super::process_cache::{ProcessCache, ProcessKey, RowState};
 use crate::StoreError;
-use std::sync::Mutex;
-
 use crate::model::{
     AllocatorRow, EventRow, GpuSampleRow, ProcessPoint, ProcessSampleRow, StoreBatch, WriteOutcome,
 };

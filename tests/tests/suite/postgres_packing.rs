@@ -74,8 +74,6 @@ async fn bytes(store: &PostgresStore, sql: &str) -> i64 {
 
 const RAW_BYTES: &str = "SELECT COALESCE(sum(pg_total_relation_size(i.inhrelid)), 0)::int8
      FROM pg_inherits i WHERE i.inhparent = 'gpu_samples'::regclass";
-const PACKED_BYTES: &str = "SELECT COALESCE(sum(pg_total_relation_size(i.inhrelid)), 0)::int8
-     FROM pg_inherits i WHERE i.inhparent = 'gpu_samples_packed'::regclass";
 
 /// A collector on `storage` with one node registered, the clock, and 03:00
 /// of the UTC day before yesterday: a day old enough to be packed.
@@ -152,13 +150,17 @@ async fn a_cold_day_moves_into_chunks_and_gives_its_bytes_back() {
     .await
     .unwrap();
     assert_eq!(recent_rows, 3 * 7200, "the last day stays raw");
-    let packed = bytes(&store, PACKED_BYTES).await;
+    // The cold day's partition: every partition, empty ones ahead included,
+    // carries the fixed pages of its indexes.
+    let packed = day_bytes(&store, "gpu_samples_packed", cold).await;
     assert!(
         packed * 5 < cold_raw,
         "packed {packed} B against {cold_raw} B raw"
     );
     // Raw, the process's 7,200 rows were about 650 kB.
-    let process_packed = day_bytes(&store, "process_samples_packed", cold).await;
+    // Beyond the fixed pages of an empty partition's table and indexes.
+    let process_packed = day_bytes(&store, "process_samples_packed", cold).await
+        - day_bytes(&store, "process_samples_packed", now + DAY_MS).await;
     assert!(
         process_packed * 10 < 7200 * 90,
         "a steady process packs to a few bytes per sample: {process_packed} B"
@@ -467,5 +469,76 @@ async fn rows_written_before_the_upgrade_chart_beside_chunks_and_still_pack() {
     );
     assert_eq!(chart().await.unwrap().unwrap(), whole);
     after.close().await;
+    db.drop_database().await;
+}
+
+/// A flush writes a chunk per series and minute; once an hour is closed,
+/// maintenance folds each series' chunks of it into one. Charts read the
+/// same before and after, and a late minute written into a compacted hour
+/// (a spool replayed) is folded in by the next pass.
+#[tokio::test]
+async fn closed_hours_of_minute_chunks_are_compacted_and_chart_the_same() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let store = PostgresStore::connect(&db.url, StorageConfig::default())
+        .await
+        .unwrap();
+    let session = register(&store).await;
+    let now = now_ms();
+    let start = bucket_start(now - 4 * HOUR_MS, HOUR_MS);
+    let batch = |seq: u64, ts: i64| {
+        let mut b = fixtures::batch(seq, ts);
+        // One process throughout.
+        b.process_samples[0].start_time_ms = start - 60_000;
+        validate::batch(b, &session, now, &Limits::default()).unwrap()
+    };
+    for minute in 0..120u64 {
+        let group: Vec<StoreBatch> = (0..60u64)
+            .map(|s| {
+                let i = minute * 60 + s;
+                batch(i + 1, start + i as i64 * 1000)
+            })
+            .collect();
+        store.write_batches(&group).await.unwrap();
+        store.flush(true).await.unwrap();
+    }
+    let gpu0 = *session.device_ids.get(GPU0).unwrap();
+    let chunks = || async {
+        sqlx::query_as::<_, (i64, i64)>(
+            "SELECT (SELECT count(*) FROM gpu_samples_packed WHERE device_id = $1),
+                    (SELECT count(*) FROM process_samples_packed)",
+        )
+        .bind(gpu0 as i32)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+    };
+    assert_eq!(chunks().await, (120, 120), "a chunk per series and minute");
+    let chart = || store.device_series(GPU0, start, start + 2 * HOUR_MS - 1, 10_000);
+    let processes = || store.process_series(GPU0, start, start + 2 * HOUR_MS - 1, 10_000);
+    let before = chart().await.unwrap().unwrap();
+    let processes_before = processes().await.unwrap().unwrap();
+    assert_eq!(before.len(), 7200);
+
+    let report = store.maintain(now).await.unwrap();
+    assert_eq!(
+        report.chunks_compacted,
+        3 * 118,
+        "three series, 120 chunks into 2 each"
+    );
+    assert_eq!(chunks().await, (2, 2), "a chunk per series and hour");
+    assert_eq!(chart().await.unwrap().unwrap(), before);
+    assert_eq!(processes().await.unwrap().unwrap(), processes_before);
+
+    let late = batch(7201, start + 500);
+    store.write_batch(&late).await.unwrap();
+    store.flush(true).await.unwrap();
+    assert_eq!(chunks().await, (3, 3));
+    store.maintain(now + 1000).await.unwrap();
+    assert_eq!(chunks().await, (2, 2), "the late chunk folded in");
+    let after = chart().await.unwrap().unwrap();
+    assert_eq!(after.iter().map(|p| p.samples).sum::<i64>(), 7201);
+    store.close().await;
     db.drop_database().await;
 }

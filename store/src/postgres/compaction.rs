@@ -1,0 +1,154 @@
+//! Compaction of closed hours. A flush writes a chunk per series for the
+//! minute or so it held, so that samples are on disk within a minute; but a
+//! minute of a series compresses less well than an hour, and each chunk
+//! costs a row (about 90 bytes with its index entry) and a read. Once an
+//! hour is closed, the maintenance pass rewrites each series' chunks of it
+//! as one, the format packed days use.
+//!
+//! Each flush marks the hours it wrote chunks for (`compact_pending`); a
+//! pass takes marked hours that ended [`CLOSED_AFTER_MS`] ago, oldest
+//! first, within a time budget. A late chunk (a spool replayed after an
+//! outage) marks its hour again, and the next pass folds it in. A chunk that
+//! does not decode is left as it is, beside the compacted one.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use sqlx::postgres::PgPool;
+use sqlx::{Postgres, Transaction};
+
+use super::packed::{self, Chunk, Compressor, Packable};
+use super::packing::{PackedTable, chunk_row, insert_chunks};
+use crate::StoreError;
+use crate::model::{GpuSampleRow, ProcessPoint};
+use crate::rollup::{HOUR_MS, MINUTE_MS};
+
+/// An hour is compacted once it ended this long ago: its last flush (at
+/// most a minute after its last sample) has long committed.
+pub(super) const CLOSED_AFTER_MS: i64 = 5 * MINUTE_MS;
+
+/// Series rewritten per transaction.
+const SERIES_PER_TRANSACTION: usize = 500;
+
+/// Compacts marked hours until `deadline`; returns how many chunks it
+/// folded away (chunks read minus chunks written).
+pub(super) async fn compact_closed_hours(
+    pool: &PgPool,
+    now_ms: i64,
+    deadline: Instant,
+) -> Result<u64, StoreError> {
+    let hours: Vec<i64> = sqlx::query_scalar(
+        "SELECT hour_ms FROM compact_pending WHERE hour_ms <= $1 ORDER BY hour_ms LIMIT 48",
+    )
+    .bind(now_ms - HOUR_MS - CLOSED_AFTER_MS)
+    .fetch_all(pool)
+    .await?;
+    let mut folded = 0;
+    for hour in hours {
+        // Taken before the work: a flush that writes into the hour
+        // meanwhile marks it again, for the next pass.
+        sqlx::query("DELETE FROM compact_pending WHERE hour_ms = $1")
+            .bind(hour)
+            .execute(pool)
+            .await?;
+        folded += compact_hour::<GpuSampleRow>(pool, hour).await?;
+        folded += compact_hour::<ProcessPoint>(pool, hour).await?;
+        if Instant::now() >= deadline {
+            break;
+        }
+    }
+    Ok(folded)
+}
+
+/// The series with chunks in `hour`, by the tables' BRIN index on the
+/// hour: chunks go in roughly in time order, so an hour's are a few block
+/// ranges of its day's partition.
+async fn series_of_hour<T: PackedTable>(pool: &PgPool, hour: i64) -> Result<Vec<i64>, StoreError> {
+    Ok(sqlx::query_scalar(&format!(
+        "SELECT DISTINCT {key}::int8 FROM {packed} WHERE hour_ms = $1 ORDER BY 1",
+        key = T::KEY,
+        packed = T::PACKED,
+    ))
+    .bind(hour)
+    .fetch_all(pool)
+    .await?)
+}
+
+async fn compact_hour<T: PackedTable>(pool: &PgPool, hour: i64) -> Result<u64, StoreError> {
+    let series = series_of_hour::<T>(pool, hour).await?;
+    let mut compressor =
+        Compressor::new().map_err(|e| StoreError::Invalid(format!("no zstd context: {e}")))?;
+    let mut folded = 0;
+    for batch in series.chunks(SERIES_PER_TRANSACTION) {
+        let mut tx = pool.begin().await?;
+        let rows = sqlx::query(&format!(
+            "SELECT {key}::int8 AS key, hour_ms, first_ts_ms, last_ts_ms, samples, data FROM {packed}
+             WHERE {key} = ANY($1) AND hour_ms = $2 FOR UPDATE",
+            key = T::KEY,
+            packed = T::PACKED,
+        ))
+        .bind(batch)
+        .bind(hour)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut by_series: BTreeMap<i64, Vec<Chunk>> = BTreeMap::new();
+        for row in &rows {
+            let chunk = chunk_row(row)?;
+            by_series.entry(chunk.key).or_default().push(chunk);
+        }
+        let mut replaced: Vec<&Chunk> = Vec::new();
+        let mut written = Vec::new();
+        for (key, chunks) in by_series.iter().filter(|(_, c)| c.len() > 1) {
+            let mut samples: Vec<T> = Vec::new();
+            for chunk in chunks {
+                match packed::decode_checked::<T>(chunk) {
+                    Ok(decoded) => {
+                        samples.extend(decoded);
+                        replaced.push(chunk);
+                    }
+                    Err(error) => tracing::error!(table = T::PACKED, series = key, hour_ms = hour,
+                        %error, "a chunk is damaged; left as it is beside its hour's compacted chunk"),
+                }
+            }
+            if replaced.last().is_none_or(|c| c.key != *key) {
+                continue;
+            }
+            samples.sort_by_key(Packable::timestamp_ms);
+            samples.dedup_by_key(|s| s.timestamp_ms());
+            written.extend(
+                packed::chunks_by_hour_with(&mut compressor, *key, samples).map_err(|e| {
+                    StoreError::Damaged(format!("compacting {} {key}: {e}", T::KEY))
+                })?,
+            );
+        }
+        if replaced.is_empty() {
+            tx.rollback().await?;
+            continue;
+        }
+        delete_chunks::<T>(&mut tx, hour, &replaced).await?;
+        insert_chunks::<T>(&mut tx, &written).await?;
+        tx.commit().await?;
+        folded += replaced.len().saturating_sub(written.len()) as u64;
+    }
+    Ok(folded)
+}
+
+async fn delete_chunks<T: PackedTable>(
+    tx: &mut Transaction<'_, Postgres>,
+    hour: i64,
+    chunks: &[&Chunk],
+) -> Result<(), StoreError> {
+    sqlx::query(&format!(
+        "DELETE FROM {packed} WHERE hour_ms = $1 AND ({key}, first_ts_ms, last_ts_ms) IN
+             (SELECT * FROM UNNEST($2::int8[], $3::int8[], $4::int8[]))",
+        key = T::KEY,
+        packed = T::PACKED,
+    ))
+    .bind(hour)
+    .bind(chunks.iter().map(|c| c.key).collect::<Vec<_>>())
+    .bind(chunks.iter().map(|c| c.first_ts_ms).collect::<Vec<_>>())
+    .bind(chunks.iter().map(|c| c.last_ts_ms).collect::<Vec<_>>())
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
