@@ -4,8 +4,11 @@
 //! lives beside it, in `migrations/`.
 
 pub mod alerts;
+mod chart_fold;
+mod chunk_format;
 mod connection;
 mod error;
+mod flush_encoding;
 pub mod model;
 pub mod open_chunks;
 mod postgres;

@@ -36,24 +36,25 @@ pub struct StorageConfig {
     /// chart at full resolution; a late sample for a packed day is still
     /// rolled up.
     pub pack_raw_after_hours: u32,
-    /// Postgres: seconds a maintenance pass spends packing, at most; a day
+    /// Seconds a maintenance pass spends packing days (Postgres), and again
+    /// compacting closed hours' chunks (both stores), at most; a day
     /// bigger than that is packed over several passes. Each pass packs at
     /// least one transaction of each table (a GPU, or eight processes), so
     /// even 0 makes progress, slowly. Rollups wait while it runs.
     pub pack_seconds_per_pass: u32,
-    /// Postgres: how GPU and process samples are written.
+    /// How GPU and process samples are written.
     pub sample_writes: SampleWrites,
-    /// Postgres, chunked writes: the oldest sample held in memory is written
+    /// Chunked writes: the oldest sample held in memory is written
     /// within this many seconds (1 to 60). Agents keep every batch until
     /// then; a longer wait makes fewer, smaller-per-sample chunks.
     pub chunk_flush_s: u32,
-    /// Postgres, chunked writes: past this many MiB of samples held in
+    /// Chunked writes: past this many MiB of samples held in
     /// memory, they are written at once, so the collector's memory stays
     /// bounded whatever the fleet's size.
     pub chunk_memory_mib: u32,
 }
 
-/// How a Postgres store writes samples.
+/// How a store writes samples.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SampleWrites {

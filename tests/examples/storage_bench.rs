@@ -44,6 +44,11 @@
 //!    (`GET /api/v1/gpus`), a 24 h chart of one GPU
 //!    (`GET /api/v1/gpus/{uuid}/series`, 1,000 points) and a 1 h chart of
 //!    the day at one point per sample (from its chunks), 300 of each.
+//! 5. SQLite (`sqlite`, alone): the same day of HISTORY_NODES nodes on the
+//!    embedded store, written as rows and as chunks side by side through
+//!    the store's write path, then rolled up and compacted: load time, CPU
+//!    per 1,000 GPU-seconds, and bytes per GPU-second and process-second
+//!    from SQLite's own page accounting (`dbstat`), indexes included.
 //! 4. Fleet history (`fleet`): 1,000 GPUs × 7 days of minute and hour
 //!    rollups loaded straight into their tables, on SQLite and on Postgres;
 //!    the fleet rows are filled as the rollup pass fills them (timed per
@@ -62,7 +67,9 @@ use headroom_collector::server::Collector;
 use headroom_proto::v1 as pb;
 use headroom_proto::v1::ingest_client::IngestClient;
 use headroom_store::model::{NodeSession, StoreBatch};
-use headroom_store::rollup::{DAY_MS, HOUR_MS, MINUTE_MS, StorageConfig, bucket_start};
+use headroom_store::rollup::{
+    DAY_MS, HOUR_MS, MINUTE_MS, SampleWrites, StorageConfig, bucket_start,
+};
 use headroom_store::{PostgresStore, SqliteStore, Store};
 use headroom_tests::fixtures::now_ms;
 use headroom_tests::harness::RunningCollector;
@@ -508,7 +515,7 @@ async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
 
 /// Phase 2: a day of history through the store's write path; returns how
 /// long it took.
-async fn load_history(store: &PostgresStore, nodes: usize, end_ms: i64) -> f64 {
+async fn load_history(store: &dyn Store, nodes: usize, end_ms: i64) -> f64 {
     let sessions: Vec<NodeSession> = {
         let mut s = Vec::new();
         for node in 0..nodes {
@@ -555,7 +562,7 @@ async fn load_history(store: &PostgresStore, nodes: usize, end_ms: i64) -> f64 {
 
 /// Maintenance passes until the rollups and the compaction of closed hours
 /// have nothing left; returns how long they took and the chunks folded.
-async fn maintain_until_done(store: &PostgresStore) -> (f64, u64) {
+async fn maintain_until_done(store: &dyn Store) -> (f64, u64) {
     let started = Instant::now();
     let mut compacted = 0;
     loop {
@@ -830,9 +837,10 @@ async fn main() {
     let ingest_phase = phases.split(',').any(|p| p == "ingest");
     let storage_phase = phases.split(',').any(|p| p == "storage");
     let fleet_phase = phases.split(',').any(|p| p == "fleet");
-    if !ingest_phase && !storage_phase && !fleet_phase {
+    let sqlite_phase = phases.split(',').any(|p| p == "sqlite");
+    if !ingest_phase && !storage_phase && !fleet_phase && !sqlite_phase {
         eprintln!(
-            "PHASES is a comma-separated list of `ingest`, `storage` and `fleet`, not {phases:?}"
+            "PHASES is a comma-separated list of `ingest`, `storage`, `fleet` and `sqlite`, not {phases:?}"
         );
         std::process::exit(2);
     }
@@ -841,6 +849,9 @@ async fn main() {
     }
     if storage_phase {
         storage_and_queries(history_nodes).await;
+    }
+    if sqlite_phase {
+        sqlite_rows_and_chunks(history_nodes).await;
     }
     if fleet_phase {
         // ROUNDS doubles as the calls per range here: 200 unless told.
@@ -1055,6 +1066,73 @@ async fn storage_and_queries(history_nodes: usize) {
     collector.stop().await;
     shared.close().await;
     db.drop_database().await;
+}
+
+/// Phase 5: a day on SQLite, as rows and as chunks, side by side.
+async fn sqlite_rows_and_chunks(nodes: usize) {
+    let gpus = nodes * GPUS_PER_NODE;
+    let gpu_seconds = (gpus as i64 * DAY_MS / 1000) as f64;
+    let process_seconds = gpu_seconds * PROCESSES_PER_GPU as f64;
+    println!(
+        "## 5. SQLite: 24 h of {gpus} GPUs ({} processes), 1 sample/s, through the store's write path",
+        gpus * PROCESSES_PER_GPU
+    );
+    println!(
+        "| samples written as | load | GPU samples/s | CPU per 1,000 GPU-s | GPU tables per GPU-s | process tables per process-s | file per GPU-s |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let end_ms = bucket_start(now_ms() - DAY_MS, DAY_MS);
+    for writes in [SampleWrites::Rows, SampleWrites::Chunks] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("day.db");
+        let url = format!("sqlite://{}", path.display());
+        let storage = StorageConfig {
+            sample_writes: writes,
+            ..StorageConfig::default()
+        };
+        let store = SqliteStore::connect(&url, storage).await.unwrap();
+        let cpu = CpuMark::now(None);
+        let load_s = load_history(&store, nodes, end_ms).await;
+        maintain_until_done(&store).await;
+        let cpu = cpu.spent();
+        store.close().await;
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        sqlx::query("VACUUM").execute(&pool).await.unwrap();
+        // Each table with its indexes, from SQLite's page accounting.
+        let tables: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT m.tbl_name, SUM(s.pgsize) FROM dbstat s JOIN sqlite_master m ON m.name = s.name
+             GROUP BY m.tbl_name",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        let bytes_of = |prefix: &str| -> i64 {
+            tables
+                .iter()
+                .filter(|(t, _)| t.starts_with(prefix))
+                .map(|(_, b)| b)
+                .sum()
+        };
+        let file: i64 = sqlx::query_scalar(
+            "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+        println!(
+            "| {writes:?} | {load_s:.0} s | {:.0} | {:.1} ms | {:.2} | {:.2} | {:.2} |",
+            gpu_seconds / load_s,
+            cpu.client * 1e6 / gpu_seconds,
+            bytes_of("gpu_samples") as f64 / gpu_seconds,
+            bytes_of("process_samples") as f64 / process_seconds,
+            file as f64 / gpu_seconds,
+        );
+    }
+    println!(
+        "(GPU tables: raw rows, chunks, minute and hour rollups; CPU: this process, the load generator included.)"
+    );
+    println!();
 }
 
 /// What the fleet phase needs of a backend: raw SQL for the load and for

@@ -16,13 +16,11 @@ use sqlx::postgres::PgConnection;
 use sqlx::{Connection, Postgres, Row, Transaction};
 
 use super::maintenance::roll_up_fleet;
-use super::packed::{Chunk, Compressor, chunks_by_hour_with};
 use super::packing::insert_chunks;
 use crate::StoreError;
+use crate::flush_encoding::{Encoded, encode_off_runtime};
 use crate::model::{GpuSampleRow, ProcessPoint};
-use crate::open_chunks::{
-    GpuMinute, ProcessMinute, Samples, StreamKey, gpu_minutes, process_minutes,
-};
+use crate::open_chunks::{GpuMinute, ProcessMinute, Samples, StreamKey};
 use crate::rollup::{HOUR_MS, MINUTE_MS, bucket_start, contiguous_runs};
 
 /// What a flush wrote.
@@ -35,57 +33,6 @@ pub(super) struct Flushed {
     pub left_out: usize,
     /// Each stream's durable mark after the flush.
     pub marks: Vec<(StreamKey, u64)>,
-}
-
-/// Chunks and rollups of a set of samples, computed off the async runtime.
-struct Encoded {
-    gpu_chunks: Vec<Chunk>,
-    process_chunks: Vec<Chunk>,
-    gpu_minutes: Vec<GpuMinute>,
-    process_minutes: Vec<ProcessMinute>,
-    samples: usize,
-}
-
-fn encode(samples: &Samples) -> Result<Encoded, StoreError> {
-    let mut compressor =
-        Compressor::new().map_err(|e| StoreError::Invalid(format!("no zstd context: {e}")))?;
-    let mut gpu_chunks = Vec::new();
-    for (device, held) in &samples.gpu {
-        let rows: Vec<GpuSampleRow> = held.iter().map(|h| h.row).collect();
-        gpu_chunks.extend(
-            chunks_by_hour_with(&mut compressor, *device, dedup(rows, |r| r.timestamp_ms))
-                .map_err(|e| StoreError::Damaged(format!("chunking device {device}: {e}")))?,
-        );
-    }
-    let mut process_chunks = Vec::new();
-    for (process, held) in &samples.processes {
-        let rows: Vec<ProcessPoint> = held.iter().map(|h| h.row).collect();
-        process_chunks.extend(
-            chunks_by_hour_with(&mut compressor, *process, dedup(rows, |r| r.timestamp_ms))
-                .map_err(|e| StoreError::Damaged(format!("chunking process {process}: {e}")))?,
-        );
-    }
-    Ok(Encoded {
-        gpu_chunks,
-        process_chunks,
-        gpu_minutes: gpu_minutes(samples),
-        process_minutes: process_minutes(samples),
-        samples: samples.sample_count(),
-    })
-}
-
-/// One sample per timestamp and series: an agent whose clock stepped back
-/// may send a time twice, and a chart would draw both.
-fn dedup<T>(mut rows: Vec<T>, ts: impl Fn(&T) -> i64) -> Vec<T> {
-    rows.sort_by_key(&ts);
-    rows.dedup_by_key(|r| ts(r));
-    rows
-}
-
-async fn encode_off_runtime(samples: Arc<Samples>) -> Result<Encoded, StoreError> {
-    tokio::task::spawn_blocking(move || encode(&samples))
-        .await
-        .map_err(|e| StoreError::Invalid(format!("encoding chunks failed: {e}")))?
 }
 
 /// Writes `taken` and commits; see the module's notes.
@@ -373,16 +320,4 @@ async fn redo_late_buckets(
         .execute(&mut **tx)
         .await?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_time_sent_twice_is_kept_once() {
-        let rows = vec![(3, 'a'), (1, 'b'), (3, 'c'), (2, 'd')];
-        let kept: Vec<i64> = dedup(rows, |r| r.0).iter().map(|r| r.0).collect();
-        assert_eq!(kept, [1, 2, 3]);
-    }
 }

@@ -17,9 +17,9 @@ use std::time::Instant;
 use sqlx::postgres::PgPool;
 use sqlx::{Postgres, Transaction};
 
-use super::packed::{self, Chunk, Compressor, Packable};
 use super::packing::{PackedTable, chunk_row, insert_chunks};
 use crate::StoreError;
+use crate::chunk_format::{self as packed, Chunk, Compressor, Packable};
 use crate::model::{GpuSampleRow, ProcessPoint};
 use crate::rollup::{HOUR_MS, MINUTE_MS};
 
@@ -46,13 +46,35 @@ pub(super) async fn compact_closed_hours(
     let mut folded = 0;
     for hour in hours {
         // Taken before the work: a flush that writes into the hour
-        // meanwhile marks it again, for the next pass.
+        // meanwhile marks it again, for the next pass. Put back if the
+        // work fails, so the hour is not left as minute chunks for good.
         sqlx::query("DELETE FROM compact_pending WHERE hour_ms = $1")
             .bind(hour)
             .execute(pool)
             .await?;
-        folded += compact_hour::<GpuSampleRow>(pool, hour).await?;
-        folded += compact_hour::<ProcessPoint>(pool, hour).await?;
+        let compacted = async {
+            Ok::<u64, StoreError>(
+                compact_hour::<GpuSampleRow>(pool, hour).await?
+                    + compact_hour::<ProcessPoint>(pool, hour).await?,
+            )
+        }
+        .await;
+        match compacted {
+            Ok(n) => folded += n,
+            Err(error) => {
+                let marked = sqlx::query(
+                    "INSERT INTO compact_pending (hour_ms) VALUES ($1) ON CONFLICT DO NOTHING",
+                )
+                .bind(hour)
+                .execute(pool)
+                .await;
+                if let Err(mark_error) = marked {
+                    tracing::error!(hour_ms = hour, %mark_error,
+                        "could not mark an hour whose compaction failed; it stays as minute chunks");
+                }
+                return Err(error);
+            }
+        }
         if Instant::now() >= deadline {
             break;
         }

@@ -11,11 +11,11 @@ use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Connection, Postgres, Row, Transaction};
 use tokio::sync::Mutex;
 
-use super::packed::ProcessPoint;
 use super::packing;
 use super::primary::Primary;
 use crate::StoreError;
 use crate::model::GpuSampleRow;
+use crate::model::ProcessPoint;
 use crate::rollup::{
     DAY_MS, HOUR_MS, MINUTE_MS, MaintenanceReport, StorageConfig, Watermarks, bucket_start,
     contiguous_runs, next_minute_watermark,

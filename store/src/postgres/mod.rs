@@ -17,17 +17,15 @@ mod checkpoints;
 mod chunk_flush;
 mod compaction;
 mod copy;
-mod fold;
 mod maintenance;
-mod packed;
 mod packing;
 mod primary;
-
-use packed::ProcessPoint;
 mod process_cache;
 mod write;
 mod write_connections;
 
+use crate::chart_fold as fold;
+use crate::model::ProcessPoint;
 use crate::model::{
     FlushReport, GpuSampleRow, NodeSession, Registration, StoreBatch, WriteOutcome,
 };

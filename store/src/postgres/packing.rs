@@ -23,10 +23,11 @@ use sqlx::{Postgres, Row, Transaction};
 
 use super::copy::{BinaryRows, copy_in};
 use super::maintenance::{PACKING_LOCK, Partition, partitions_of};
-use super::packed::{self, Chunk, Packable, ProcessPoint};
 use super::write::{GPU_SAMPLES_COPY, PROCESS_SAMPLES_COPY, gpu_sample_rows, process_sample_rows};
 use crate::StoreError;
+use crate::chunk_format::{self as packed, Chunk, Packable};
 use crate::model::GpuSampleRow;
+use crate::model::ProcessPoint;
 use crate::rollup::{HOUR_MS, MINUTE_MS, StorageConfig, bucket_start};
 
 /// A raw sample table whose cold days are packed, and its chunk table.

@@ -48,6 +48,12 @@ pub(super) async fn run(
     .bind(HOUR_MS)
     .execute(pool)
     .await?;
+    report.chunks_compacted = super::chunks::compact_closed_hours(
+        pool,
+        now_ms,
+        std::time::Instant::now() + storage.pack_time_per_pass(),
+    )
+    .await?;
     let marks = watermarks(pool).await?;
     report.rows_expired = expire(pool, storage, now_ms, marks).await?;
     report.watermarks = Some(marks);
@@ -303,5 +309,20 @@ async fn expire(
             .await?
             .rows_affected();
     }
+    // A chunk goes once its newest sample is past raw retention.
+    for table in ["gpu_samples_packed", "process_samples_packed"] {
+        expired += sqlx::query(&format!(
+            "DELETE FROM {table} WHERE hour_ms < ?1 AND last_ts_ms < ?1"
+        ))
+        .bind(raw_cutoff)
+        .execute(pool)
+        .await?
+        .rows_affected();
+    }
+    sqlx::query("DELETE FROM compact_pending WHERE hour_ms < ?1 - ?2")
+        .bind(raw_cutoff)
+        .bind(HOUR_MS)
+        .execute(pool)
+        .await?;
     Ok(expired)
 }

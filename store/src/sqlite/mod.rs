@@ -1,9 +1,12 @@
 //! SQLite: the embedded store for one machine and the demo. Same schema and
 //! semantics as Postgres; rows go in one by one inside a single transaction
-//! (prepared statements are cached, so this is cheap on SQLite).
+//! (prepared statements are cached, so this is cheap on SQLite). Samples
+//! wait in open chunks and are written as compressed chunks at a flush
+//! (chunks.rs), unless `[storage] sample_writes = "rows"`.
 
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,12 +16,18 @@ use sqlx::sqlite::{
 use sqlx::{Connection, Row, Sqlite, SqliteConnection, Transaction};
 
 mod alerts;
+mod chunks;
 mod maintenance;
 
-use crate::model::{AllocatorRow, NodeSession, Registration, StoreBatch, WriteOutcome};
+use crate::chart_fold as fold;
+use crate::model::{
+    AllocatorRow, FlushReport, GpuSampleRow, NodeSession, ProcessPoint, Registration, StoreBatch,
+    WriteOutcome,
+};
+use crate::open_chunks::OpenChunks;
 use crate::rollup::{
-    MINUTE_MS, MaintenanceReport, StorageConfig, Watermarks, fleet_source_bounds, late_minutes,
-    resolution_for, source_bounds,
+    MINUTE_MS, MaintenanceReport, SampleWrites, StorageConfig, Watermarks, fleet_source_bounds,
+    late_minutes, resolution_for, source_bounds,
 };
 use crate::rows::{
     DeviceRow, PROCESS_COLUMNS, ProcessBucket, ProcessKey, ProcessMeta, ProcessRow, SessionDevice,
@@ -29,6 +38,7 @@ use crate::{
     AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView,
     FleetHistoryPoint, NodeView, ProcessSeries, ProcessView, SeriesPoint, Store, StoreError,
 };
+use headroom_common::Clock;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 
@@ -41,6 +51,11 @@ pub struct SqliteStore {
     /// every agent's write for a pool connection.
     reader: SqlitePool,
     storage: StorageConfig,
+    /// Samples held until a flush writes them as chunks; `None` where they
+    /// are written as rows.
+    open_chunks: Option<Arc<Mutex<OpenChunks>>>,
+    /// One flush at a time.
+    flush_turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl SqliteStore {
@@ -78,26 +93,124 @@ impl SqliteStore {
             .max_lifetime(None)
             .connect_with(options.clone())
             .await?;
-        if in_memory {
+        let reader = if in_memory {
             MIGRATOR.run(&pool).await?;
-            let reader = pool.clone();
-            return Ok(Self {
-                pool,
-                reader,
-                storage,
-            });
-        }
-        let reader = SqlitePoolOptions::new()
-            .max_connections(4)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect_with(options.read_only(true))
-            .await?;
+            pool.clone()
+        } else {
+            SqlitePoolOptions::new()
+                .max_connections(4)
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .connect_with(options.read_only(true))
+                .await?
+        };
         Ok(Self {
             pool,
             reader,
+            open_chunks: (storage.sample_writes == SampleWrites::Chunks)
+                .then(|| Arc::new(Mutex::new(OpenChunks::new(storage.chunk_limits())))),
+            flush_turn: Arc::default(),
             storage,
         })
+    }
+
+    /// The open chunks, whatever a panicking holder left: they are plain
+    /// data, every update of which is complete before the lock is let go.
+    fn open(&self) -> Option<std::sync::MutexGuard<'_, OpenChunks>> {
+        self.open_chunks.as_deref().map(|open| {
+            open.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        })
+    }
+
+    /// What the store now knows of a stream's durable mark.
+    fn learn_durable(&self, session: &NodeSession) {
+        if let Some(mut open) = self.open() {
+            open.learn_durable(
+                &(session.node_id, session.boot_id.clone()),
+                session.durable_seq,
+            );
+        }
+    }
+
+    /// Writes the open chunks taken now; on failure they stay held and the
+    /// next flush takes them again.
+    async fn flush_open_chunks(&self, force: bool) -> Result<FlushReport, StoreError> {
+        let _turn = self.flush_turn.lock().await;
+        let taken = {
+            let Some(mut open) = self.open() else {
+                return Ok(FlushReport::default());
+            };
+            if !force && !open.due(Clock::System.now_ms()) {
+                return Ok(FlushReport::default());
+            }
+            open.take()
+        };
+        let Some(taken) = taken else {
+            return Ok(FlushReport::default());
+        };
+        let flushed = chunks::write_open_chunks(&self.pool, taken).await?;
+        if let Some(mut open) = self.open() {
+            open.flushed(&flushed.marks);
+        }
+        Ok(FlushReport {
+            chunks: flushed.chunks,
+            chunk_bytes: flushed.chunk_bytes,
+            samples: flushed.samples,
+            left_out: 0,
+        })
+    }
+
+    /// Puts the samples of batches just committed (or replayed) into the
+    /// open chunks: a failed write leaves the agent to send them again.
+    fn hold(&self, held: Vec<HeldBatch<'_>>) {
+        let Some(mut open) = self.open() else { return };
+        let now_ms = Clock::System.now_ms();
+        for (batch, processes) in held {
+            open.push(
+                &(batch.node_id, batch.boot_id.clone()),
+                batch.seq,
+                &batch.gpu_samples,
+                &processes,
+                now_ms,
+            );
+        }
+    }
+
+    /// Samples of `device` in `[from_ms, to_ms]` in chunks and still held,
+    /// a sample in both (as a flush commits) counted once.
+    async fn chunked_gpu_samples(
+        &self,
+        device: i64,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<Vec<GpuSampleRow>, StoreError> {
+        let mut samples =
+            chunks::samples_between::<GpuSampleRow>(&self.reader, &[device], from_ms, to_ms)
+                .await?;
+        if let Some(open) = self.open() {
+            samples.extend(open.gpu_between(device, from_ms, to_ms));
+        }
+        samples.sort_by_key(|r| r.timestamp_ms);
+        samples.dedup_by_key(|r| r.timestamp_ms);
+        Ok(samples)
+    }
+
+    async fn chunked_process_samples(
+        &self,
+        processes: &[i64],
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<Vec<ProcessPoint>, StoreError> {
+        let mut samples =
+            chunks::samples_between::<ProcessPoint>(&self.reader, processes, from_ms, to_ms)
+                .await?;
+        if let Some(open) = self.open() {
+            samples.extend(open.processes_between(processes, from_ms, to_ms));
+        }
+        samples.sort_by_key(|r| (r.process_id, r.timestamp_ms));
+        samples.dedup_by_key(|r| (r.process_id, r.timestamp_ms));
+        Ok(samples)
     }
 
     /// Recomputes the fleet rollup rows of `[from_ms, to_ms)` at `step_ms`
@@ -124,7 +237,7 @@ async fn load_session(
     node_id: i64,
     node: &str,
     boot_id: &str,
-    committed_seq: i64,
+    (committed_seq, durable_seq): (i64, i64),
 ) -> Result<NodeSession, StoreError> {
     let rows = sqlx::query_as::<_, SessionDevice>(
         "SELECT id, uuid, gpu_index, mig_profile, parent_id, memory_total FROM devices WHERE node_id = ?",
@@ -137,7 +250,7 @@ async fn load_session(
         node,
         boot_id,
         committed_seq,
-        committed_seq,
+        durable_seq,
         rows,
     ))
 }
@@ -203,8 +316,8 @@ impl Store for SqliteStore {
         .bind(&reg.boot_id)
         .execute(&mut *tx)
         .await?;
-        let committed: i64 = sqlx::query_scalar(
-            "SELECT committed_seq FROM agent_boots WHERE node_id = ?1 AND boot_id = ?2",
+        let marks: (i64, i64) = sqlx::query_as(
+            "SELECT committed_seq, durable_seq FROM agent_boots WHERE node_id = ?1 AND boot_id = ?2",
         )
         .bind(node_id)
         .bind(&reg.boot_id)
@@ -248,8 +361,9 @@ impl Store for SqliteStore {
             .await?;
             ids.insert(&d.uuid, id);
         }
-        let session = load_session(&mut tx, node_id, &reg.node, &reg.boot_id, committed).await?;
+        let session = load_session(&mut tx, node_id, &reg.node, &reg.boot_id, marks).await?;
         tx.commit().await?;
+        self.learn_durable(&session);
         Ok(session)
     }
 
@@ -278,7 +392,7 @@ impl Store for SqliteStore {
     async fn session(&self, node: &str, boot_id: &str) -> Result<Option<NodeSession>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
-            "SELECT n.id, b.committed_seq FROM nodes n JOIN agent_boots b ON b.node_id = n.id
+            "SELECT n.id, b.committed_seq, b.durable_seq FROM nodes n JOIN agent_boots b ON b.node_id = n.id
              WHERE n.name = ?1 AND b.boot_id = ?2",
         )
         .bind(node)
@@ -291,10 +405,11 @@ impl Store for SqliteStore {
             row.try_get("id")?,
             node,
             boot_id,
-            row.try_get("committed_seq")?,
+            (row.try_get("committed_seq")?, row.try_get("durable_seq")?),
         )
         .await?;
         tx.commit().await?;
+        self.learn_durable(&session);
         Ok(Some(session))
     }
 
@@ -302,16 +417,33 @@ impl Store for SqliteStore {
         if batches.is_empty() {
             return Ok(Vec::new());
         }
+        if let Some(open) = self.open()
+            && open.overfull()
+        {
+            return Err(StoreError::Backlog {
+                held_mib: open.bytes() >> 20,
+            });
+        }
+        let chunked = self.open_chunks.is_some();
         let mut tx = self.pool.begin().await?;
         let mut outcomes = Vec::with_capacity(batches.len());
-        let mut stored = false;
+        let mut held = Vec::new();
+        let mut accepted: HashMap<(i64, &str), u64> = HashMap::new();
         for batch in batches {
-            let outcome = write_one(&mut tx, batch).await?;
-            stored |= outcome == WriteOutcome::Committed;
+            let outcome = write_one(&mut tx, batch, chunked, &accepted, &mut held).await?;
+            if outcome == WriteOutcome::Committed {
+                accepted.insert((batch.node_id, batch.boot_id.as_str()), batch.seq);
+            }
             outcomes.push(outcome);
         }
-        if !stored {
+        if accepted.is_empty() {
             tx.rollback().await?;
+            self.hold(held);
+            return Ok(outcomes);
+        }
+        if chunked {
+            tx.commit().await?;
+            self.hold(held);
             return Ok(outcomes);
         }
         // SQLite has one writer at a time: the rollup pass cannot move the
@@ -346,6 +478,15 @@ impl Store for SqliteStore {
         Ok(outcomes)
     }
 
+    async fn flush(&self, force: bool) -> Result<FlushReport, StoreError> {
+        self.flush_open_chunks(force).await
+    }
+
+    fn durable_seq(&self, node_id: i64, boot_id: &str) -> Option<u64> {
+        let open = self.open()?;
+        Some(open.durable(&(node_id, boot_id.to_owned())).unwrap_or(0))
+    }
+
     async fn maintain(&self, now_ms: i64) -> Result<MaintenanceReport, StoreError> {
         maintenance::run(&self.pool, &self.storage, now_ms).await
     }
@@ -359,6 +500,17 @@ impl Store for SqliteStore {
     }
 
     async fn close(&self) {
+        // What is held would otherwise wait for the agents to send it again.
+        match self.flush(true).await {
+            Ok(report) if report.samples > 0 => tracing::info!(
+                samples = report.samples,
+                chunks = report.chunks,
+                "wrote the open chunks on close"
+            ),
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error,
+                "could not write the open chunks on close; the agents still hold those samples and send them again"),
+        }
         self.pool.close().await;
         self.reader.close().await;
     }
@@ -454,30 +606,46 @@ impl Store for SqliteStore {
             to_ms,
             marks,
         );
-        // Rollup rows count as `samples` samples of mean `used_avg`, so a
-        // bucket mixing resolutions still averages per sample.
+        let chunked = self
+            .chunked_gpu_samples(device, bounds.minute_end_ms, to_ms)
+            .await?;
+        let packed = gpu_buckets_json(&fold::gpu_buckets(&chunked, from_ms, width))?;
+        // Every source as sums over its samples (a rollup row is `samples`
+        // samples of its mean; an optional figure counts only the samples
+        // that have it), so a bucket mixing sources still averages per
+        // sample. Chunked samples come folded into buckets, as JSON.
         let points = sqlx::query_as::<_, SeriesPoint>(
             "WITH src AS (
-                 SELECT ts_ms AS at, last_ts_ms AS ts, samples, used_avg, used_min, used_max, reserved, total,
-                     utilization AS util, pcie_tx, pcie_rx
+                 SELECT ts_ms AS at, last_ts_ms AS ts, samples, CAST(used_avg AS REAL) * samples AS used_sum,
+                     used_min, used_max, reserved, total,
+                     utilization * samples AS util_sum, CASE WHEN utilization IS NULL THEN 0 ELSE samples END AS util_n,
+                     CAST(pcie_tx AS REAL) * samples AS tx_sum, CASE WHEN pcie_tx IS NULL THEN 0 ELSE samples END AS tx_n,
+                     CAST(pcie_rx AS REAL) * samples AS rx_sum, CASE WHEN pcie_rx IS NULL THEN 0 ELSE samples END AS rx_n
                  FROM gpu_samples_1h WHERE device_id = ?1 AND ts_ms >= ?2 AND ts_ms < ?5
                  UNION ALL
-                 SELECT ts_ms, last_ts_ms, samples, used_avg, used_min, used_max, reserved, total,
-                     utilization, pcie_tx, pcie_rx
+                 SELECT ts_ms, last_ts_ms, samples, CAST(used_avg AS REAL) * samples, used_min, used_max, reserved, total,
+                     utilization * samples, CASE WHEN utilization IS NULL THEN 0 ELSE samples END,
+                     CAST(pcie_tx AS REAL) * samples, CASE WHEN pcie_tx IS NULL THEN 0 ELSE samples END,
+                     CAST(pcie_rx AS REAL) * samples, CASE WHEN pcie_rx IS NULL THEN 0 ELSE samples END
                  FROM gpu_samples_1m WHERE device_id = ?1 AND ts_ms >= ?5 AND ts_ms < ?6
                  UNION ALL
-                 SELECT ts_ms, ts_ms, 1, used_last, used_min, used_max, reserved, total,
-                     utilization, pcie_tx, pcie_rx
-                 FROM gpu_samples WHERE device_id = ?1 AND ts_ms >= ?6 AND ts_ms <= ?3)
+                 SELECT ts_ms, ts_ms, 1, CAST(used_last AS REAL), used_min, used_max, reserved, total,
+                     CAST(utilization AS REAL), CASE WHEN utilization IS NULL THEN 0 ELSE 1 END,
+                     CAST(pcie_tx AS REAL), CASE WHEN pcie_tx IS NULL THEN 0 ELSE 1 END,
+                     CAST(pcie_rx AS REAL), CASE WHEN pcie_rx IS NULL THEN 0 ELSE 1 END
+                 FROM gpu_samples WHERE device_id = ?1 AND ts_ms >= ?6 AND ts_ms <= ?3
+                 UNION ALL
+                 SELECT value ->> 0, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4,
+                     value ->> 5, value ->> 6, value ->> 7, value ->> 8, value ->> 9, value ->> 10,
+                     value ->> 11, value ->> 12
+                 FROM json_each(?7))
              SELECT MAX(ts) AS timestamp_ms, SUM(samples) AS samples,
-                 CAST(ROUND(SUM(CAST(used_avg AS REAL) * samples) / SUM(samples)) AS INTEGER) AS memory_used_bytes,
+                 CAST(ROUND(SUM(used_sum) / SUM(samples)) AS INTEGER) AS memory_used_bytes,
                  MIN(used_min) AS memory_used_min_bytes, MAX(used_max) AS memory_used_max_bytes,
                  MAX(reserved) AS memory_reserved_bytes, MAX(total) AS memory_total_bytes,
-                 SUM(util * samples) / NULLIF(SUM(samples) FILTER (WHERE util IS NOT NULL), 0) AS utilization_pct,
-                 CAST(ROUND(SUM(CAST(pcie_tx AS REAL) * samples)
-                     / NULLIF(SUM(samples) FILTER (WHERE pcie_tx IS NOT NULL), 0)) AS INTEGER) AS pcie_tx_bytes_per_s,
-                 CAST(ROUND(SUM(CAST(pcie_rx AS REAL) * samples)
-                     / NULLIF(SUM(samples) FILTER (WHERE pcie_rx IS NOT NULL), 0)) AS INTEGER) AS pcie_rx_bytes_per_s
+                 SUM(util_sum) / NULLIF(SUM(util_n), 0) AS utilization_pct,
+                 CAST(ROUND(SUM(tx_sum) / NULLIF(SUM(tx_n), 0)) AS INTEGER) AS pcie_tx_bytes_per_s,
+                 CAST(ROUND(SUM(rx_sum) / NULLIF(SUM(rx_n), 0)) AS INTEGER) AS pcie_rx_bytes_per_s
              FROM src GROUP BY (at - ?2) / ?4 ORDER BY 1",
         )
         .bind(device)
@@ -486,6 +654,7 @@ impl Store for SqliteStore {
         .bind(width)
         .bind(bounds.hour_end_ms)
         .bind(bounds.minute_end_ms)
+        .bind(packed)
         .fetch_all(&self.reader)
         .await?;
         Ok(Some(points))
@@ -531,6 +700,16 @@ impl Store for SqliteStore {
             to_ms,
             marks,
         );
+        let ids: Vec<i64> = meta.iter().map(|m| m.id).collect();
+        let chunked = self
+            .chunked_process_samples(&ids, bounds.minute_end_ms, to_ms)
+            .await?;
+        let peaks: Vec<[i64; 3]> = fold::process_peaks(chunked, from_ms, width)
+            .iter()
+            .map(|p| [p.process_id, p.timestamp_ms, p.used_max])
+            .collect();
+        let packed = serde_json::to_string(&peaks)
+            .map_err(|e| StoreError::Invalid(format!("process peaks as JSON: {e}")))?;
         let buckets = sqlx::query_as::<_, ProcessBucket>(
             "WITH procs AS (
                  SELECT id FROM processes WHERE device_id = ?1 AND last_seen_ms >= ?2 AND first_seen_ms <= ?3),
@@ -542,7 +721,9 @@ impl Store for SqliteStore {
                  WHERE process_id IN (SELECT id FROM procs) AND ts_ms >= ?5 AND ts_ms < ?6
                  UNION ALL
                  SELECT process_id, ts_ms, used_max FROM process_samples
-                 WHERE process_id IN (SELECT id FROM procs) AND ts_ms >= ?6 AND ts_ms <= ?3)
+                 WHERE process_id IN (SELECT id FROM procs) AND ts_ms >= ?6 AND ts_ms <= ?3
+                 UNION ALL
+                 SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(?7))
              SELECT process_id, MIN(?3, ?2 + ((at - ?2) / ?4 + 1) * ?4 - 1) AS timestamp_ms, MAX(used_max) AS used
              FROM src GROUP BY process_id, (at - ?2) / ?4",
         )
@@ -552,6 +733,7 @@ impl Store for SqliteStore {
         .bind(width)
         .bind(bounds.hour_end_ms)
         .bind(bounds.minute_end_ms)
+        .bind(packed)
         .fetch_all(&self.reader)
         .await?;
         Ok(Some(process_series_from(meta, buckets)))
@@ -682,38 +864,98 @@ async fn write_allocator_sample(
     Ok(())
 }
 
+/// Chunked samples folded into a chart's buckets, as a JSON array of rows
+/// for the chart query: newest time, samples, then each figure's sum (or
+/// extreme) and, for an optional one, how many samples have it.
+fn gpu_buckets_json(buckets: &[fold::GpuBucket]) -> Result<String, StoreError> {
+    // Sums go as floats, as the query adds them: a 128-bit one does not
+    // fit SQLite's integers.
+    let sum = |s: fold::Sum| s.total().map(|t| t as f64);
+    let rows: Vec<serde_json::Value> = buckets
+        .iter()
+        .map(|b| {
+            serde_json::json!([
+                b.newest_ms,
+                b.samples,
+                b.used_sum as f64,
+                b.used_min,
+                b.used_max,
+                b.reserved,
+                b.total,
+                sum(b.utilization),
+                b.utilization.samples,
+                sum(b.pcie_tx),
+                b.pcie_tx.samples,
+                sum(b.pcie_rx),
+                b.pcie_rx.samples,
+            ])
+        })
+        .collect();
+    serde_json::to_string(&rows)
+        .map_err(|e| StoreError::Invalid(format!("chart buckets as JSON: {e}")))
+}
+
+/// A batch whose samples go to the open chunks once its transaction
+/// commits, with its process samples by their rows' ids.
+type HeldBatch<'b> = (&'b StoreBatch, Vec<ProcessPoint>);
+
 /// Writes one batch inside the group's transaction, unless its seq was
 /// already committed: the claim comes first, so a duplicate writes nothing.
-async fn write_one(
+/// Where samples go to open chunks (`chunked`), they are added to `held`
+/// instead of written, and a batch accepted before whose samples are not
+/// yet durable is replayed: only its samples are taken again. `accepted`
+/// holds the last seq this group accepted of each stream.
+async fn write_one<'b>(
     tx: &mut Transaction<'_, Sqlite>,
-    batch: &StoreBatch,
+    batch: &'b StoreBatch,
+    chunked: bool,
+    accepted: &HashMap<(i64, &str), u64>,
+    held: &mut Vec<HeldBatch<'b>>,
 ) -> Result<WriteOutcome, StoreError> {
     let seq = i64::try_from(batch.seq).unwrap_or(i64::MAX);
     // A write first, so the transaction holds the write lock from its start.
-    let claimed = sqlx::query(
-            "UPDATE agent_boots SET committed_seq = ?3 WHERE node_id = ?1 AND boot_id = ?2 AND committed_seq < ?3",
-        )
-        .bind(batch.node_id)
-        .bind(&batch.boot_id)
-        .bind(seq)
-        .execute(&mut **tx)
-        .await?
-        .rows_affected();
+    // Where samples are rows, every accepted batch is durable at once.
+    let claimed = sqlx::query(if chunked {
+        "UPDATE agent_boots SET committed_seq = ?3
+         WHERE node_id = ?1 AND boot_id = ?2 AND committed_seq < ?3"
+    } else {
+        "UPDATE agent_boots SET committed_seq = ?3, durable_seq = MAX(durable_seq, ?3)
+         WHERE node_id = ?1 AND boot_id = ?2 AND committed_seq < ?3"
+    })
+    .bind(batch.node_id)
+    .bind(&batch.boot_id)
+    .bind(seq)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
     if claimed == 0 {
-        let committed: Option<i64> = sqlx::query_scalar(
-            "SELECT committed_seq FROM agent_boots WHERE node_id = ?1 AND boot_id = ?2",
+        let marks: Option<(i64, i64)> = sqlx::query_as(
+            "SELECT committed_seq, durable_seq FROM agent_boots WHERE node_id = ?1 AND boot_id = ?2",
         )
         .bind(batch.node_id)
         .bind(&batch.boot_id)
         .fetch_optional(&mut **tx)
         .await?;
+        let Some((committed, durable)) = marks else {
+            return Ok(WriteOutcome::Duplicate { committed_seq: 0 });
+        };
+        let accepted_here = accepted
+            .get(&(batch.node_id, batch.boot_id.as_str()))
+            .is_some_and(|&last| batch.seq <= last);
+        if chunked && durable < seq && seq <= committed && !accepted_here {
+            held.push((batch, replayed_process_points(tx, batch).await?));
+            return Ok(WriteOutcome::Replayed);
+        }
+        // In open chunks, only the durable mark may be acknowledged.
+        let reported = if chunked { durable } else { committed };
         return Ok(WriteOutcome::Duplicate {
-            committed_seq: committed.and_then(|c| u64::try_from(c).ok()).unwrap_or(0),
+            committed_seq: u64::try_from(reported).unwrap_or(0),
         });
     }
 
     for s in &batch.gpu_samples {
-        sqlx::query(
+        if !chunked {
+            sqlx::query(
                 "INSERT INTO gpu_samples (device_id, ts_ms, interval_ms, poll_count, used_last, used_min, used_max,
                      reserved, total, utilization, pcie_tx, pcie_rx)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
@@ -732,6 +974,7 @@ async fn write_one(
             .bind(s.pcie_rx_bytes_per_s)
             .execute(&mut **tx)
             .await?;
+        }
         sqlx::query(
                 "INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
@@ -755,6 +998,7 @@ async fn write_one(
             .await?;
     }
 
+    let mut points = Vec::new();
     for p in &batch.process_samples {
         let process_id: i64 = sqlx::query_scalar(
                 "INSERT INTO processes AS p (device_id, pid, start_time_ms, name, uid, user_name, container_id, pod_uid,
@@ -786,13 +1030,23 @@ async fn write_one(
             .bind(&p.pod_qos_class)
             .fetch_one(&mut **tx)
             .await?;
-        sqlx::query("INSERT INTO process_samples (process_id, ts_ms, used_last, used_max) VALUES (?1, ?2, ?3, ?4)")
-                .bind(process_id)
-                .bind(p.timestamp_ms)
-                .bind(p.used_last)
-                .bind(p.used_max)
+        let point = ProcessPoint {
+            process_id,
+            timestamp_ms: p.timestamp_ms,
+            used_last: p.used_last,
+            used_max: p.used_max,
+        };
+        if chunked {
+            points.push(point);
+        } else {
+            sqlx::query("INSERT INTO process_samples (process_id, ts_ms, used_last, used_max) VALUES (?1, ?2, ?3, ?4)")
+                .bind(point.process_id)
+                .bind(point.timestamp_ms)
+                .bind(point.used_last)
+                .bind(point.used_max)
                 .execute(&mut **tx)
                 .await?;
+        }
         if let Some(a) = &p.allocator {
             write_allocator_sample(tx, process_id, a).await?;
         }
@@ -820,5 +1074,37 @@ async fn write_one(
             .execute(&mut **tx)
             .await?;
     }
+    if chunked {
+        held.push((batch, points));
+    }
     Ok(WriteOutcome::Committed)
+}
+
+/// The process samples of a batch accepted before, by the ids its write
+/// gave their processes. A process whose row is gone (its node deleted
+/// since) has no chart to draw on, and its samples are dropped.
+async fn replayed_process_points(
+    tx: &mut Transaction<'_, Sqlite>,
+    batch: &StoreBatch,
+) -> Result<Vec<ProcessPoint>, StoreError> {
+    let mut points = Vec::with_capacity(batch.process_samples.len());
+    for p in &batch.process_samples {
+        let id: Option<i64> = sqlx::query_scalar(
+            "SELECT id FROM processes WHERE device_id = ?1 AND pid = ?2 AND start_time_ms = ?3",
+        )
+        .bind(p.device_id)
+        .bind(p.pid)
+        .bind(p.start_time_ms)
+        .fetch_optional(&mut **tx)
+        .await?;
+        if let Some(process_id) = id {
+            points.push(ProcessPoint {
+                process_id,
+                timestamp_ms: p.timestamp_ms,
+                used_last: p.used_last,
+                used_max: p.used_max,
+            });
+        }
+    }
+    Ok(points)
 }

@@ -97,7 +97,8 @@ impl OpenStream {
     async fn exchange(&mut self, batch: pb::Batch) -> Result<u64, tonic::Status> {
         self.send.send(batch).await.unwrap();
         match self.acks.message().await {
-            Ok(Some(ack)) => Ok(ack.committed_seq),
+            // Taken in; its samples may still wait in open chunks.
+            Ok(Some(ack)) => Ok(ack.accepted_seq),
             Ok(None) => Err(tonic::Status::aborted("stream ended")),
             Err(status) => Err(status),
         }

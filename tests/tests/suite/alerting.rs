@@ -292,7 +292,7 @@ async fn an_xid_event_becomes_an_alert_that_names_its_meaning() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(acks.message().await.unwrap().unwrap().committed_seq, 1);
+    assert_eq!(acks.message().await.unwrap().unwrap().accepted_seq, 1);
     let alerts = collector.get_json("/api/v1/alerts?state=firing").await;
     let xid = alerts
         .as_array()

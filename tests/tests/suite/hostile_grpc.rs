@@ -84,7 +84,8 @@ async fn send(
             break None;
         }
         match tokio::time::timeout(Duration::from_secs(20), acks.message()).await {
-            Ok(Ok(Some(ack))) => acked.push(ack.committed_seq),
+            // Taken in; its samples may still wait in open chunks.
+            Ok(Ok(Some(ack))) => acked.push(ack.accepted_seq),
             Ok(Ok(None)) => break None,
             Ok(Err(status)) => break Some(status),
             Err(_) => panic!("no answer within 20 s after acks {acked:?}"),

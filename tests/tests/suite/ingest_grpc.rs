@@ -12,6 +12,7 @@ use tonic::transport::Channel;
 
 struct Fixture {
     collector: RunningCollector,
+    store: std::sync::Arc<dyn headroom_store::Store>,
     _dir: tempfile::TempDir,
 }
 
@@ -20,7 +21,8 @@ async fn collector() -> Fixture {
     let url = format!("sqlite://{}", dir.path().join("ingest.db").display());
     let store = headroom_store::connect(&url).await.unwrap();
     Fixture {
-        collector: RunningCollector::start(store).await,
+        collector: RunningCollector::start(store.clone()).await,
+        store,
         _dir: dir,
     }
 }
@@ -47,7 +49,8 @@ async fn exchange(
     };
     while answers.len() < expect {
         match acks.message().await {
-            Ok(Some(ack)) => answers.push(Ok(ack.committed_seq)),
+            // Taken in; its samples may still wait in open chunks.
+            Ok(Some(ack)) => answers.push(Ok(ack.accepted_seq)),
             Ok(None) => break,
             Err(status) => {
                 answers.push(Err(status));
@@ -122,7 +125,9 @@ async fn acks_follow_commits_and_a_replayed_batch_is_stored_once() {
         vec![1, 2]
     );
 
-    // The agent lost the acks and replays both on a new connection.
+    // A flush writes their samples; the agent lost the acks and replays
+    // both on a new connection.
+    f.store.flush(true).await.unwrap();
     let mut client = self::client(&f.collector).await;
     let reg = client
         .register(fixtures::register(NODE, BOOT))
@@ -300,21 +305,33 @@ async fn api_rejects_bad_ranges_and_unknown_devices_clearly() {
     f.collector.stop().await;
 }
 
-/// On Postgres samples wait in open chunks: each ack says the batch is
-/// accepted but not yet durable; once a flush writes them, the stream hears
-/// so without sending anything more, and a new connection's Register
-/// answers the durable mark. A batch accepted but not durable is replayed
-/// after the collector that held it dies.
+/// Samples wait in open chunks: each ack says the batch is accepted but
+/// not yet durable; once a flush writes them, the stream hears so without
+/// sending anything more, and a new connection's Register answers the
+/// durable mark. A batch accepted but not durable is replayed after the
+/// collector that held it dies.
 #[tokio::test]
-async fn acks_carry_the_accepted_and_the_durable_mark() {
+async fn acks_carry_the_accepted_and_the_durable_mark_on_postgres() {
     let Some(db) = headroom_tests::postgres::fresh_database().await else {
         return;
     };
+    acks_carry_the_accepted_and_the_durable_mark(&db.url).await;
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn acks_carry_the_accepted_and_the_durable_mark_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("acks.db").display());
+    acks_carry_the_accepted_and_the_durable_mark(&url).await;
+}
+
+async fn acks_carry_the_accepted_and_the_durable_mark(url: &str) {
     let storage = headroom_store::rollup::StorageConfig {
         chunk_flush_s: 2,
         ..Default::default()
     };
-    let store = headroom_store::connect_with(&db.url, storage.clone())
+    let store = headroom_store::connect_with(url, storage.clone())
         .await
         .unwrap();
     let collector = RunningCollector::start(store.clone()).await;
@@ -354,9 +371,7 @@ async fn acks_carry_the_accepted_and_the_durable_mark() {
     drop(tx);
     collector.stop().await;
     drop(store);
-    let store = headroom_store::connect_with(&db.url, storage)
-        .await
-        .unwrap();
+    let store = headroom_store::connect_with(url, storage).await.unwrap();
     let collector = RunningCollector::start(store.clone()).await;
     let mut client = self::client(&collector).await;
     let reg = client
@@ -375,5 +390,4 @@ async fn acks_carry_the_accepted_and_the_durable_mark() {
     assert_eq!(samples_at(&collector, GPU0, ts + 2000).await, 1);
     collector.stop().await;
     store.close().await;
-    db.drop_database().await;
 }

@@ -33,6 +33,7 @@ mod postgres_failover;
 mod postgres_packing;
 mod python_client;
 mod release;
+mod sqlite_chunks;
 mod store_conformance;
 mod systemd;
 mod uplink_refusals;

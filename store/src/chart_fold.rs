@@ -1,11 +1,12 @@
-//! Packed samples folded into a chart's buckets in the collector, so that a
-//! chart over packed days sends Postgres a row per bucket rather than every
-//! sample it decoded (a week of one GPU at 1 Hz is 600,000 of them).
+//! Samples decoded from chunks (or held in open chunks) folded into a
+//! chart's buckets in the collector, so that a chart sends the database a
+//! row per bucket rather than every sample it decoded (a week of one GPU at
+//! 1 Hz is 600,000 of them).
 
 use std::collections::BTreeMap;
 
-use super::packed::ProcessPoint;
 use crate::model::GpuSampleRow;
+use crate::model::ProcessPoint;
 
 /// The chart bucket `ts_ms` falls in, as the chart query numbers them:
 /// `(at - from) / width`, for `at >= from`.
@@ -15,7 +16,7 @@ fn bucket(ts_ms: i64, from_ms: i64, width_ms: i64) -> i64 {
 
 /// Packed process samples as one point per process and bucket, at the
 /// bucket's peak: a process chart keeps only the peak.
-pub(super) fn process_peaks(
+pub(crate) fn process_peaks(
     samples: Vec<ProcessPoint>,
     from_ms: i64,
     width_ms: i64,
@@ -46,7 +47,7 @@ pub(super) fn process_peaks(
 /// figures are 64-bit, and a bucket of them must not overflow where
 /// Postgres' `numeric` would not.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct GpuBucket {
+pub(crate) struct GpuBucket {
     /// The newest sample's time, which also places the row in its bucket.
     pub newest_ms: i64,
     pub samples: i64,
@@ -62,7 +63,7 @@ pub(super) struct GpuBucket {
 
 /// A sum over the samples that have a figure, and how many do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) struct Sum {
+pub(crate) struct Sum {
     pub total: i128,
     pub samples: i64,
 }
@@ -82,7 +83,7 @@ impl Sum {
 }
 
 /// Packed GPU samples (of one device) folded into the chart's buckets.
-pub(super) fn gpu_buckets(samples: &[GpuSampleRow], from_ms: i64, width_ms: i64) -> Vec<GpuBucket> {
+pub(crate) fn gpu_buckets(samples: &[GpuSampleRow], from_ms: i64, width_ms: i64) -> Vec<GpuBucket> {
     let mut buckets: BTreeMap<i64, GpuBucket> = BTreeMap::new();
     for s in samples {
         let into = buckets

@@ -1,9 +1,10 @@
-//! Cold raw samples packed into one compressed chunk per series (a GPU, a
-//! process) and hour. A raw GPU row costs about 140 bytes on disk (tuple
-//! header, ten 8-byte columns, index entries), a process row about 90; a
-//! day-old sample is only read again for a zoomed-in chart, so maintenance
-//! moves whole days of them into chunks of a few bytes per sample
-//! (store/postgres/packing.rs) and queries decode them on the way out.
+//! The chunk: one series' samples (a GPU, a process) of one hour at most,
+//! compressed to a few bytes each. Both stores write them: at each flush of
+//! the open chunks (store/src/open_chunks.rs), and on Postgres also when
+//! maintenance packs raw rows written before chunks were
+//! (store/postgres/packing.rs). Queries decode them on the way out. A raw
+//! GPU row costs about 140 bytes on disk (tuple header, ten 8-byte
+//! columns, index entries), a process row about 90.
 //!
 //! A chunk is columnar: each column's values in time order, as zigzag
 //! varints of what changes (delta of delta for timestamps, delta for
@@ -12,7 +13,7 @@
 //! their entropy.
 
 use crate::model::GpuSampleRow;
-pub(super) use crate::model::ProcessPoint;
+pub(crate) use crate::model::ProcessPoint;
 use crate::rollup::{HOUR_MS, bucket_start};
 
 /// First byte of every chunk: the layout below.
@@ -48,7 +49,7 @@ pub enum ChunkError {
 
 /// A kind of stored sample that packs: its timestamp is the chunk's first
 /// column; the rest are its own.
-pub(super) trait Packable: Sized {
+pub(crate) trait Packable: Sized {
     fn timestamp_ms(&self) -> i64;
     /// Every column but the timestamp, in time order.
     fn put_columns(rows: &[Self], out: &mut Vec<u8>);
@@ -64,7 +65,7 @@ pub(super) trait Packable: Sized {
 /// One series' samples of one hour, ready for a `*_packed` table. The key
 /// is the device id or the process id.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Chunk {
+pub(crate) struct Chunk {
     pub key: i64,
     pub hour_ms: i64,
     pub first_ts_ms: i64,
@@ -74,7 +75,7 @@ pub(super) struct Chunk {
 }
 
 /// Groups one series' samples (any order) into a chunk per hour.
-pub(super) fn chunks_by_hour<T: Packable>(
+pub(crate) fn chunks_by_hour<T: Packable>(
     key: i64,
     rows: Vec<T>,
 ) -> Result<Vec<Chunk>, ChunkError> {
@@ -83,10 +84,10 @@ pub(super) fn chunks_by_hour<T: Packable>(
 
 /// A zstd context for many chunks: setting one up costs more than
 /// compressing a minute of a series, which a flush does for every series.
-pub(super) struct Compressor(zstd::bulk::Compressor<'static>);
+pub(crate) struct Compressor(zstd::bulk::Compressor<'static>);
 
 impl Compressor {
-    pub(super) fn new() -> Result<Self, ChunkError> {
+    pub(crate) fn new() -> Result<Self, ChunkError> {
         zstd::bulk::Compressor::new(ZSTD_LEVEL)
             .map(Self)
             .map_err(|e| ChunkError::Compression(e.to_string()))
@@ -94,7 +95,7 @@ impl Compressor {
 }
 
 /// [`chunks_by_hour`] with a context of the caller's.
-pub(super) fn chunks_by_hour_with<T: Packable>(
+pub(crate) fn chunks_by_hour_with<T: Packable>(
     compressor: &mut Compressor,
     key: i64,
     mut rows: Vec<T>,
@@ -127,7 +128,7 @@ pub(super) fn chunks_by_hour_with<T: Packable>(
 
 /// Packs samples, in time order, into a chunk.
 #[cfg(test)]
-pub(super) fn encode<T: Packable>(rows: &[T]) -> Result<Vec<u8>, ChunkError> {
+pub(crate) fn encode<T: Packable>(rows: &[T]) -> Result<Vec<u8>, ChunkError> {
     encode_with(&mut Compressor::new()?, rows)
 }
 
@@ -158,7 +159,7 @@ fn encode_with<T: Packable>(
 
 /// [`decode`], then checks the samples against what the chunk's row says
 /// of them: bit rot that still decompresses is caught here.
-pub(super) fn decode_checked<T: Packable>(chunk: &Chunk) -> Result<Vec<T>, ChunkError> {
+pub(crate) fn decode_checked<T: Packable>(chunk: &Chunk) -> Result<Vec<T>, ChunkError> {
     let rows: Vec<T> = decode(chunk.key, &chunk.data)?;
     let hour = chunk.hour_ms..chunk.hour_ms.saturating_add(HOUR_MS);
     let in_range = |r: &T| {
@@ -175,7 +176,7 @@ pub(super) fn decode_checked<T: Packable>(chunk: &Chunk) -> Result<Vec<T>, Chunk
 
 /// Reads a chunk back into the samples of series `key` it holds, in time
 /// order.
-pub(super) fn decode<T: Packable>(key: i64, chunk: &[u8]) -> Result<Vec<T>, ChunkError> {
+pub(crate) fn decode<T: Packable>(key: i64, chunk: &[u8]) -> Result<Vec<T>, ChunkError> {
     let (&format, rest) = chunk.split_first().ok_or(ChunkError::Empty)?;
     if format != FORMAT_V1 {
         return Err(ChunkError::Format(format));
@@ -387,7 +388,7 @@ fn put_optional_deltas(out: &mut Vec<u8>, values: impl Iterator<Item = Option<i6
     put_deltas(out, values.into_iter().flatten());
 }
 
-pub(super) struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     bytes: &'a [u8],
 }
 

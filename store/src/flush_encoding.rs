@@ -1,0 +1,73 @@
+//! What a flush writes, worked out from the samples it took: one chunk per
+//! series and hour they touch, and their minute rollups. Pure CPU, run off
+//! the async runtime; each store then writes the result its own way.
+
+use std::sync::Arc;
+
+use crate::StoreError;
+use crate::chunk_format::{Chunk, Compressor, chunks_by_hour_with};
+use crate::model::{GpuSampleRow, ProcessPoint};
+use crate::open_chunks::{GpuMinute, ProcessMinute, Samples, gpu_minutes, process_minutes};
+
+/// Chunks and rollups of a set of samples, computed off the async runtime.
+pub(crate) struct Encoded {
+    pub gpu_chunks: Vec<Chunk>,
+    pub process_chunks: Vec<Chunk>,
+    pub gpu_minutes: Vec<GpuMinute>,
+    pub process_minutes: Vec<ProcessMinute>,
+    pub samples: usize,
+}
+
+fn encode(samples: &Samples) -> Result<Encoded, StoreError> {
+    let mut compressor =
+        Compressor::new().map_err(|e| StoreError::Invalid(format!("no zstd context: {e}")))?;
+    let mut gpu_chunks = Vec::new();
+    for (device, held) in &samples.gpu {
+        let rows: Vec<GpuSampleRow> = held.iter().map(|h| h.row).collect();
+        gpu_chunks.extend(
+            chunks_by_hour_with(&mut compressor, *device, dedup(rows, |r| r.timestamp_ms))
+                .map_err(|e| StoreError::Damaged(format!("chunking device {device}: {e}")))?,
+        );
+    }
+    let mut process_chunks = Vec::new();
+    for (process, held) in &samples.processes {
+        let rows: Vec<ProcessPoint> = held.iter().map(|h| h.row).collect();
+        process_chunks.extend(
+            chunks_by_hour_with(&mut compressor, *process, dedup(rows, |r| r.timestamp_ms))
+                .map_err(|e| StoreError::Damaged(format!("chunking process {process}: {e}")))?,
+        );
+    }
+    Ok(Encoded {
+        gpu_chunks,
+        process_chunks,
+        gpu_minutes: gpu_minutes(samples),
+        process_minutes: process_minutes(samples),
+        samples: samples.sample_count(),
+    })
+}
+
+/// One sample per timestamp and series: an agent whose clock stepped back
+/// may send a time twice, and a chart would draw both.
+fn dedup<T>(mut rows: Vec<T>, ts: impl Fn(&T) -> i64) -> Vec<T> {
+    rows.sort_by_key(&ts);
+    rows.dedup_by_key(|r| ts(r));
+    rows
+}
+
+pub(crate) async fn encode_off_runtime(samples: Arc<Samples>) -> Result<Encoded, StoreError> {
+    tokio::task::spawn_blocking(move || encode(&samples))
+        .await
+        .map_err(|e| StoreError::Invalid(format!("encoding chunks failed: {e}")))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_time_sent_twice_is_kept_once() {
+        let rows = vec![(3, 'a'), (1, 'b'), (3, 'c'), (2, 'd')];
+        let kept: Vec<i64> = dedup(rows, |r| r.0).iter().map(|r| r.0).collect();
+        assert_eq!(kept, [1, 2, 3]);
+    }
+}
