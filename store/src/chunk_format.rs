@@ -174,6 +174,27 @@ pub(crate) fn decode_checked<T: Packable>(chunk: &Chunk) -> Result<Vec<T>, Chunk
     Ok(rows)
 }
 
+/// Adds the samples of `chunk` (a row of `table`) in `[from_ms, to_ms]` to
+/// `rows`, for a chart; a chunk that does not decode is named in the log
+/// and left out.
+pub(crate) fn extend_for_chart<T: Packable>(
+    rows: &mut Vec<T>,
+    chunk: &Chunk,
+    table: &str,
+    from_ms: i64,
+    to_ms: i64,
+) {
+    match decode_checked::<T>(chunk) {
+        Ok(decoded) => rows.extend(
+            decoded
+                .into_iter()
+                .filter(|r| (from_ms..=to_ms).contains(&r.timestamp_ms())),
+        ),
+        Err(error) => tracing::error!(table, series = chunk.key, hour_ms = chunk.hour_ms,
+            %error, "a chunk is damaged; left out of the chart"),
+    }
+}
+
 /// Reads a chunk back into the samples of series `key` it holds, in time
 /// order.
 pub(crate) fn decode<T: Packable>(key: i64, chunk: &[u8]) -> Result<Vec<T>, ChunkError> {

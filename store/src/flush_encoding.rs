@@ -18,6 +18,38 @@ pub(crate) struct Encoded {
     pub samples: usize,
 }
 
+impl Encoded {
+    /// The hours its chunks go into, each once, in order: for compaction
+    /// to find once they are closed.
+    pub fn hours(&self) -> Vec<i64> {
+        let mut hours: Vec<i64> = self
+            .gpu_chunks
+            .iter()
+            .chain(&self.process_chunks)
+            .map(|c| c.hour_ms)
+            .collect();
+        hours.sort_unstable();
+        hours.dedup();
+        hours
+    }
+
+    /// The minutes its rollups touch before `done_until_ms` (those the
+    /// rollup pass already passed: a spool replayed after an outage), each
+    /// once, in order.
+    pub fn minutes_before(&self, done_until_ms: i64) -> Vec<i64> {
+        let mut late: Vec<i64> = self
+            .gpu_minutes
+            .iter()
+            .map(|m| m.minute_ms)
+            .chain(self.process_minutes.iter().map(|m| m.minute_ms))
+            .filter(|m| *m < done_until_ms)
+            .collect();
+        late.sort_unstable();
+        late.dedup();
+        late
+    }
+}
+
 fn encode(samples: &Samples) -> Result<Encoded, StoreError> {
     let mut compressor =
         Compressor::new().map_err(|e| StoreError::Invalid(format!("no zstd context: {e}")))?;

@@ -420,13 +420,28 @@ fn average(sum: i128, n: i64) -> Option<i64> {
     Some(i64::try_from(rounded).unwrap_or(i64::MAX))
 }
 
+/// One series' samples once per timestamp, the first to arrive: an agent
+/// whose clock stepped back may send a time twice, which its chunk keeps
+/// once (`flush_encoding.rs`) and its minute must count once.
+fn once_per_time<T>(held: &[Held<T>], ts: impl Fn(&T) -> i64) -> Vec<&T> {
+    let rising = held.windows(2).all(|w| ts(&w[0].row) < ts(&w[1].row));
+    if rising {
+        return held.iter().map(|h| &h.row).collect();
+    }
+    let mut seen = std::collections::HashSet::with_capacity(held.len());
+    held.iter()
+        .map(|h| &h.row)
+        .filter(|r| seen.insert(ts(r)))
+        .collect()
+}
+
 /// The minute rollups of `samples`, as the rollup pass computes them from
 /// stored samples: min of minima, max of maxima, mean of the last values,
 /// the last value, the highest reservation and capacity.
 pub fn gpu_minutes(samples: &Samples) -> Vec<GpuMinute> {
     let mut minutes: BTreeMap<(i64, i64), GpuMinute> = BTreeMap::new();
     for (device, held) in &samples.gpu {
-        for r in held.iter().map(|h| &h.row) {
+        for r in once_per_time(held, |r| r.timestamp_ms) {
             let minute_ms = bucket_start(r.timestamp_ms, MINUTE_MS);
             let m = minutes.entry((*device, minute_ms)).or_insert(GpuMinute {
                 device_id: *device,
@@ -469,7 +484,7 @@ pub fn gpu_minutes(samples: &Samples) -> Vec<GpuMinute> {
 pub fn process_minutes(samples: &Samples) -> Vec<ProcessMinute> {
     let mut minutes: BTreeMap<(i64, i64), ProcessMinute> = BTreeMap::new();
     for (process, held) in &samples.processes {
-        for r in held.iter().map(|h| &h.row) {
+        for r in once_per_time(held, |r| r.timestamp_ms) {
             let minute_ms = bucket_start(r.timestamp_ms, MINUTE_MS);
             let m = minutes
                 .entry((*process, minute_ms))
@@ -668,6 +683,27 @@ mod tests {
             ),
             (2, 8, 5, 2)
         );
+    }
+
+    #[test]
+    fn a_time_sent_twice_counts_once_in_its_minute() {
+        let mut open = OpenChunks::new(LIMITS);
+        let s = stream("a");
+        open.push(&s, 1, &[gpu(7, 60_000, 10), gpu(7, 61_000, 20)], &[], 0);
+        // The agent's clock stepped back a second: 61 s again, another value.
+        open.push(
+            &s,
+            2,
+            &[gpu(7, 61_000, 90), gpu(7, 62_000, 30)],
+            &[process(3, 60_500, 8), process(3, 60_500, 4)],
+            0,
+        );
+        let taken = open.take().expect("samples");
+        let m = gpu_minutes(&taken)[0];
+        assert_eq!(m.samples, 3, "the repeated second once");
+        assert_eq!((m.used_avg(), m.used_max), (20, 31), "the first to arrive");
+        let p = process_minutes(&taken)[0];
+        assert_eq!((p.samples, p.used_last), (1, 8));
     }
 
     #[test]

@@ -12,6 +12,21 @@ use crate::views::{
     ProcessSeries, ProcessView, SeriesPoint,
 };
 
+/// Says in the log what writing the open chunks on close did: the agents
+/// hold what could not be written, and send it again.
+pub(crate) fn log_flush_on_close(flushed: Result<FlushReport, StoreError>) {
+    match flushed {
+        Ok(report) if report.samples > 0 => tracing::info!(
+            samples = report.samples,
+            chunks = report.chunks,
+            "wrote the open chunks on close"
+        ),
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error,
+            "could not write the open chunks on close; the agents still hold those samples and send them again"),
+    }
+}
+
 #[async_trait]
 pub trait Store: AlertStore + TokenStore + Send + Sync + std::fmt::Debug + 'static {
     /// Records a node's (re)registration and its current inventory; devices the

@@ -420,9 +420,13 @@ async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
         .await
         .unwrap();
     let collector = RunningCollector::start_collector(config).await;
-    // Simulated time runs from two hours ago at one batch per second, as fast
-    // as the collector acknowledges: well inside the 7-day acceptance window.
-    let start_ms = (now_ms() - 2 * 3_600_000) / 1000 * 1000;
+    // Simulated time runs at one batch per second, as fast as the collector
+    // acknowledges (about 70 simulated seconds a second), from far enough
+    // back that it never reaches the present, which would end it: two hours
+    // or 100 simulated seconds per second of the run, well inside the 7-day
+    // acceptance window.
+    let history_ms = (seconds as i64 * 100_000).clamp(2 * 3_600_000, 5 * DAY_MS);
+    let start_ms = (now_ms() - history_ms) / 1000 * 1000;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // The agents run on threads of their own, as agents on other hosts
     // would: in the collector's runtime their hundreds of tasks would queue

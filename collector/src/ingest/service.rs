@@ -273,12 +273,14 @@ impl Inner {
     }
 
     /// The ack for batch `seq` of `session`'s stream, taken in: durable as
-    /// far as the store says (samples in open chunks are not yet).
+    /// far as the store says (samples in open chunks are not yet), and at
+    /// least as far as when the session was loaded (a store forgets the
+    /// marks of streams that went idle).
     fn ack(&self, session: &NodeSession, seq: u64) -> pb::Ack {
         let durable = self
             .store
             .durable_seq(session.node_id, &session.boot_id)
-            .map_or(seq, |durable| durable.min(seq));
+            .map_or(seq, |durable| durable.max(session.durable_seq).min(seq));
         pb::Ack {
             committed_seq: durable,
             accepted_seq: seq,

@@ -261,14 +261,7 @@ async fn mark_for_compaction(
     tx: &mut Transaction<'_, Postgres>,
     encoded: &Encoded,
 ) -> Result<(), StoreError> {
-    let mut hours: Vec<i64> = encoded
-        .gpu_chunks
-        .iter()
-        .chain(&encoded.process_chunks)
-        .map(|c| c.hour_ms)
-        .collect();
-    hours.sort_unstable();
-    hours.dedup();
+    let hours = encoded.hours();
     if !hours.is_empty() {
         sqlx::query(
             "INSERT INTO compact_pending (hour_ms) SELECT UNNEST($1::int8[]) ON CONFLICT DO NOTHING",
@@ -298,13 +291,7 @@ async fn redo_late_buckets(
     let Some(done_until) = done_until else {
         return Ok(());
     };
-    let late: Vec<i64> = encoded
-        .gpu_minutes
-        .iter()
-        .map(|m| m.minute_ms)
-        .chain(encoded.process_minutes.iter().map(|m| m.minute_ms))
-        .filter(|m| *m < done_until)
-        .collect();
+    let late = encoded.minutes_before(done_until);
     if late.is_empty() {
         return Ok(());
     }

@@ -549,18 +549,7 @@ impl Store for PostgresStore {
 
     async fn close(&self) {
         // What is held would otherwise wait for the agents to send it again.
-        match self.flush(true).await {
-            Ok(report) if report.samples > 0 => {
-                tracing::info!(
-                    samples = report.samples,
-                    chunks = report.chunks,
-                    "wrote the open chunks on close"
-                );
-            }
-            Ok(_) => {}
-            Err(error) => tracing::warn!(%error,
-                "could not write the open chunks on close; the agents still hold those samples and send them again"),
-        }
+        crate::store::log_flush_on_close(self.flush(true).await);
         // Another collector would otherwise show this one's devices as they
         // were at their last checkpoint until their agents reconnect.
         let devices = self.latest_cache.take_unwritten();

@@ -594,16 +594,7 @@ pub(super) async fn samples_between<T: PackedTable>(
     .await?;
     let mut rows = Vec::new();
     for chunk in &chunks {
-        let chunk = chunk_row(chunk)?;
-        match packed::decode_checked::<T>(&chunk) {
-            Ok(decoded) => rows.extend(
-                decoded
-                    .into_iter()
-                    .filter(|r| (from_ms..=to_ms).contains(&r.timestamp_ms())),
-            ),
-            Err(error) => tracing::error!(table = T::PACKED, series = chunk.key,
-                hour_ms = chunk.hour_ms, %error, "a packed chunk is damaged; left out of the chart"),
-        }
+        packed::extend_for_chart(&mut rows, &chunk_row(chunk)?, T::PACKED, from_ms, to_ms);
     }
     Ok(rows)
 }

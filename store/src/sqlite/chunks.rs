@@ -224,16 +224,7 @@ async fn mark_late_minutes(
     let Some(done_until) = done_until else {
         return Ok(());
     };
-    let mut late: Vec<i64> = encoded
-        .gpu_minutes
-        .iter()
-        .map(|m| m.minute_ms)
-        .chain(encoded.process_minutes.iter().map(|m| m.minute_ms))
-        .filter(|m| *m < done_until)
-        .collect();
-    late.sort_unstable();
-    late.dedup();
-    for minute in late {
+    for minute in encoded.minutes_before(done_until) {
         sqlx::query(
             "INSERT INTO rollup_pending (step_ms, bucket_ms) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
         )
@@ -249,15 +240,7 @@ async fn mark_for_compaction(
     tx: &mut Transaction<'_, Sqlite>,
     encoded: &Encoded,
 ) -> Result<(), StoreError> {
-    let mut hours: Vec<i64> = encoded
-        .gpu_chunks
-        .iter()
-        .chain(&encoded.process_chunks)
-        .map(|c| c.hour_ms)
-        .collect();
-    hours.sort_unstable();
-    hours.dedup();
-    for hour in hours {
+    for hour in encoded.hours() {
         sqlx::query("INSERT INTO compact_pending (hour_ms) VALUES (?1) ON CONFLICT DO NOTHING")
             .bind(hour)
             .execute(&mut **tx)
@@ -305,16 +288,7 @@ pub(super) async fn samples_between<T: ChunkTable>(
     .await?;
     let mut rows = Vec::new();
     for chunk in &chunks {
-        let chunk = chunk_of(chunk)?;
-        match chunk_format::decode_checked::<T>(&chunk) {
-            Ok(decoded) => rows.extend(
-                decoded
-                    .into_iter()
-                    .filter(|r| (from_ms..=to_ms).contains(&r.timestamp_ms())),
-            ),
-            Err(error) => tracing::error!(table = T::TABLE, series = chunk.key,
-                hour_ms = chunk.hour_ms, %error, "a chunk is damaged; left out of the chart"),
-        }
+        chunk_format::extend_for_chart(&mut rows, &chunk_of(chunk)?, T::TABLE, from_ms, to_ms);
     }
     Ok(rows)
 }

@@ -501,16 +501,7 @@ impl Store for SqliteStore {
 
     async fn close(&self) {
         // What is held would otherwise wait for the agents to send it again.
-        match self.flush(true).await {
-            Ok(report) if report.samples > 0 => tracing::info!(
-                samples = report.samples,
-                chunks = report.chunks,
-                "wrote the open chunks on close"
-            ),
-            Ok(_) => {}
-            Err(error) => tracing::warn!(%error,
-                "could not write the open chunks on close; the agents still hold those samples and send them again"),
-        }
+        crate::store::log_flush_on_close(self.flush(true).await);
         self.pool.close().await;
         self.reader.close().await;
     }
