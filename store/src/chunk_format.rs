@@ -195,6 +195,41 @@ pub(crate) fn extend_for_chart<T: Packable>(
     }
 }
 
+/// What compacting a series' hour does: the indexes (into the chunks
+/// given) of those it replaces, and what replaces them.
+pub(crate) type Compacted = (Vec<usize>, Vec<Chunk>);
+
+/// One series' chunks of one hour, compacted: the indexes (into `chunks`)
+/// of those it replaces and the chunk that replaces them (several only past
+/// `MAX_SAMPLES`). A timestamp held twice is kept once. A chunk that does
+/// not decode is named in the log and left as it is, beside the new one;
+/// `None` where fewer than two decode, so there is nothing to fold.
+pub(crate) fn compact_series<T: Packable>(
+    compressor: &mut Compressor,
+    table: &str,
+    chunks: &[&Chunk],
+) -> Result<Option<Compacted>, ChunkError> {
+    let mut samples: Vec<T> = Vec::new();
+    let mut replaced = Vec::new();
+    for (index, chunk) in chunks.iter().enumerate() {
+        match decode_checked::<T>(chunk) {
+            Ok(decoded) => {
+                samples.extend(decoded);
+                replaced.push(index);
+            }
+            Err(error) => tracing::error!(table, series = chunk.key, hour_ms = chunk.hour_ms,
+                %error, "a chunk is damaged; left as it is beside its hour's compacted chunk"),
+        }
+    }
+    if replaced.len() < 2 {
+        return Ok(None);
+    }
+    samples.sort_by_key(T::timestamp_ms);
+    samples.dedup_by_key(|s| s.timestamp_ms());
+    let compacted = chunks_by_hour_with(compressor, chunks[replaced[0]].key, samples)?;
+    Ok(Some((replaced, compacted)))
+}
+
 /// Reads a chunk back into the samples of series `key` it holds, in time
 /// order.
 pub(crate) fn decode<T: Packable>(key: i64, chunk: &[u8]) -> Result<Vec<T>, ChunkError> {
@@ -511,6 +546,39 @@ mod tests {
             pcie_tx_bytes_per_s: Some(12_000_000),
             pcie_rx_bytes_per_s: None,
         }
+    }
+
+    #[test]
+    fn a_series_hour_compacts_into_one_chunk_leaving_a_damaged_one() {
+        let start = 1_764_547_200_000;
+        let minute = |m: i64| -> Vec<GpuSampleRow> {
+            (0..60)
+                .map(|s| sample(start + (m * 60 + s) * 1000, (10 << 30) + s))
+                .collect()
+        };
+        let mut chunks: Vec<Chunk> = (0..3)
+            .flat_map(|m| chunks_by_hour(7, minute(m)).unwrap())
+            .collect();
+        // A replay wrote minute 1 a second time.
+        chunks.extend(chunks_by_hour(7, minute(1)).unwrap());
+        chunks[2].data.truncate(4);
+        let refs: Vec<&Chunk> = chunks.iter().collect();
+        let mut compressor = Compressor::new().unwrap();
+        let (replaced, compacted) =
+            compact_series::<GpuSampleRow>(&mut compressor, "gpu_samples_packed", &refs)
+                .unwrap()
+                .unwrap();
+        assert_eq!(replaced, [0, 1, 3], "the damaged chunk stays");
+        assert_eq!(compacted.len(), 1);
+        let samples = decode_checked::<GpuSampleRow>(&compacted[0]).unwrap();
+        assert_eq!(samples, [minute(0), minute(1)].concat(), "minute 1 once");
+        let one_good = [refs[0], refs[2]];
+        assert!(
+            compact_series::<GpuSampleRow>(&mut compressor, "gpu_samples_packed", &one_good)
+                .unwrap()
+                .is_none(),
+            "nothing to fold"
+        );
     }
 
     fn an_hour() -> Vec<GpuSampleRow> {

@@ -19,7 +19,7 @@ use sqlx::{Postgres, Transaction};
 
 use super::packing::{PackedTable, chunk_row, insert_chunks};
 use crate::StoreError;
-use crate::chunk_format::{self as packed, Chunk, Compressor, Packable};
+use crate::chunk_format::{self as packed, Chunk, Compressor};
 use crate::model::{GpuSampleRow, ProcessPoint};
 use crate::rollup::{HOUR_MS, MINUTE_MS};
 
@@ -120,28 +120,17 @@ async fn compact_hour<T: PackedTable>(pool: &PgPool, hour: i64) -> Result<u64, S
         }
         let mut replaced: Vec<&Chunk> = Vec::new();
         let mut written = Vec::new();
-        for (key, chunks) in by_series.iter().filter(|(_, c)| c.len() > 1) {
-            let mut samples: Vec<T> = Vec::new();
-            for chunk in chunks {
-                match packed::decode_checked::<T>(chunk) {
-                    Ok(decoded) => {
-                        samples.extend(decoded);
-                        replaced.push(chunk);
-                    }
-                    Err(error) => tracing::error!(table = T::PACKED, series = key, hour_ms = hour,
-                        %error, "a chunk is damaged; left as it is beside its hour's compacted chunk"),
-                }
-            }
-            if replaced.last().is_none_or(|c| c.key != *key) {
-                continue;
-            }
-            samples.sort_by_key(Packable::timestamp_ms);
-            samples.dedup_by_key(|s| s.timestamp_ms());
-            written.extend(
-                packed::chunks_by_hour_with(&mut compressor, *key, samples).map_err(|e| {
+        for (key, chunks) in &by_series {
+            let chunks: Vec<&Chunk> = chunks.iter().collect();
+            let Some((folded_away, compacted)) =
+                packed::compact_series::<T>(&mut compressor, T::PACKED, &chunks).map_err(|e| {
                     StoreError::Damaged(format!("compacting {} {key}: {e}", T::KEY))
-                })?,
-            );
+                })?
+            else {
+                continue;
+            };
+            replaced.extend(folded_away.into_iter().map(|i| chunks[i]));
+            written.extend(compacted);
         }
         if replaced.is_empty() {
             tx.rollback().await?;

@@ -355,25 +355,14 @@ async fn compact_hour<T: ChunkTable>(
         Compressor::new().map_err(|e| StoreError::Invalid(format!("no zstd context: {e}")))?;
     let mut folded = 0u64;
     for (key, chunks) in by_series {
-        let mut samples: Vec<T> = Vec::new();
-        let mut replaced: Vec<i64> = Vec::new();
-        for (rowid, chunk) in &chunks {
-            match chunk_format::decode_checked::<T>(chunk) {
-                Ok(decoded) => {
-                    samples.extend(decoded);
-                    replaced.push(*rowid);
-                }
-                Err(error) => tracing::error!(table = T::TABLE, series = key, hour_ms = hour,
-                    %error, "a chunk is damaged; left out of compaction"),
-            }
-        }
-        if replaced.len() < 2 {
+        let (rowids, chunks): (Vec<i64>, Vec<&Chunk>) = chunks.iter().map(|(r, c)| (*r, c)).unzip();
+        let Some((folded_away, compacted)) =
+            chunk_format::compact_series::<T>(&mut compressor, T::TABLE, &chunks)
+                .map_err(|e| StoreError::Damaged(format!("compacting series {key}: {e}")))?
+        else {
             continue;
-        }
-        samples.sort_by_key(T::timestamp_ms);
-        samples.dedup_by_key(|s| s.timestamp_ms());
-        let compacted = chunk_format::chunks_by_hour_with(&mut compressor, key, samples)
-            .map_err(|e| StoreError::Damaged(format!("compacting series {key}: {e}")))?;
+        };
+        let replaced: Vec<i64> = folded_away.into_iter().map(|i| rowids[i]).collect();
         let delete = format!("DELETE FROM {} WHERE rowid = ?1", T::TABLE);
         for rowid in &replaced {
             sqlx::query(&delete).bind(rowid).execute(&mut **tx).await?;
