@@ -40,6 +40,50 @@ pub struct CollectorConfig {
     /// Bounds on what one agent may send; more is refused with
     /// `INVALID_ARGUMENT` and counted.
     pub limits: Limits,
+    /// Several collectors sharing one Postgres database.
+    pub cluster: ClusterConfig,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// Where the other collectors sharing the database reach this one's
+    /// HTTP port (`http://10.0.0.5:8080`): their charts ask it for the
+    /// samples of the agents connected here that are not yet written. Left
+    /// out, their charts of those GPUs trail by up to `chunk_flush_s`.
+    pub advertise_url: Option<String>,
+}
+
+impl ClusterConfig {
+    fn problem(&self) -> Option<String> {
+        let url = self.advertise_url.as_deref()?;
+        let parsed = match reqwest::Url::parse(url) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                return Some(format!(
+                    "[cluster] advertise_url {url:?}: {e} (write it as http://host:port)"
+                ));
+            }
+        };
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Some(format!(
+                "[cluster] advertise_url {url:?}: needs http:// or https://"
+            ));
+        }
+        let host = parsed.host_str().unwrap_or_default();
+        let unspecified = host.is_empty()
+            || host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_unspecified());
+        unspecified.then(|| {
+            format!(
+                "[cluster] advertise_url {url:?}: other collectors cannot reach an unspecified \
+                 address; name this host (its IP or DNS name)"
+            )
+        })
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -106,6 +150,7 @@ impl Default for CollectorConfig {
             http_auth: HttpAuthConfig::default(),
             http: HttpServerConfig::default(),
             limits: Limits::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -129,6 +174,7 @@ pub struct Overrides {
     pub http_listen: Option<SocketAddr>,
     pub http_auth: Option<HttpAuthMode>,
     pub database_url: Option<String>,
+    pub advertise_url: Option<String>,
 }
 
 impl CollectorConfig {
@@ -168,6 +214,9 @@ impl CollectorConfig {
         if let Some(v) = overrides.database_url {
             config.database_url = v;
         }
+        if let Some(v) = overrides.advertise_url {
+            config.cluster.advertise_url = Some(v);
+        }
         if let Some(problem) = config
             .storage
             .problem()
@@ -176,6 +225,7 @@ impl CollectorConfig {
             .or_else(|| config.http_auth.problem())
             .or_else(|| config.http.problem())
             .or_else(|| config.limits.problem())
+            .or_else(|| config.cluster.problem())
         {
             return Err(match file {
                 Some(path) => ConfigError::Parse {
@@ -239,6 +289,37 @@ mod tests {
         assert!(
             err.contains("max_age_ms") && err.contains("c.toml"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn an_advertised_url_others_cannot_reach_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        for (url, says) in [
+            ("http://0.0.0.0:8080", "unspecified"),
+            ("http://[::]:8080", "unspecified"),
+            ("10.0.0.5:8080", "http://"),
+            ("not a url", "advertise_url"),
+        ] {
+            std::fs::write(&path, format!("[cluster]\nadvertise_url = {url:?}\n")).unwrap();
+            let err = CollectorConfig::load(Some(&path), Overrides::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(says) && err.contains("c.toml"), "{url}: {err}");
+        }
+        let config = CollectorConfig::load(
+            Some(&path),
+            Overrides {
+                advertise_url: Some("http://collector-0.headroom:8080".into()),
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            config.cluster.advertise_url.as_deref(),
+            Some("http://collector-0.headroom:8080"),
+            "the flag wins"
         );
     }
 

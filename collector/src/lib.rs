@@ -7,6 +7,7 @@ pub mod config;
 pub mod http;
 pub mod ingest;
 pub mod metrics;
+pub mod peers;
 pub mod server;
 pub mod token_admin;
 

@@ -59,6 +59,10 @@ enum Command {
         /// Rules file (TOML); built-in defaults without one. Reloaded on SIGHUP.
         #[arg(long, env = "HEADROOM_RULES")]
         rules: Option<PathBuf>,
+        /// Where other collectors sharing the database reach this one's HTTP
+        /// port (`[cluster] advertise_url`).
+        #[arg(long, env = "HEADROOM_ADVERTISE_URL")]
+        advertise_url: Option<String>,
     },
     /// Replay a memory trace (CSV) through the rules and print the alerts
     /// they would raise, one JSON object per line; or score the rules on a
@@ -148,6 +152,7 @@ fn main() -> ExitCode {
                 http_auth,
                 database_url,
                 rules,
+                advertise_url,
             } => {
                 let config = CollectorConfig::load(
                     config.as_deref(),
@@ -156,6 +161,7 @@ fn main() -> ExitCode {
                         http_listen,
                         http_auth,
                         database_url,
+                        advertise_url,
                     },
                 )?;
                 serve(config, rules).await

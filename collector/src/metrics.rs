@@ -28,6 +28,15 @@ pub enum HttpRefusal {
     Host,
 }
 
+/// How a read of another collector's open samples ended.
+#[derive(Debug, Clone, Copy)]
+pub enum PeerReadOutcome {
+    Answered,
+    Failed,
+    /// Not asked: it failed a moment ago.
+    Skipped,
+}
+
 /// How a batch ended.
 #[derive(Debug, Clone, Copy)]
 pub enum BatchOutcome {
@@ -78,6 +87,9 @@ pub struct CollectorMetrics {
     chunk_flush_failures: AtomicU64,
     chunks_written: AtomicU64,
     chunk_samples_written: AtomicU64,
+    peer_reads: AtomicU64,
+    peer_read_failures: AtomicU64,
+    peer_reads_skipped: AtomicU64,
     partitions_created: AtomicU64,
     partitions_dropped: AtomicU64,
     rows_expired: AtomicU64,
@@ -200,6 +212,16 @@ impl CollectorMetrics {
 
     pub fn chunk_flush_failed(&self) {
         self.chunk_flush_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How a chart's read of another collector's open samples ended.
+    pub fn peer_read(&self, outcome: PeerReadOutcome) {
+        let counter = match outcome {
+            PeerReadOutcome::Answered => &self.peer_reads,
+            PeerReadOutcome::Failed => &self.peer_read_failures,
+            PeerReadOutcome::Skipped => &self.peer_reads_skipped,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn maintenance_failed(&self) {
@@ -451,6 +473,17 @@ impl CollectorMetrics {
             &[
                 ("result=\"ok\"", get(&self.chunk_flushes)),
                 ("result=\"failed\"", get(&self.chunk_flush_failures)),
+            ],
+        );
+        family(
+            out,
+            "headroom_collector_peer_reads_total",
+            "counter",
+            "Charts' reads of the samples another collector holds open, by result; skipped: that collector failed within the last few seconds.",
+            &[
+                ("result=\"ok\"", get(&self.peer_reads)),
+                ("result=\"failed\"", get(&self.peer_read_failures)),
+                ("result=\"skipped\"", get(&self.peer_reads_skipped)),
             ],
         );
         family(

@@ -23,6 +23,7 @@ use headroom_common::Clock;
 use headroom_common::tls::TlsError;
 use headroom_rules::config::RulesConfig;
 use headroom_store::Store;
+use headroom_store::peers::PeerLink;
 use headroom_store::rollup::StorageConfig;
 
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +32,8 @@ pub enum ServeError {
     Grpc(#[from] tonic::transport::Error),
     #[error("HTTP server failed: {0}")]
     Http(#[from] std::io::Error),
+    #[error("cannot set up reads across collectors: {0}")]
+    Peers(String),
 }
 
 /// A configured collector, ready to [`serve`](Collector::serve). Built with
@@ -49,6 +52,8 @@ pub struct Collector {
     http_auth: HttpAuthConfig,
     http: http::HttpServerConfig,
     tls: Option<ServerTlsConfig>,
+    /// `[cluster] advertise_url`.
+    advertise_url: Option<String>,
 }
 
 /// Collects a collector's settings; every one has the default `serve` uses
@@ -65,6 +70,7 @@ pub struct CollectorBuilder {
     http_auth: HttpAuthConfig,
     http: http::HttpServerConfig,
     tls: Option<ServerTlsConfig>,
+    advertise_url: Option<String>,
 }
 
 impl Collector {
@@ -82,6 +88,7 @@ impl Collector {
             http_auth: HttpAuthConfig::default(),
             http: http::HttpServerConfig::default(),
             tls: None,
+            advertise_url: None,
         }
     }
 
@@ -153,14 +160,19 @@ impl Collector {
             .max_concurrent_streams(streams_per_connection)
             .add_service(IngestServer::new(ingest).max_decoding_message_size(max_message_bytes))
             .serve_with_incoming_shutdown(connections, wait(stopped.clone()));
-        let router = http::router(AppState::new(
-            self.store,
+        let mut router = http::router(AppState::new(
+            self.store.clone(),
             self.clock,
             metrics.clone(),
             http_auth,
             stopped.clone(),
             &self.http,
         ));
+        if let Some(peers) =
+            link_peers(self.store.as_ref(), self.advertise_url, metrics.clone()).await?
+        {
+            router = router.merge(http::peers::router(self.store, &peers));
+        }
         // With the `[http]` limits; the peer address feeds the sign-in
         // lockout and the proxy check.
         let http_server = http::serve_http(http, router, &self.http, metrics, wait(stopped));
@@ -190,6 +202,7 @@ impl CollectorBuilder {
             http: config.http.clone(),
             limits: config.limits.clone(),
             tls: config.tls.server_config()?,
+            advertise_url: config.cluster.advertise_url.clone(),
             ..self
         })
     }
@@ -243,6 +256,15 @@ impl CollectorBuilder {
         }
     }
 
+    /// Where the other collectors sharing the database reach this one
+    /// (`[cluster] advertise_url`).
+    pub fn advertise_url(self, url: impl Into<String>) -> Self {
+        Self {
+            advertise_url: Some(url.into()),
+            ..self
+        }
+    }
+
     /// Restores the rules' open alerts from the store when rules are set.
     pub async fn build(self) -> Result<Collector, AlertingError> {
         let alerting = match self.rules {
@@ -262,6 +284,7 @@ impl CollectorBuilder {
             http_auth: self.http_auth,
             http: self.http,
             tls: self.tls,
+            advertise_url: self.advertise_url,
         })
     }
 }
@@ -338,4 +361,33 @@ async fn maintain_storage(
             }
         }
     }
+}
+
+/// Where collectors share the store, links this one to the others: charts
+/// ask the holder of a device's stream for its open samples, and streams
+/// registered here are recorded as held at `advertise_url`. The secret the
+/// others present, for the endpoint that answers them; `None` for a store
+/// only this collector uses.
+async fn link_peers(
+    store: &dyn Store,
+    advertise_url: Option<String>,
+    metrics: Arc<CollectorMetrics>,
+) -> Result<Option<String>, ServeError> {
+    let secret = store
+        .peer_secret(&crate::peers::fresh_secret())
+        .await
+        .map_err(|e| ServeError::Peers(e.to_string()))?;
+    let Some(secret) = secret else {
+        if let Some(url) = advertise_url {
+            tracing::warn!(%url, "[cluster] advertise_url is for collectors sharing a Postgres database; this store has one collector");
+        }
+        return Ok(None);
+    };
+    let reader = crate::peers::HttpPeerReader::new(secret.clone(), metrics)
+        .map_err(|e| ServeError::Peers(e.to_string()))?;
+    store.link_peers(PeerLink {
+        own_url: advertise_url,
+        reader: Arc::new(reader),
+    });
+    Ok(Some(secret))
 }

@@ -11,6 +11,7 @@ mod error;
 mod flush_encoding;
 pub mod model;
 pub mod open_chunks;
+pub mod peers;
 mod postgres;
 pub mod rollup;
 mod rows;

@@ -126,7 +126,8 @@ impl StoreBatch {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Serialized where a collector hands its open samples to another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct GpuSampleRow {
     pub device_id: i64,
     pub timestamp_ms: i64,
@@ -143,7 +144,7 @@ pub struct GpuSampleRow {
 }
 
 /// A process sample as stored: the process by its row id, and its memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct ProcessPoint {
     pub process_id: i64,
     pub timestamp_ms: i64,

@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use crate::StoreError;
 use crate::alerts::AlertStore;
 use crate::model::{FlushReport, NodeSession, Registration, StoreBatch, WriteOutcome};
+use crate::peers::{OpenSamples, OpenSamplesQuery, PeerLink};
 use crate::rollup::{MaintenanceReport, Watermarks};
 use crate::tokens::TokenStore;
 use crate::views::{
@@ -75,6 +76,29 @@ pub trait Store: AlertStore + TokenStore + Send + Sync + std::fmt::Debug + 'stat
     fn durable_seq(&self, node_id: i64, boot_id: &str) -> Option<u64> {
         let _ = (node_id, boot_id);
         None
+    }
+
+    /// The secret collectors sharing this database present to each other
+    /// (`fresh` is kept where none is yet), or `None` for a store only one
+    /// collector uses (SQLite).
+    async fn peer_secret(&self, fresh: &str) -> Result<Option<String>, StoreError> {
+        let _ = fresh;
+        Ok(None)
+    }
+
+    /// From now on, records this collector as the holder of the streams
+    /// registered here and, in charts, asks the collector holding a
+    /// device's stream for the samples it holds open. Where only one
+    /// collector uses the store this does nothing.
+    fn link_peers(&self, link: PeerLink) {
+        let _ = link;
+    }
+
+    /// The samples this collector holds in open chunks, for another
+    /// collector's chart.
+    fn open_samples(&self, query: &OpenSamplesQuery) -> OpenSamples {
+        let _ = query;
+        OpenSamples::default()
     }
 
     /// One maintenance pass: partitions ahead of time, rollups of finished

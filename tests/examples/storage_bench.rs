@@ -55,6 +55,15 @@
 //!    minute and per hour: what a pass adds), then `Store::fleet_history`
 //!    is timed over 7 d, 24 h and 1 h at 1,000 points, beside the same sums
 //!    computed at query time from the device rollups.
+//! 6. Reads across collectors (`peers`, alone): two collectors on one
+//!    database, each advertising its HTTP address. AGENTS nodes of 8 GPUs
+//!    register with the first and SECONDS of their batches go through its
+//!    store's write path, held in open chunks (`chunk_flush_s = 60`); then
+//!    one client times a GPU chart and a process chart of the last node's
+//!    first GPU over those seconds, ROUNDS times each (default 200) on the
+//!    collector holding the samples and on the other, which asks it for
+//!    them, with the CPU per chart (both collectors are this process,
+//!    Postgres beside it).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: fail loudly
 
 use std::fmt::Write as _;
@@ -842,9 +851,10 @@ async fn main() {
     let storage_phase = phases.split(',').any(|p| p == "storage");
     let fleet_phase = phases.split(',').any(|p| p == "fleet");
     let sqlite_phase = phases.split(',').any(|p| p == "sqlite");
-    if !ingest_phase && !storage_phase && !fleet_phase && !sqlite_phase {
+    let peers_phase = phases.split(',').any(|p| p == "peers");
+    if !ingest_phase && !storage_phase && !fleet_phase && !sqlite_phase && !peers_phase {
         eprintln!(
-            "PHASES is a comma-separated list of `ingest`, `storage`, `fleet` and `sqlite`, not {phases:?}"
+            "PHASES is a comma-separated list of `ingest`, `storage`, `fleet`, `sqlite` and `peers`, not {phases:?}"
         );
         std::process::exit(2);
     }
@@ -861,6 +871,129 @@ async fn main() {
         // ROUNDS doubles as the calls per range here: 200 unless told.
         fleet_history_phase(args.get(3).and_then(|a| a.parse().ok()).unwrap_or(200)).await;
     }
+    if peers_phase {
+        let runs = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(200);
+        reads_across_collectors(agents, seconds, runs).await;
+    }
+}
+
+/// Phase 6: a chart of samples held open by another collector, against
+/// the same chart on the collector holding them.
+async fn reads_across_collectors(nodes: usize, seconds: u64, runs: usize) {
+    println!(
+        "## 6. Reads across collectors: {nodes} nodes × {GPUS_PER_NODE} GPUs ({PROCESSES_PER_GPU} processes each), {seconds} s held open, {runs} charts each"
+    );
+    let db = postgres::fresh_database().await.expect("Postgres");
+    let postmaster = postmaster_of(&mut PgConnection::connect(&db.url).await.unwrap()).await;
+    let storage = StorageConfig {
+        chunk_flush_s: 60,
+        chunk_memory_mib: 16 * 1024,
+        ..StorageConfig::default()
+    };
+    let holding_store = headroom_store::connect_with(&db.url, storage.clone())
+        .await
+        .unwrap();
+    let other_store = headroom_store::connect_with(&db.url, storage)
+        .await
+        .unwrap();
+    let holding = RunningCollector::start_advertised(holding_store.clone()).await;
+    let other = RunningCollector::start_advertised(other_store.clone()).await;
+    let limits = Limits::default();
+    let loading = Instant::now();
+    let mut sessions: Vec<Option<NodeSession>> = vec![None; nodes];
+    let mut registering = tokio::task::JoinSet::new();
+    for node in 0..nodes {
+        let store = holding_store.clone();
+        let registration =
+            validate::registration(&register_request(node, "bench"), &limits).unwrap();
+        registering
+            .spawn(async move { (node, store.register(&registration, now_ms()).await.unwrap()) });
+        // A few at a time: the pool has 16 connections.
+        while registering.len() >= 12 {
+            let (node, session) = registering.join_next().await.unwrap().unwrap();
+            sessions[node] = Some(session);
+        }
+    }
+    while let Some(joined) = registering.join_next().await {
+        let (node, session) = joined.unwrap();
+        sessions[node] = Some(session);
+    }
+    let sessions: Vec<NodeSession> = sessions.into_iter().map(Option::unwrap).collect();
+    let end_ms = now_ms() / 1000 * 1000;
+    let start_ms = end_ms - seconds as i64 * 1000;
+    for second in 1..=seconds {
+        let ts_ms = start_ms + second as i64 * 1000;
+        let batches: Vec<StoreBatch> = sessions
+            .iter()
+            .enumerate()
+            .map(|(node, session)| {
+                validate::batch(
+                    batch(node, "bench", second, ts_ms),
+                    session,
+                    now_ms(),
+                    &limits,
+                )
+                .unwrap()
+            })
+            .collect();
+        for group in batches.chunks(256) {
+            holding_store.write_batches(group).await.unwrap();
+        }
+    }
+    // Planner statistics for the tables just filled, as autovacuum takes
+    // them within a minute of such a load.
+    sqlx::query("ANALYZE")
+        .execute(&mut PgConnection::connect(&db.url).await.unwrap())
+        .await
+        .unwrap();
+    let flushed = metric(&holding, "headroom_collector_chunk_samples_written_total").await;
+    println!(
+        "loaded in {:.1} s: {} GPU samples and {} process samples held open ({flushed} written by a flush meanwhile)",
+        loading.elapsed().as_secs_f64(),
+        nodes * GPUS_PER_NODE * seconds as usize,
+        nodes * GPUS_PER_NODE * PROCESSES_PER_GPU * seconds as usize,
+    );
+    let uuid = gpu_uuid(nodes - 1, 0);
+    let client = reqwest::Client::new();
+    println!(
+        "| chart | on the holder p50 / p99 ms | on the other p50 / p99 ms | CPU per chart, holder / other (ms, collectors + Postgres) | bytes |"
+    );
+    println!("|---|---|---|---|---|");
+    for (name, path) in [
+        (
+            "GPU",
+            format!("/api/v1/gpus/{uuid}/series?from={start_ms}&to={end_ms}"),
+        ),
+        (
+            "processes",
+            format!("/api/v1/gpus/{uuid}/processes/series?from={start_ms}&to={end_ms}"),
+        ),
+    ] {
+        let cpu = CpuMark::now(postmaster);
+        let (own50, own99, own_bytes) = time_get(&holding.api(&path), &client, runs).await;
+        let own_cpu = cpu.spent();
+        let cpu = CpuMark::now(postmaster);
+        let (peer50, peer99, peer_bytes) = time_get(&other.api(&path), &client, runs).await;
+        let peer_cpu = cpu.spent();
+        assert_eq!(
+            own_bytes, peer_bytes,
+            "both collectors draw the same {name} chart"
+        );
+        let per_chart =
+            |c: CpuSpent| (c.client + c.agents + c.postgres.unwrap_or(0.0)) * 1000.0 / runs as f64;
+        println!(
+            "| {name} | {own50:.2} / {own99:.2} | {peer50:.2} / {peer99:.2} | {:.2} / {:.2} | {own_bytes} |",
+            per_chart(own_cpu),
+            per_chart(peer_cpu),
+        );
+    }
+    let asked = metric(&other, "headroom_collector_peer_reads_total{result=\"ok\"}").await;
+    println!("reads answered by the holder: {asked}");
+    holding.stop().await;
+    other.stop().await;
+    holding_store.close().await;
+    other_store.close().await;
+    db.drop_database().await;
 }
 
 /// Phase 1, `rounds` times: the collector over gRPC, then `COPY`.

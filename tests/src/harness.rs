@@ -50,8 +50,29 @@ impl RunningCollector {
         Self::run(collector, grpc).await
     }
 
+    /// A collector that tells the others sharing its database to reach it
+    /// at its HTTP address (`[cluster] advertise_url`), serving once it
+    /// answers `/healthz` (linked to the others by then).
+    pub async fn start_advertised(store: Arc<dyn Store>) -> Self {
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", http.local_addr().unwrap());
+        let collector = Collector::builder(store)
+            .advertise_url(url)
+            .build()
+            .await
+            .unwrap();
+        let running = Self::run_on(collector, grpc, http).await;
+        reqwest::get(running.api("/healthz")).await.unwrap();
+        running
+    }
+
     async fn run(collector: Collector, grpc: TcpListener) -> Self {
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::run_on(collector, grpc, http).await
+    }
+
+    async fn run_on(collector: Collector, grpc: TcpListener, http: TcpListener) -> Self {
         let grpc_addr = grpc.local_addr().unwrap();
         let http_addr = http.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();

@@ -8,6 +8,7 @@ mod errors;
 pub mod hosts;
 mod jobs;
 pub mod listener;
+pub mod peers;
 mod session;
 pub mod settings;
 mod stream;

@@ -30,6 +30,7 @@ use crate::model::{
     FlushReport, GpuSampleRow, NodeSession, Registration, StoreBatch, WriteOutcome,
 };
 use crate::open_chunks::OpenChunks;
+use crate::peers::{OpenSamples, OpenSamplesQuery, PeerLink};
 use crate::rollup::{
     self, MaintenanceReport, SampleWrites, StorageConfig, Watermarks, fleet_source_bounds,
     resolution_for, source_bounds,
@@ -64,6 +65,8 @@ pub struct PostgresStore {
     open_chunks: Option<Arc<std::sync::Mutex<OpenChunks>>>,
     /// One flush at a time: a second would take nothing the first has not.
     flush_turn: Arc<tokio::sync::Mutex<()>>,
+    /// Reads across the collectors sharing the database, once linked.
+    peers: Arc<std::sync::OnceLock<PeerLink>>,
 }
 
 impl PostgresStore {
@@ -73,6 +76,21 @@ impl PostgresStore {
             .bind(uuid)
             .fetch_optional(&self.pool)
             .await?)
+    }
+
+    /// Device `uuid`'s id and where the collector holding its node's
+    /// stream answers, for the charts.
+    async fn device_and_holder(
+        &self,
+        uuid: &str,
+    ) -> Result<Option<(i32, Option<String>)>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT d.id, n.stream_holder FROM devices d JOIN nodes n ON n.id = d.node_id
+             WHERE d.uuid = $1",
+        )
+        .bind(uuid)
+        .fetch_optional(&self.pool)
+        .await?)
     }
 
     /// Connects to the database `url` names. A URL with a host list
@@ -114,6 +132,7 @@ impl PostgresStore {
                 )))
             }),
             flush_turn: Arc::default(),
+            peers: Arc::default(),
             storage,
         };
         if primary.has_standbys() {
@@ -169,6 +188,11 @@ impl PostgresStore {
         }
     }
 
+    /// Where other collectors reach this one, once linked.
+    fn own_url(&self) -> Option<&str> {
+        self.peers.get().and_then(|link| link.own_url.as_deref())
+    }
+
     /// What the store now knows of a stream's durable mark.
     fn learn_durable(&self, session: &NodeSession) {
         if let Some(open) = &self.open_chunks {
@@ -179,36 +203,20 @@ impl PostgresStore {
         }
     }
 
-    /// Open and flushing samples of `device` in `[from_ms, to_ms]`, added
-    /// to `stored` (a sample in both, as a flush commits, counts once).
-    fn with_open_gpu(
-        &self,
-        mut stored: Vec<GpuSampleRow>,
-        device: i64,
-        from_ms: i64,
-        to_ms: i64,
-    ) -> Vec<GpuSampleRow> {
-        if let Some(open) = &self.open_chunks {
-            stored.extend(lock(open).gpu_between(device, from_ms, to_ms));
-            stored.sort_by_key(|r| r.timestamp_ms);
-            stored.dedup_by_key(|r| r.timestamp_ms);
+    /// Samples in `query` held open, here and by the collector at
+    /// `holder` (where that is another one). A chart reads them before its
+    /// snapshot: a flush committing in between leaves a sample in both
+    /// (merged once), never in neither.
+    async fn open_here_and_at(&self, holder: Option<&str>, query: OpenSamplesQuery) -> OpenSamples {
+        let mut open = self.open_samples(&query);
+        if let Some(link) = self.peers.get()
+            && let Some(url) = link.peer(holder)
+        {
+            let peer = link.read(url, &query).await;
+            open.gpu.extend(peer.gpu);
+            open.processes.extend(peer.processes);
         }
-        stored
-    }
-
-    fn with_open_processes(
-        &self,
-        mut stored: Vec<ProcessPoint>,
-        processes: &[i64],
-        from_ms: i64,
-        to_ms: i64,
-    ) -> Vec<ProcessPoint> {
-        if let Some(open) = &self.open_chunks {
-            stored.extend(lock(open).processes_between(processes, from_ms, to_ms));
-            stored.sort_by_key(|r| (r.process_id, r.timestamp_ms));
-            stored.dedup_by_key(|r| (r.process_id, r.timestamp_ms));
-        }
-        stored
+        open
     }
 
     /// Writes the open chunks taken now; on failure they stay held and the
@@ -314,9 +322,18 @@ impl PostgresStore {
     }
 }
 
-/// Every device the node ever registered, present or not: a batch sampled
-/// before a MIG reconfiguration may arrive after it and still names the old
-/// instances.
+/// Samples read from the database and those held open, in order, a sample
+/// in both (as a flush commits) once: the stored copy.
+fn merged<T, K: Ord>(mut stored: Vec<T>, open: Vec<T>, key: impl Fn(&T) -> K) -> Vec<T> {
+    if open.is_empty() {
+        return stored;
+    }
+    stored.extend(open);
+    stored.sort_by_key(&key);
+    stored.dedup_by(|b, a| key(a) == key(b));
+    stored
+}
+
 /// The open chunks, whatever a panicking holder left: they are plain data,
 /// every update of which is complete before the lock is let go.
 fn lock(open: &std::sync::Mutex<OpenChunks>) -> std::sync::MutexGuard<'_, OpenChunks> {
@@ -338,6 +355,9 @@ fn taken_span(samples: &crate::open_chunks::Samples) -> Option<(i64, i64)> {
     })
 }
 
+/// Every device the node ever registered, present or not: a batch sampled
+/// before a MIG reconfiguration may arrive after it and still names the old
+/// instances.
 async fn load_session(
     tx: &mut Transaction<'_, Postgres>,
     node_id: i64,
@@ -390,12 +410,16 @@ impl Store for PostgresStore {
         .await?;
         let on_record = counted_with(&counted, &uuids);
         reg.budget.check(&reg.node, on_record)?;
+        // The stream is held here from now on: another collector's chart
+        // asks this one for the node's open samples.
         let node_id: i64 = sqlx::query_scalar(
-            "INSERT INTO nodes (name, boot_id, agent_version, driver_version, sample_interval_ms, registered_at_ms, last_seen_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $6)
+            "INSERT INTO nodes (name, boot_id, agent_version, driver_version, sample_interval_ms, registered_at_ms, last_seen_ms,
+                 stream_holder)
+             VALUES ($1, $2, $3, $4, $5, $6, $6, $7)
              ON CONFLICT (name) DO UPDATE SET boot_id = EXCLUDED.boot_id, agent_version = EXCLUDED.agent_version,
                  driver_version = EXCLUDED.driver_version, sample_interval_ms = EXCLUDED.sample_interval_ms,
-                 registered_at_ms = EXCLUDED.registered_at_ms, last_seen_ms = GREATEST(nodes.last_seen_ms, EXCLUDED.last_seen_ms)
+                 registered_at_ms = EXCLUDED.registered_at_ms, last_seen_ms = GREATEST(nodes.last_seen_ms, EXCLUDED.last_seen_ms),
+                 stream_holder = EXCLUDED.stream_holder
              RETURNING id",
         )
         .bind(&reg.node)
@@ -404,6 +428,7 @@ impl Store for PostgresStore {
         .bind(&reg.driver_version)
         .bind(i32::try_from(reg.sample_interval_ms).unwrap_or(i32::MAX))
         .bind(now_ms)
+        .bind(self.own_url())
         .fetch_one(&mut *tx)
         .await?;
         sqlx::query(
@@ -547,9 +572,50 @@ impl Store for PostgresStore {
         true
     }
 
+    async fn peer_secret(&self, fresh: &str) -> Result<Option<String>, StoreError> {
+        sqlx::query(
+            "INSERT INTO peer_secret (id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(fresh)
+        .execute(&self.pool)
+        .await?;
+        Ok(Some(
+            sqlx::query_scalar("SELECT secret FROM peer_secret WHERE id = 1")
+                .fetch_one(&self.pool)
+                .await?,
+        ))
+    }
+
+    fn link_peers(&self, link: PeerLink) {
+        if self.peers.set(link).is_err() {
+            tracing::warn!("reads across collectors were already linked; keeping the first link");
+        }
+    }
+
+    fn open_samples(&self, query: &OpenSamplesQuery) -> OpenSamples {
+        let Some(open) = &self.open_chunks else {
+            return OpenSamples::default();
+        };
+        let open = lock(open);
+        OpenSamples {
+            gpu: open.gpu_between(query.device_id, query.from_ms, query.to_ms),
+            processes: open.processes_between(&query.process_ids, query.from_ms, query.to_ms),
+        }
+    }
+
     async fn close(&self) {
         // What is held would otherwise wait for the agents to send it again.
         crate::store::log_flush_on_close(self.flush(true).await);
+        // Nothing is held here now: other collectors' charts need not ask.
+        if let Some(url) = self.own_url()
+            && let Err(error) =
+                sqlx::query("UPDATE nodes SET stream_holder = NULL WHERE stream_holder = $1")
+                    .bind(url)
+                    .execute(&self.pool)
+                    .await
+        {
+            tracing::warn!(%error, "could not clear this collector as the holder of its streams");
+        }
         // Another collector would otherwise show this one's devices as they
         // were at their last checkpoint until their agents reconnect.
         let devices = self.latest_cache.take_unwritten();
@@ -626,7 +692,7 @@ impl Store for PostgresStore {
         to_ms: i64,
         max_points: u32,
     ) -> Result<Option<Vec<SeriesPoint>>, StoreError> {
-        let Some(device) = self.device_id(uuid).await? else {
+        let Some((device, holder)) = self.device_and_holder(uuid).await? else {
             return Ok(None);
         };
         let width = bucket_width_ms(from_ms, to_ms, max_points);
@@ -637,10 +703,32 @@ impl Store for PostgresStore {
             to_ms,
             marks,
         );
+        let open = self
+            .open_here_and_at(
+                holder.as_deref(),
+                OpenSamplesQuery {
+                    device_id: i64::from(device),
+                    process_ids: Vec::new(),
+                    from_ms: bounds.minute_end_ms,
+                    to_ms,
+                },
+            )
+            .await;
         // Raw samples of days already packed come out of their chunks, read
         // in the snapshot of the query below: a pack or unpack committing
         // in between neither hides samples nor counts them twice.
         let mut tx = chart_transaction(&self.pool).await?;
+        if bounds.minute_end_ms <= from_ms {
+            // No rollup in the range: the samples (chunks, rows from before
+            // the upgrade, open ones) make the points here.
+            let stored =
+                Self::stored_gpu_samples(&mut tx, &[i64::from(device)], from_ms, to_ms).await?;
+            tx.commit().await?;
+            let samples = merged(stored, open.gpu, |r| r.timestamp_ms);
+            return Ok(Some(fold::series_points(&fold::gpu_buckets(
+                &samples, from_ms, width,
+            ))));
+        }
         let stored = packing::samples_between::<GpuSampleRow>(
             &mut tx,
             &[i64::from(device)],
@@ -649,7 +737,7 @@ impl Store for PostgresStore {
         )
         .await?;
         let packed = fold::gpu_buckets(
-            &self.with_open_gpu(stored, i64::from(device), bounds.minute_end_ms, to_ms),
+            &merged(stored, open.gpu, |r| r.timestamp_ms),
             from_ms,
             width,
         );
@@ -829,17 +917,16 @@ impl Store for PostgresStore {
         to_ms: i64,
         max_points: u32,
     ) -> Result<Option<Vec<ProcessSeries>>, StoreError> {
-        let Some(device) = self.device_id(uuid).await? else {
+        let Some((device, holder)) = self.device_and_holder(uuid).await? else {
             return Ok(None);
         };
         let meta = sqlx::query_as::<_, ProcessMeta>(
             "SELECT id, pid, start_time_ms, name, user_name AS user, slurm_job_id, pod_uid FROM processes
-             WHERE device_id = $1 AND (last_seen_ms >= $2 OR id = ANY($4)) AND first_seen_ms <= $3",
+             WHERE device_id = $1 AND last_seen_ms >= $2 AND first_seen_ms <= $3",
         )
         .bind(device)
-        .bind(from_ms)
+        .bind(from_ms.saturating_sub(checkpoints::PROCESS_ROW_TRAILS_MS))
         .bind(to_ms)
-        .bind(self.process_seen.seen_since(from_ms))
         .fetch_all(&self.pool)
         .await?;
         let ids: Vec<i64> = meta.iter().map(|m| m.id).collect();
@@ -851,12 +938,23 @@ impl Store for PostgresStore {
             to_ms,
             marks,
         );
+        let open = self
+            .open_here_and_at(
+                holder.as_deref(),
+                OpenSamplesQuery {
+                    device_id: i64::from(device),
+                    process_ids: ids.clone(),
+                    from_ms: bounds.minute_end_ms,
+                    to_ms,
+                },
+            )
+            .await;
         let mut tx = chart_transaction(&self.pool).await?;
         let stored =
             packing::samples_between::<ProcessPoint>(&mut tx, &ids, bounds.minute_end_ms, to_ms)
                 .await?;
         let packed = fold::process_peaks(
-            self.with_open_processes(stored, &ids, bounds.minute_end_ms, to_ms),
+            merged(stored, open.processes, |r| (r.process_id, r.timestamp_ms)),
             from_ms,
             width,
         );

@@ -15,6 +15,7 @@ use headroom_store::model::{NodeSession, StoreBatch, WriteOutcome};
 use headroom_store::rollup::{DAY_MS, MINUTE_MS, SampleWrites, StorageConfig, bucket_start};
 use headroom_store::{PostgresStore, Store};
 use headroom_tests::fixtures::{self, BOOT, NODE, now_ms};
+use headroom_tests::harness::RunningCollector;
 use headroom_tests::postgres::{self, TestDatabase, day_suffix};
 
 async fn collector(db: &TestDatabase) -> PostgresStore {
@@ -748,5 +749,151 @@ async fn a_stream_moves_to_another_collector_when_the_one_holding_it_dies() {
     drop(conn);
     assert_eq!(second.durable_seq(moved.node_id, BOOT), Some(30));
     second.close().await;
+    db.drop_database().await;
+}
+
+/// A collector holding samples open for a minute: none is written while a
+/// test runs unless it flushes them itself.
+async fn collector_flushing_each_minute(db: &TestDatabase) -> Arc<PostgresStore> {
+    let storage = StorageConfig {
+        chunk_flush_s: 60,
+        ..StorageConfig::default()
+    };
+    Arc::new(PostgresStore::connect(&db.url, storage).await.unwrap())
+}
+
+async fn chart_points(collector: &RunningCollector, from: i64, to: i64) -> usize {
+    let chart = collector
+        .get_json(&format!(
+            "/api/v1/gpus/{}/series?from={from}&to={to}",
+            fixtures::GPU0
+        ))
+        .await;
+    chart["points"].as_array().unwrap().len()
+}
+
+#[tokio::test]
+async fn a_chart_on_one_collector_shows_the_samples_another_holds_open() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let holding_store = collector_flushing_each_minute(&db).await;
+    let other_store = collector_flushing_each_minute(&db).await;
+    let holding = RunningCollector::start_advertised(holding_store.clone()).await;
+    let other = RunningCollector::start_advertised(other_store.clone()).await;
+
+    let now = now_ms();
+    let start = now - 20_000;
+    let session = register(holding_store.as_ref(), &fixtures::register(NODE, BOOT)).await;
+    for seq in 1..=10 {
+        let batch = rows_at(
+            &session,
+            &fixtures::batch(seq, start + seq as i64 * 1000),
+            now,
+        );
+        assert_eq!(
+            holding_store.write_batch(&batch).await.unwrap(),
+            WriteOutcome::Committed
+        );
+    }
+    let gpu0 = *session.device_ids.get(fixtures::GPU0).unwrap();
+    let mut conn = other_store.pool().acquire().await.unwrap();
+    let on_disk = PostgresStore::stored_gpu_samples(&mut conn, &[gpu0], start, now)
+        .await
+        .unwrap();
+    drop(conn);
+    assert!(on_disk.is_empty(), "the samples are open, not yet written");
+
+    // The other collector's charts show every open sample, once.
+    assert_eq!(chart_points(&other, start, now).await, 10);
+    let processes = other
+        .get_json(&format!(
+            "/api/v1/gpus/{}/processes/series?from={start}&to={now}",
+            fixtures::GPU0
+        ))
+        .await;
+    let held = holding
+        .get_json(&format!(
+            "/api/v1/gpus/{}/processes/series?from={start}&to={now}",
+            fixtures::GPU0
+        ))
+        .await;
+    assert_eq!(processes["processes"], held["processes"]);
+    // The fixture's process restarts every second: ten processes, a point
+    // each.
+    let points: usize = processes["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["points"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(points, 10);
+    let scraped = reqwest::get(other.api("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        scraped.contains("headroom_collector_peer_reads_total{result=\"ok\"} 2"),
+        "{scraped}"
+    );
+
+    // The endpoint answers only to the secret the collectors share.
+    let client = reqwest::Client::new();
+    let query = serde_json::json!({"device_id": gpu0, "from_ms": start, "to_ms": now});
+    let endpoint = holding.api("/internal/v1/open-samples");
+    for token in [None, Some("not-the-secret")] {
+        let mut request = client.post(&endpoint).json(&query);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let status = request.send().await.unwrap().status();
+        assert_eq!(status, reqwest::StatusCode::UNAUTHORIZED, "{token:?}");
+    }
+    let secret: String = sqlx::query_scalar("SELECT secret FROM peer_secret")
+        .fetch_one(holding_store.pool())
+        .await
+        .unwrap();
+    let answer: serde_json::Value = client
+        .post(&endpoint)
+        .bearer_auth(&secret)
+        .json(&query)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["gpu"].as_array().unwrap().len(), 10);
+
+    // A holder that stopped answering costs charts its open samples (its
+    // agent sends them again elsewhere), not the chart.
+    holding.kill().await;
+    assert_eq!(chart_points(&other, start, now).await, 0);
+    assert_eq!(chart_points(&other, start, now).await, 0);
+    let scraped = reqwest::get(other.api("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        scraped.contains("headroom_collector_peer_reads_total{result=\"failed\"} 1")
+            && scraped.contains("headroom_collector_peer_reads_total{result=\"skipped\"} 1"),
+        "{scraped}"
+    );
+
+    // Closed, a collector writes what it held and stops naming itself the
+    // holder, so nobody asks it.
+    holding_store.close().await;
+    assert_eq!(chart_points(&other, start, now).await, 10);
+    let holder: Option<String> = sqlx::query_scalar("SELECT stream_holder FROM nodes")
+        .fetch_one(other_store.pool())
+        .await
+        .unwrap();
+    assert_eq!(holder, None);
+    other.stop().await;
+    other_store.close().await;
     db.drop_database().await;
 }
