@@ -63,7 +63,8 @@
 //!    first GPU over those seconds, ROUNDS times each (default 200) on the
 //!    collector holding the samples and on the other, which asks it for
 //!    them, with the CPU per chart (both collectors are this process,
-//!    Postgres beside it).
+//!    Postgres beside it); then the fleet overview of that fleet, the
+//!    store's query and the API's answer, 10 times each.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: fail loudly
 
 use std::fmt::Write as _;
@@ -290,18 +291,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-async fn metric(collector: &RunningCollector, name: &str) -> f64 {
-    let text = reqwest::get(collector.api("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 struct IngestFigures {
     gpu_rows: u64,
     process_rows: u64,
@@ -485,28 +474,40 @@ async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
     }
     // Let every agent connect and the writers settle, then count commits.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let gpu0 = metric(&collector, "headroom_collector_samples_total{kind=\"gpu\"}").await;
-    let proc0 = metric(
-        &collector,
-        "headroom_collector_samples_total{kind=\"process\"}",
-    )
-    .await;
-    let writes0 = metric(&collector, "headroom_collector_write_groups_total").await;
-    let batches0 = metric(&collector, "headroom_collector_write_group_batches_total").await;
-    let written0 = metric(&collector, "headroom_collector_chunk_samples_written_total").await;
+    let gpu0 = collector
+        .metric("headroom_collector_samples_total{kind=\"gpu\"}")
+        .await;
+    let proc0 = collector
+        .metric("headroom_collector_samples_total{kind=\"process\"}")
+        .await;
+    let writes0 = collector
+        .metric("headroom_collector_write_groups_total")
+        .await;
+    let batches0 = collector
+        .metric("headroom_collector_write_group_batches_total")
+        .await;
+    let written0 = collector
+        .metric("headroom_collector_chunk_samples_written_total")
+        .await;
     let cpu = CpuMark::now(postmaster);
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let cpu = cpu.spent();
-    let gpu1 = metric(&collector, "headroom_collector_samples_total{kind=\"gpu\"}").await;
-    let proc1 = metric(
-        &collector,
-        "headroom_collector_samples_total{kind=\"process\"}",
-    )
-    .await;
-    let writes1 = metric(&collector, "headroom_collector_write_groups_total").await;
-    let batches1 = metric(&collector, "headroom_collector_write_group_batches_total").await;
-    let written1 = metric(&collector, "headroom_collector_chunk_samples_written_total").await;
+    let gpu1 = collector
+        .metric("headroom_collector_samples_total{kind=\"gpu\"}")
+        .await;
+    let proc1 = collector
+        .metric("headroom_collector_samples_total{kind=\"process\"}")
+        .await;
+    let writes1 = collector
+        .metric("headroom_collector_write_groups_total")
+        .await;
+    let batches1 = collector
+        .metric("headroom_collector_write_group_batches_total")
+        .await;
+    let written1 = collector
+        .metric("headroom_collector_chunk_samples_written_total")
+        .await;
     let elapsed = started.elapsed().as_secs_f64();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     collector.stop().await;
@@ -946,7 +947,9 @@ async fn reads_across_collectors(nodes: usize, seconds: u64, runs: usize) {
         .execute(&mut PgConnection::connect(&db.url).await.unwrap())
         .await
         .unwrap();
-    let flushed = metric(&holding, "headroom_collector_chunk_samples_written_total").await;
+    let flushed = holding
+        .metric("headroom_collector_chunk_samples_written_total")
+        .await;
     println!(
         "loaded in {:.1} s: {} GPU samples and {} process samples held open ({flushed} written by a flush meanwhile)",
         loading.elapsed().as_secs_f64(),
@@ -987,7 +990,26 @@ async fn reads_across_collectors(nodes: usize, seconds: u64, runs: usize) {
             per_chart(peer_cpu),
         );
     }
-    let asked = metric(&other, "headroom_collector_peer_reads_total{result=\"ok\"}").await;
+    // The fleet overview at this size: the store's query alone, then the
+    // whole answer over HTTP (tens of megabytes of JSON).
+    let mut query_ms = Vec::new();
+    for _ in 0..10 {
+        let started = Instant::now();
+        let devices = other_store.latest_devices().await.unwrap();
+        query_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        assert_eq!(devices.len(), nodes * GPUS_PER_NODE);
+    }
+    query_ms.sort_by(f64::total_cmp);
+    let (http50, http99, bytes) = time_get(&other.api("/api/v1/gpus"), &client, 10).await;
+    println!(
+        "fleet overview of {} GPUs, 10 calls each, p50 / p99: the store's query {:.1} / {:.1} ms; `GET /api/v1/gpus` {http50:.1} / {http99:.1} ms ({bytes} B)",
+        nodes * GPUS_PER_NODE,
+        percentile(&query_ms, 0.5),
+        percentile(&query_ms, 0.99),
+    );
+    let asked = other
+        .metric("headroom_collector_peer_reads_total{result=\"ok\"}")
+        .await;
     println!("reads answered by the holder: {asked}");
     holding.stop().await;
     other.stop().await;

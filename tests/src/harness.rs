@@ -105,6 +105,11 @@ impl RunningCollector {
         response.json().await.unwrap()
     }
 
+    /// The value of `name_and_labels` on this collector's `/metrics`.
+    pub async fn metric(&self, name_and_labels: &str) -> f64 {
+        scrape_metric(self.http_addr, name_and_labels).await
+    }
+
     /// Waits until some device shows a current sample: an agent got through.
     pub async fn wait_for_samples(&self, what: &str) {
         eventually(what, Duration::from_secs(30), || async {
@@ -126,6 +131,23 @@ impl RunningCollector {
         self.task.abort();
         let _ = self.task.await;
     }
+}
+
+/// The value of `name_and_labels` (as exposed: `name{label="value"}`) on
+/// the `/metrics` of the collector whose HTTP port is `http`.
+pub async fn scrape_metric(http: SocketAddr, name_and_labels: &str) -> f64 {
+    let text = reqwest::get(format!("http://{http}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(name_and_labels)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{name_and_labels} missing from /metrics:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// A binary or library cargo built in this profile's directory (`cargo test

@@ -2,6 +2,7 @@
 //! collector, and fixtures.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // helpers of tests: they fail loudly by design
 
+pub mod balancer;
 pub mod browser;
 pub mod ci;
 pub mod cpu;

@@ -8,14 +8,18 @@
 //! gap or an overlap, except across the one moment the agent was dead.
 //! The collector writes chunks every second, so every kill finds samples
 //! in open chunks: the agent's spool holds them until they are written.
+//! A second case runs two collectors behind a balancer and kills the one
+//! holding the agent's stream: the agent moves to the other, which takes
+//! the samples the dead one held open, each once.
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use headroom_tests::balancer::Balancer;
 use headroom_tests::fixtures::now_ms;
-use headroom_tests::harness::{KillOnDrop, eventually, free_loopback_addr};
-use headroom_tests::postgres::Cluster;
+use headroom_tests::harness::{KillOnDrop, eventually, free_loopback_addr, scrape_metric};
+use headroom_tests::postgres::{self, Cluster};
 use headroom_tests::processes::{self, SimAgent, pending_batches};
 
 const NODE: &str = "chaos-node";
@@ -208,4 +212,109 @@ async fn every_interval_is_stored_once_through_collector_agent_and_postgres_cras
     );
     agent.kill();
     collector.kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_moves_to_the_other_collector_when_the_one_holding_it_is_killed() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("spool");
+    let (first_log, second_log, agent_log) = (
+        dir.path().join("first.log"),
+        dir.path().join("second.log"),
+        dir.path().join("agent.log"),
+    );
+    let logs = || {
+        [&first_log, &second_log, &agent_log]
+            .iter()
+            .map(|log| {
+                format!(
+                    "--- {} ---\n{}",
+                    log.display(),
+                    std::fs::read_to_string(log).unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let (first_grpc, first_http, second_grpc, second_http, metrics) = (
+        free_loopback_addr(),
+        free_loopback_addr(),
+        free_loopback_addr(),
+        free_loopback_addr(),
+        free_loopback_addr(),
+    );
+    let first = start_collector(&db.url, first_grpc, first_http, &first_log);
+    let second = start_collector(&db.url, second_grpc, second_http, &second_log);
+    let balancer = Balancer::start(vec![first_grpc, second_grpc]).await;
+    let agent = start_agent(balancer.addr, metrics, &spool, &agent_log);
+    eventually("samples to arrive", Duration::from_secs(60), || async {
+        (gpu0_samples(&db.url).await.len() >= 100).then_some(())
+    })
+    .await;
+
+    // Up to a second of batches sits in the first collector's open chunks.
+    let killed_at = now_ms();
+    first.kill();
+    // The batches the first collector held open come back to the second
+    // as replays: accepted before, their samples taken again.
+    eventually(
+        "the agent to replay to the second collector",
+        Duration::from_secs(60),
+        || async {
+            let replayed = scrape_metric(
+                second_http,
+                "headroom_collector_batches_total{outcome=\"replayed\"}",
+            )
+            .await;
+            (replayed > 0.0).then_some(())
+        },
+    )
+    .await;
+    // Two more seconds through the second collector, then all of it stored.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let cutoff = drained(metrics, "the agent's backlog to be stored").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let samples: Vec<(i64, i64)> = loop {
+        let all = gpu0_samples(&db.url).await;
+        if let Some(past) = all.iter().position(|(ts, _)| *ts > cutoff) {
+            break all[..=past].to_vec();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a sample past the cutoff {cutoff} is stored\n{}",
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        samples
+            .first()
+            .is_some_and(|(ts, _)| *ts < killed_at - 1000)
+            && samples.last().is_some_and(|(ts, _)| *ts > killed_at),
+        "the samples span the kill at {killed_at}: {:?} to {:?}\n{}",
+        samples.first(),
+        samples.last(),
+        logs()
+    );
+    let repeats = samples.windows(2).filter(|w| w[0].0 == w[1].0).count();
+    assert_eq!(repeats, 0, "no sample stored twice\n{}", logs());
+    // The agent never stopped: every interval starts where the one before
+    // it ended (to rounding), across the kill.
+    let breaks: Vec<(i64, i64)> = samples
+        .windows(2)
+        .filter(|w| (w[1].0 - w[1].1 - w[0].0).abs() > 5)
+        .map(|w| (w[0].0, w[1].0 - w[1].1))
+        .collect();
+    assert!(
+        breaks.is_empty(),
+        "no interval lost; breaks (last end, next start) {breaks:?}, killed at {killed_at}\n{}",
+        logs()
+    );
+    agent.kill();
+    second.kill();
+    drop(balancer);
+    db.drop_database().await;
 }

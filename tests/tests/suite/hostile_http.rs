@@ -63,22 +63,6 @@ async fn closed_within(
     .ok()
 }
 
-/// The value of a metric without labels (or with exactly `labels`).
-async fn metric(c: &RunningCollector, name_and_labels: &str) -> f64 {
-    let text = reqwest::get(c.api("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(name_and_labels)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("{name_and_labels} missing from /metrics:\n{text}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 #[tokio::test]
 async fn a_slow_header_sender_is_cut_off_after_the_header_read_timeout() {
     let (store, _dir) = sqlite().await;
@@ -260,7 +244,9 @@ async fn live_stream_clients_are_capped_and_share_one_read_a_second() {
     )
     .await;
     let client = reqwest::Client::new();
-    let reads_before = metric(&c, "headroom_collector_http_stream_fleet_reads_total").await;
+    let reads_before = c
+        .metric("headroom_collector_http_stream_fleet_reads_total")
+        .await;
     let started = Instant::now();
     let mut streams = Vec::new();
     for _ in 0..8 {
@@ -282,7 +268,7 @@ async fn live_stream_clients_are_capped_and_share_one_read_a_second() {
         "{body}"
     );
     assert_eq!(
-        metric(&c, "headroom_collector_http_stream_clients").await,
+        c.metric("headroom_collector_http_stream_clients").await,
         8.0
     );
     // Every client follows for three more events.
@@ -296,7 +282,10 @@ async fn live_stream_clients_are_capped_and_share_one_read_a_second() {
         }
     }
     let seconds = started.elapsed().as_secs_f64();
-    let reads = metric(&c, "headroom_collector_http_stream_fleet_reads_total").await - reads_before;
+    let reads = c
+        .metric("headroom_collector_http_stream_fleet_reads_total")
+        .await
+        - reads_before;
     // One read a second for all 8, not 8: with a second's slack each side.
     assert!(
         reads <= seconds.ceil() + 2.0,

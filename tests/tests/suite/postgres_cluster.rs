@@ -828,16 +828,9 @@ async fn a_chart_on_one_collector_shows_the_samples_another_holds_open() {
         .map(|p| p["points"].as_array().unwrap().len())
         .sum();
     assert_eq!(points, 10);
-    let scraped = reqwest::get(other.api("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        scraped.contains("headroom_collector_peer_reads_total{result=\"ok\"} 2"),
-        "{scraped}"
-    );
+    let peer_reads =
+        |result: &str| format!("headroom_collector_peer_reads_total{{result=\"{result}\"}}");
+    assert_eq!(other.metric(&peer_reads("ok")).await, 2.0);
 
     // The endpoint answers only to the secret the collectors share.
     let client = reqwest::Client::new();
@@ -872,17 +865,8 @@ async fn a_chart_on_one_collector_shows_the_samples_another_holds_open() {
     holding.kill().await;
     assert_eq!(chart_points(&other, start, now).await, 0);
     assert_eq!(chart_points(&other, start, now).await, 0);
-    let scraped = reqwest::get(other.api("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        scraped.contains("headroom_collector_peer_reads_total{result=\"failed\"} 1")
-            && scraped.contains("headroom_collector_peer_reads_total{result=\"skipped\"} 1"),
-        "{scraped}"
-    );
+    assert_eq!(other.metric(&peer_reads("failed")).await, 1.0);
+    assert_eq!(other.metric(&peer_reads("skipped")).await, 1.0);
 
     // Closed, a collector writes what it held and stops naming itself the
     // holder, so nobody asks it.
