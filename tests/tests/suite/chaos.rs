@@ -65,6 +65,40 @@ async fn drained(metrics: SocketAddr, what: &str) -> i64 {
     .await
 }
 
+/// GPU 0's samples through the first stored past `cutoff`. On a busy
+/// machine the agent can sample late, so what it sampled just before the
+/// cutoff may still be on its way: this waits for a sample past it, not
+/// for a clock. Batches of a stream commit in order, so once that one is
+/// in, every earlier one is too; it is kept, so that a check of the tiling
+/// runs through the cutoff.
+async fn stored_through(url: &str, cutoff: i64, logs: impl Fn() -> String) -> Vec<(i64, i64)> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let all = gpu0_samples(url).await;
+        if let Some(past) = all.iter().position(|(ts, _)| *ts > cutoff) {
+            return all[..=past].to_vec();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a sample past the cutoff {cutoff} is stored (newest {:?}, now {})\n{}",
+            all.last(),
+            now_ms(),
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Where an interval does not start where the one before it ended (to
+/// rounding): (that end, the next start).
+fn breaks(samples: &[(i64, i64)]) -> Vec<(i64, i64)> {
+    samples
+        .windows(2)
+        .filter(|w| (w[1].0 - w[1].1 - w[0].0).abs() > 5)
+        .map(|w| (w[0].0, w[1].0 - w[1].1))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_interval_is_stored_once_through_collector_agent_and_postgres_crashes() {
     let cluster = match Cluster::create_durable() {
@@ -151,26 +185,7 @@ async fn every_interval_is_stored_once_through_collector_agent_and_postgres_cras
     let cutoff = drained(metrics, "the database outage's backlog to be stored").await;
     assert!(collector.is_running(), "{}", logs());
 
-    // On a busy machine the agent can sample late, so what it sampled just
-    // before the cutoff may still be on its way: wait for the first sample
-    // past the cutoff, not for a clock. Batches of a stream commit in
-    // order, so once it is in, every earlier one is too. It is kept, so
-    // that the tiling below runs through the cutoff.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let samples: Vec<(i64, i64)> = loop {
-        let all = gpu0_samples(&url).await;
-        if let Some(past) = all.iter().position(|(ts, _)| *ts > cutoff) {
-            break all[..=past].to_vec();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a sample past the cutoff {cutoff} is stored (newest {:?}, now {})\n{}",
-            all.last(),
-            now_ms(),
-            logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let samples = stored_through(&url, cutoff, logs).await;
     // A repeated end of interval is a sample stored twice (same length) or
     // an interval of no length; name it, with where it fell among the faults.
     let repeats: Vec<(i64, i64, i64)> = samples
@@ -184,12 +199,7 @@ async fn every_interval_is_stored_once_through_collector_agent_and_postgres_cras
          agent killed at {agent_killed}, restarted at {agent_restarted}, cutoff {cutoff}\n{}",
         logs()
     );
-    // Each interval starts where the previous one ended (to rounding).
-    let breaks: Vec<(i64, i64)> = samples
-        .windows(2)
-        .filter(|w| (w[1].0 - w[1].1 - w[0].0).abs() > 5)
-        .map(|w| (w[0].0, w[1].0 - w[1].1))
-        .collect();
+    let breaks = breaks(&samples);
     assert_eq!(
         breaks.len(),
         1,
@@ -276,19 +286,7 @@ async fn a_stream_moves_to_the_other_collector_when_the_one_holding_it_is_killed
     // Two more seconds through the second collector, then all of it stored.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let cutoff = drained(metrics, "the agent's backlog to be stored").await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let samples: Vec<(i64, i64)> = loop {
-        let all = gpu0_samples(&db.url).await;
-        if let Some(past) = all.iter().position(|(ts, _)| *ts > cutoff) {
-            break all[..=past].to_vec();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a sample past the cutoff {cutoff} is stored\n{}",
-            logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let samples = stored_through(&db.url, cutoff, logs).await;
     assert!(
         samples
             .first()
@@ -301,13 +299,8 @@ async fn a_stream_moves_to_the_other_collector_when_the_one_holding_it_is_killed
     );
     let repeats = samples.windows(2).filter(|w| w[0].0 == w[1].0).count();
     assert_eq!(repeats, 0, "no sample stored twice\n{}", logs());
-    // The agent never stopped: every interval starts where the one before
-    // it ended (to rounding), across the kill.
-    let breaks: Vec<(i64, i64)> = samples
-        .windows(2)
-        .filter(|w| (w[1].0 - w[1].1 - w[0].0).abs() > 5)
-        .map(|w| (w[0].0, w[1].0 - w[1].1))
-        .collect();
+    // The agent never stopped: no break, across the kill either.
+    let breaks = breaks(&samples);
     assert!(
         breaks.is_empty(),
         "no interval lost; breaks (last end, next start) {breaks:?}, killed at {killed_at}\n{}",
