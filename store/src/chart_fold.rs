@@ -1,7 +1,8 @@
 //! Samples decoded from chunks (or held in open chunks) folded into a
 //! chart's buckets in the collector, so that a chart sends the database a
 //! row per bucket rather than every sample it decoded (a week of one GPU at
-//! 1 Hz is 600,000 of them).
+//! 1 Hz is 600,000 of them), or, where no rollup serves the range, makes
+//! the chart's points here without a second trip to the database.
 
 use std::collections::BTreeMap;
 
