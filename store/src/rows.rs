@@ -249,7 +249,7 @@ pub(crate) fn session_from(
 }
 
 /// Row shape shared by both backends for `latest_devices`.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct DeviceRow {
     pub(crate) device_id: i64,
     pub(crate) uuid: String,

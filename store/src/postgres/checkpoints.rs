@@ -275,15 +275,21 @@ impl<V: Checkpoint> Checkpoints<V> {
     }
 
     /// The keys whose newest committed value is at `since_ms` or later
-    /// (their rows may hold an older one).
-    pub(super) fn seen_since(&self, since_ms: i64) -> Vec<i64> {
+    /// while their row, as this collector last wrote it, holds an older
+    /// one: those a read of the rows seen since then would miss. A steady
+    /// key's row trails by a checkpoint period, so for a window longer than
+    /// that these are few (keys of an agent that just replayed its spool),
+    /// not every key this collector serves.
+    pub(super) fn seen_since_beyond_rows(&self, since_ms: i64) -> Vec<i64> {
         let Ok(inner) = self.inner.lock() else {
             return Vec::new();
         };
         inner
             .known
             .iter()
-            .filter(|(_, k)| k.newest.timestamp_ms() >= since_ms)
+            .filter(|(_, k)| {
+                k.newest.timestamp_ms() >= since_ms && k.checkpoint.timestamp_ms() < since_ms
+            })
             .map(|(key, _)| *key)
             .collect()
     }
@@ -422,6 +428,30 @@ mod tests {
             written,
             vec![10_000, 110_000],
             "first sight, then 5 s later"
+        );
+    }
+
+    #[test]
+    fn only_keys_whose_rows_trail_the_window_go_by_id() {
+        let cache = LatestCache::default();
+        // Steady and live: the row trails the newest sample by under 5 s.
+        for ts in (10_000..=40_000).step_by(1000) {
+            learn_due(&cache, &sample(ts, 40 * GIB));
+        }
+        assert!(cache.seen_since_beyond_rows(30_000).is_empty());
+        // Replayed at a minute of samples a second: the row, written by the
+        // wall clock, is now far behind the newest sample.
+        let mut replayed = sample(50_000, GIB);
+        replayed.device_id = 9;
+        learn_due_at(&cache, &replayed, 41_000);
+        for i in 1..=60 {
+            replayed.timestamp_ms = 50_000 + i * 1000;
+            learn_due_at(&cache, &replayed, 41_000 + i * 16);
+        }
+        assert_eq!(cache.seen_since_beyond_rows(100_000), vec![9]);
+        assert!(
+            cache.seen_since_beyond_rows(111_000).is_empty(),
+            "none seen"
         );
     }
 

@@ -17,6 +17,7 @@ mod checkpoints;
 mod chunk_flush;
 mod compaction;
 mod copy;
+mod fleet_layout;
 mod maintenance;
 mod packing;
 mod primary;
@@ -36,7 +37,7 @@ use crate::rollup::{
     resolution_for, source_bounds,
 };
 use crate::rows::{
-    DeviceRow, PROCESS_COLUMNS, ProcessBucket, ProcessKey, ProcessMeta, ProcessRow, SessionDevice,
+    PROCESS_COLUMNS, ProcessBucket, ProcessKey, ProcessMeta, ProcessRow, SessionDevice,
     bucket_width_ms, counted_with, process_series_from, session_from,
 };
 use crate::views::{AlertBucketRow, FleetBucketRow, fleet_points};
@@ -55,6 +56,8 @@ pub struct PostgresStore {
     leadership: Arc<maintenance::Leadership>,
     process_cache: Arc<process_cache::ProcessCache>,
     latest_cache: Arc<checkpoints::LatestCache>,
+    /// The fleet overview's layout, read again only when it changed.
+    layout_cache: Arc<fleet_layout::LayoutCache>,
     node_cache: Arc<checkpoints::NodeCache>,
     process_seen: Arc<checkpoints::ProcessSeenCache>,
     /// Paces the checkpoint rows (`gpu_latest`, process last-seen times).
@@ -122,6 +125,7 @@ impl PostgresStore {
             leadership: Arc::new(maintenance::Leadership::new(primary.clone())),
             process_cache: Arc::default(),
             latest_cache: Arc::default(),
+            layout_cache: Arc::default(),
             node_cache: Arc::default(),
             process_seen: Arc::default(),
             clock: Clock::System,
@@ -419,7 +423,7 @@ impl Store for PostgresStore {
              ON CONFLICT (name) DO UPDATE SET boot_id = EXCLUDED.boot_id, agent_version = EXCLUDED.agent_version,
                  driver_version = EXCLUDED.driver_version, sample_interval_ms = EXCLUDED.sample_interval_ms,
                  registered_at_ms = EXCLUDED.registered_at_ms, last_seen_ms = GREATEST(nodes.last_seen_ms, EXCLUDED.last_seen_ms),
-                 stream_holder = EXCLUDED.stream_holder
+                 stream_holder = EXCLUDED.stream_holder, layout_version = nodes.layout_version + 1
              RETURNING id",
         )
         .bind(&reg.node)
@@ -493,9 +497,12 @@ impl Store for PostgresStore {
 
     async fn release_device(&self, uuid: &str, now_ms: i64) -> Result<Option<String>, StoreError> {
         Ok(sqlx::query_scalar(
-            "UPDATE devices d SET present = FALSE,
-                 absent_since_ms = CASE WHEN d.present THEN $2 ELSE d.absent_since_ms END
-             FROM nodes n WHERE n.id = d.node_id AND d.uuid = $1 RETURNING n.name",
+            "WITH released AS (
+                 UPDATE devices d SET present = FALSE,
+                     absent_since_ms = CASE WHEN d.present THEN $2 ELSE d.absent_since_ms END
+                 WHERE d.uuid = $1 RETURNING d.node_id)
+             UPDATE nodes n SET layout_version = n.layout_version + 1
+             FROM released r WHERE n.id = r.node_id RETURNING n.name",
         )
         .bind(uuid)
         .bind(now_ms)
@@ -662,27 +669,11 @@ impl Store for PostgresStore {
     }
 
     async fn latest_devices(&self) -> Result<Vec<DeviceView>, StoreError> {
-        let rows = sqlx::query_as::<_, DeviceRow>(
-            "SELECT d.id::int8 AS device_id, d.uuid, n.name AS node, p.uuid AS parent_uuid, d.gpu_index::int8 AS gpu_index, d.name,
-                 d.mig_profile, d.mig_gpu_instance_id::int8 AS mig_gpu_instance_id,
-                 d.mig_compute_instance_id::int8 AS mig_compute_instance_id, d.memory_total,
-                 l.ts_ms, l.used_last, l.used_min, l.used_max, l.reserved, l.total, l.utilization::int8 AS utilization,
-                 l.pcie_tx, l.pcie_rx
-             FROM devices d JOIN nodes n ON n.id = d.node_id
-             LEFT JOIN devices p ON p.id = d.parent_id
-             LEFT JOIN gpu_latest l ON l.device_id = d.id
-             WHERE d.present
-             ORDER BY n.name, d.gpu_index, d.parent_id NULLS FIRST, d.mig_gpu_instance_id, d.mig_compute_instance_id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|mut row| {
-                row.overlay_newer(|device, row_ms| self.latest_cache.newer_than(device, row_ms));
-                DeviceView::from(row)
-            })
-            .collect())
+        let mut tx = chart_transaction(&self.pool).await?;
+        let devices =
+            fleet_layout::latest_devices(&mut tx, &self.layout_cache, &self.latest_cache).await?;
+        tx.commit().await?;
+        Ok(devices)
     }
 
     async fn device_series(
@@ -871,8 +862,10 @@ impl Store for PostgresStore {
 
     async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError> {
         // A steady process's row is a checkpoint: this collector may have
-        // seen it since, though the row says otherwise.
-        let seen = self.process_seen.seen_since(since_ms);
+        // seen it since, though the row says otherwise. Only those rows go
+        // by id (sending every process seen cost 200,000 ids at 100,000
+        // GPUs).
+        let seen = self.process_seen.seen_since_beyond_rows(since_ms);
         let rows = sqlx::query_as::<_, ProcessIdRow>(&format!(
             "SELECT p.id AS process_id, n.name AS node, d.uuid AS device_uuid, d.gpu_index::int8 AS gpu_index,
                  {PROCESS_COLUMNS}

@@ -625,6 +625,76 @@ async fn quiet_devices_and_a_closing_collector_leave_their_newest_sample_in_the_
     db.drop_database().await;
 }
 
+/// The UUIDs in another collector's fleet overview, in its order.
+async fn overview_uuids(store: &PostgresStore) -> Vec<String> {
+    store
+        .latest_devices()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|device| device.uuid)
+        .collect()
+}
+
+#[tokio::test]
+async fn the_overview_on_another_collector_follows_devices_added_changed_and_released() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let (serving, other, _clock) = two_collectors(&db, now_ms()).await;
+    register(&serving, &fixtures::register(NODE, BOOT)).await;
+    let first = overview_uuids(&other).await;
+    assert_eq!(
+        first,
+        [
+            fixtures::GPU0,
+            fixtures::GPU1,
+            fixtures::GPU2,
+            fixtures::MIG_A,
+            fixtures::MIG_B
+        ],
+        "the first read of the overview lays out the node"
+    );
+    // Read again with nothing changed: the same layout.
+    assert_eq!(overview_uuids(&other).await, first);
+    // A node registers on the serving collector after the other one has
+    // laid the fleet out: it shows up there at once.
+    register(&serving, &fixtures::register_other_node()).await;
+    assert_eq!(overview_uuids(&other).await.len(), 10);
+    // The first node comes back without its MIG instances and with GPU1
+    // renamed by a driver update.
+    let mut changed = fixtures::register(NODE, "boot-b");
+    changed.gpus[2].mig_instances.clear();
+    changed.gpus[1].name = "NVIDIA H100 80GB HBM3 (renamed)".into();
+    register(&serving, &changed).await;
+    let devices = other.latest_devices().await.unwrap();
+    let mine: Vec<&str> = devices
+        .iter()
+        .filter(|d| d.node == NODE)
+        .map(|d| d.uuid.as_str())
+        .collect();
+    assert_eq!(mine, [fixtures::GPU0, fixtures::GPU1, fixtures::GPU2]);
+    let gpu1 = devices.iter().find(|d| d.uuid == fixtures::GPU1).unwrap();
+    assert_eq!(gpu1.name, "NVIDIA H100 80GB HBM3 (renamed)");
+    // A device released by an operator leaves the other's overview too.
+    assert_eq!(
+        serving
+            .release_device(fixtures::GPU0, now_ms())
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(NODE)
+    );
+    assert!(
+        !overview_uuids(&other)
+            .await
+            .contains(&fixtures::GPU0.to_owned())
+    );
+    serving.close().await;
+    other.close().await;
+    db.drop_database().await;
+}
+
 #[tokio::test]
 async fn a_process_whose_agent_hops_between_collectors_shows_its_current_memory() {
     let Some(db) = postgres::fresh_database().await else {
