@@ -441,7 +441,7 @@ impl CollectorMetrics {
             out,
             "headroom_collector_http_stream_fleet_reads_total",
             "counter",
-            "Fleet reads from the store for the live stream: one a second at most, shared by all its clients.",
+            "Fleet reads from the store for the live stream and the overview API: one a second at most, shared by all their clients.",
             &[("", get(&self.http_stream_reads))],
         );
         family(

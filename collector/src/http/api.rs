@@ -3,15 +3,15 @@
 use axum::Json;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::text::check_id;
 use headroom_store::{
-    AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, FleetHistoryPoint, NodeView,
-    ProcessSeries, ProcessView, SeriesPoint, StoreError,
+    AllocatorSeries, AllocatorSeriesQuery, EventView, FleetHistoryPoint, NodeView, ProcessSeries,
+    ProcessView, SeriesPoint, StoreError,
 };
 
 /// A process counts as current when it was seen this recently.
@@ -89,8 +89,17 @@ pub async fn nodes(State(state): State<AppState>) -> Result<Json<Vec<NodeView>>,
     Ok(Json(state.store.nodes().await?))
 }
 
-pub async fn gpus(State(state): State<AppState>) -> Result<Json<Vec<DeviceView>>, ApiError> {
-    Ok(Json(state.store.latest_devices().await?))
+/// Every device with its newest sample, from the read the live stream
+/// shares (at most a few seconds old; see `stream.rs`).
+pub async fn gpus(State(state): State<AppState>) -> Response {
+    match state.fleet.overview_json().await {
+        Some(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+        None => ApiError::Rejected(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage unavailable".to_owned(),
+        )
+        .into_response(),
+    }
 }
 
 pub async fn processes(State(state): State<AppState>) -> Result<Json<Vec<ProcessView>>, ApiError> {

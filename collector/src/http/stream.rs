@@ -9,20 +9,27 @@
 //! ([`FleetFeed`]), each client keeping only what it was last sent, and at
 //! most `[http] max_stream_clients` follow at once; one more is answered
 //! `503` with `Retry-After`.
+//!
+//! The same reads answer `GET /api/v1/gpus`, its JSON made once per read
+//! for every caller ([`FleetFeed::overview_json`]): at 100,000 GPUs that
+//! answer is 64 MB, and a client asking in a loop would otherwise cost a
+//! store read and the encoding each time.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Extension;
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::Serialize;
-use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Mutex, OnceCell, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::AppState;
@@ -34,6 +41,9 @@ use headroom_store::alerts::{ActiveAlertCounts, AlertFilter};
 use headroom_store::{DeviceView, NodeView, Store};
 
 const PERIOD: Duration = Duration::from_secs(1);
+/// `GET /api/v1/gpus` answers from a read up to this old rather than wait
+/// for the next, which it starts; older than this, it waits.
+const OVERVIEW_SERVED_UP_TO: Duration = Duration::from_secs(3);
 /// What a client over the limit is told to wait before trying again.
 const RETRY_AFTER_S: u32 = 5;
 
@@ -51,6 +61,8 @@ enum Fleet {
         /// an unchanged set by its pointer.
         owners: Arc<BTreeMap<String, Vec<Owner>>>,
         owners_read_at: Instant,
+        /// `devices` as `GET /api/v1/gpus` answers, made by its first caller.
+        overview_json: OnceCell<Bytes>,
     },
     /// The store could not answer.
     Unavailable,
@@ -66,9 +78,13 @@ pub struct FleetFeed {
     metrics: Arc<CollectorMetrics>,
     slots: Arc<Semaphore>,
     max_clients: u32,
-    /// The last read and when it finished. Held while reading, so clients
-    /// that ask meanwhile wait for that read instead of starting their own.
-    latest: Mutex<Option<(Instant, Arc<Fleet>)>>,
+    /// The last read and when it finished.
+    latest: std::sync::Mutex<Option<(Instant, Arc<Fleet>)>>,
+    /// Held while reading, so clients that ask meanwhile wait for that read
+    /// instead of starting their own.
+    reading: Mutex<()>,
+    /// True while a read started for the overview API runs on its own.
+    refreshing: AtomicBool,
 }
 
 impl FleetFeed {
@@ -84,7 +100,9 @@ impl FleetFeed {
             metrics,
             slots: Arc::new(Semaphore::new(max_clients.max(1) as usize)),
             max_clients,
-            latest: Mutex::new(None),
+            latest: std::sync::Mutex::new(None),
+            reading: Mutex::new(()),
+            refreshing: AtomicBool::new(false),
         }
     }
 
@@ -98,19 +116,62 @@ impl FleetFeed {
         })
     }
 
+    /// The last read, if it finished less than `age` ago.
+    fn read_within(&self, age: Duration) -> Option<Arc<Fleet>> {
+        let latest = self.latest.lock().ok()?;
+        let (at, fleet) = latest.as_ref()?;
+        (at.elapsed() < age).then(|| fleet.clone())
+    }
+
     /// The fleet as of at most a period ago.
     async fn current(&self) -> Arc<Fleet> {
-        let mut latest = self.latest.lock().await;
-        if let Some((at, fleet)) = latest.as_ref()
-            && at.elapsed() < PERIOD
-        {
-            return fleet.clone();
+        if let Some(fleet) = self.read_within(PERIOD) {
+            return fleet;
+        }
+        let _turn = self.reading.lock().await;
+        if let Some(fleet) = self.read_within(PERIOD) {
+            return fleet;
         }
         self.metrics.http_stream_read();
-        let previous = latest.as_ref().map(|(_, fleet)| fleet.clone());
+        let previous = self
+            .latest
+            .lock()
+            .ok()
+            .and_then(|latest| latest.as_ref().map(|(_, fleet)| fleet.clone()));
         let fleet = Arc::new(self.read(previous.as_deref()).await);
-        *latest = Some((Instant::now(), fleet.clone()));
+        if let Ok(mut latest) = self.latest.lock() {
+            *latest = Some((Instant::now(), fleet.clone()));
+        }
         fleet
+    }
+
+    /// The fleet for the overview API: the last read while it is at most
+    /// [`OVERVIEW_SERVED_UP_TO`] old (starting the next one when it is over
+    /// a period old), so a caller waits for a read only when none is recent.
+    /// What it answers is never more than that old, and at fleet scale its
+    /// time does not grow with a store read.
+    async fn recent(self: &Arc<Self>) -> Arc<Fleet> {
+        if let Some(fleet) = self.read_within(PERIOD) {
+            return fleet;
+        }
+        let Some(fleet) = self.read_within(OVERVIEW_SERVED_UP_TO) else {
+            return self.current().await;
+        };
+        if !self.refreshing.swap(true, Ordering::AcqRel) {
+            let feed = self.clone();
+            tokio::spawn(async move {
+                // The JSON too, so no caller waits for its encoding either.
+                overview_json_of(&*feed.current().await).await;
+                feed.refreshing.store(false, Ordering::Release);
+            });
+        }
+        fleet
+    }
+
+    /// `GET /api/v1/gpus`'s body: every device with its newest sample, as
+    /// JSON; `None` while the store cannot answer.
+    pub async fn overview_json(self: &Arc<Self>) -> Option<Bytes> {
+        overview_json_of(&*self.recent().await).await
     }
 
     async fn read(&self, previous: Option<&Fleet>) -> Fleet {
@@ -129,6 +190,7 @@ impl FleetFeed {
                     devices,
                     owners,
                     owners_read_at,
+                    overview_json: OnceCell::new(),
                 }
             }
             (Err(error), _) | (_, Err(error)) => {
@@ -171,6 +233,29 @@ impl FleetFeed {
                 tracing::debug!(%error, "fleet stream: processes unavailable");
                 kept.unwrap_or_else(|| (Arc::default(), Instant::now()))
             }
+        }
+    }
+}
+
+/// `fleet`'s devices as `GET /api/v1/gpus` answers, encoded by the first
+/// caller and shared by the rest.
+async fn overview_json_of(fleet: &Fleet) -> Option<Bytes> {
+    let Fleet::Read {
+        devices,
+        overview_json,
+        ..
+    } = fleet
+    else {
+        return None;
+    };
+    let json = overview_json
+        .get_or_try_init(|| async { serde_json::to_vec(devices).map(Bytes::from) })
+        .await;
+    match json {
+        Ok(json) => Some(json.clone()),
+        Err(error) => {
+            tracing::error!(%error, "could not encode the fleet overview");
+            None
         }
     }
 }

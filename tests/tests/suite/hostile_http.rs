@@ -4,6 +4,8 @@
 //! second for all of them, a request for another host (DNS rebinding) is
 //! refused in the open demo mode, and text Postgres cannot hold is refused
 //! with 400 on both backends instead of failing as "storage unavailable".
+//! The fleet overview asked in a loop costs a store read a second, not one
+//! per request.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,8 +13,9 @@ use std::time::{Duration, Instant};
 use headroom_collector::Collector;
 use headroom_collector::http::HttpServerConfig;
 use headroom_collector::http::auth::{HttpAuthConfig, HttpAuthMode};
+use headroom_collector::ingest::validate::{self, Limits};
 use headroom_store::Store;
-use headroom_tests::fixtures::now_ms;
+use headroom_tests::fixtures::{self, now_ms};
 use headroom_tests::harness::{RunningCollector, eventually};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -299,6 +302,80 @@ async fn live_stream_clients_are_capped_and_share_one_read_a_second() {
     })
     .await;
     drop(streams);
+    c.stop().await;
+}
+
+/// GPU0's newest sample time in the overview the API answers.
+async fn gpu0_in_overview(client: &reqwest::Client, c: &RunningCollector) -> Option<i64> {
+    let gpus: Value = client
+        .get(c.api("/api/v1/gpus"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    gpus.as_array()?
+        .iter()
+        .find(|d| d["uuid"] == fixtures::GPU0)?["latest"]["timestamp_ms"]
+        .as_i64()
+}
+
+#[tokio::test]
+async fn the_overview_api_asked_in_a_loop_reads_the_store_once_a_second_and_stays_current() {
+    let (store, _dir) = sqlite().await;
+    let reg = validate::registration(
+        &fixtures::register(fixtures::NODE, fixtures::BOOT),
+        &Limits::default(),
+    )
+    .unwrap();
+    let session = store.register(&reg, now_ms()).await.unwrap();
+    let write = |seq: u64, ts: i64| {
+        let batch = validate::batch(
+            fixtures::batch(seq, ts),
+            &session,
+            now_ms(),
+            &Limits::default(),
+        )
+        .unwrap();
+        let store = store.clone();
+        async move { store.write_batches(&[batch]).await.unwrap() }
+    };
+    let first_ts = now_ms() - 1_000;
+    write(1, first_ts).await;
+    let c = start(store.clone(), HttpServerConfig::default()).await;
+    let client = reqwest::Client::new();
+    let reads_before = c
+        .metric("headroom_collector_http_stream_fleet_reads_total")
+        .await;
+    // A client (a leaked token, a script gone wrong) asks in a loop.
+    let started = Instant::now();
+    let mut answers = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        assert_eq!(gpu0_in_overview(&client, &c).await, Some(first_ts));
+        answers += 1;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let reads = c
+        .metric("headroom_collector_http_stream_fleet_reads_total")
+        .await
+        - reads_before;
+    assert!(answers > 10, "only {answers} answers in {seconds:.1} s");
+    // The answers came from the shared fleet reads (the API reads the store
+    // no other way): at least one, and one a second at most.
+    assert!(
+        (1.0..=seconds.ceil() + 2.0).contains(&reads),
+        "{reads} store reads for {answers} answers in {seconds:.1} s"
+    );
+    // A new sample shows within a few seconds, however often it is asked.
+    let second_ts = now_ms();
+    write(2, second_ts).await;
+    eventually(
+        "the new sample in the overview",
+        Duration::from_secs(5),
+        || async { (gpu0_in_overview(&client, &c).await == Some(second_ts)).then_some(()) },
+    )
+    .await;
     c.stop().await;
 }
 
