@@ -306,15 +306,8 @@ async fn live_stream_clients_are_capped_and_share_one_read_a_second() {
 }
 
 /// GPU0's newest sample time in the overview the API answers.
-async fn gpu0_in_overview(client: &reqwest::Client, c: &RunningCollector) -> Option<i64> {
-    let gpus: Value = client
-        .get(c.api("/api/v1/gpus"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+async fn gpu0_in_overview(c: &RunningCollector) -> Option<i64> {
+    let gpus = c.get_json("/api/v1/gpus").await;
     gpus.as_array()?
         .iter()
         .find(|d| d["uuid"] == fixtures::GPU0)?["latest"]["timestamp_ms"]
@@ -344,7 +337,6 @@ async fn the_overview_api_asked_in_a_loop_reads_the_store_once_a_second_and_stay
     let first_ts = now_ms() - 1_000;
     write(1, first_ts).await;
     let c = start(store.clone(), HttpServerConfig::default()).await;
-    let client = reqwest::Client::new();
     let reads_before = c
         .metric("headroom_collector_http_stream_fleet_reads_total")
         .await;
@@ -352,7 +344,7 @@ async fn the_overview_api_asked_in_a_loop_reads_the_store_once_a_second_and_stay
     let started = Instant::now();
     let mut answers = 0;
     while started.elapsed() < Duration::from_secs(3) {
-        assert_eq!(gpu0_in_overview(&client, &c).await, Some(first_ts));
+        assert_eq!(gpu0_in_overview(&c).await, Some(first_ts));
         answers += 1;
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -373,7 +365,7 @@ async fn the_overview_api_asked_in_a_loop_reads_the_store_once_a_second_and_stay
     eventually(
         "the new sample in the overview",
         Duration::from_secs(5),
-        || async { (gpu0_in_overview(&client, &c).await == Some(second_ts)).then_some(()) },
+        || async { (gpu0_in_overview(&c).await == Some(second_ts)).then_some(()) },
     )
     .await;
     c.stop().await;
