@@ -852,18 +852,22 @@ async fn main() {
     let history_nodes = arg(2, 8).clamp(1, FLEET_GPUS / GPUS_PER_NODE);
     let rounds = arg(3, 3).max(1);
     let phases = args.get(4).map_or("ingest,storage", String::as_str);
-    let ingest_phase = phases.split(',').any(|p| p == "ingest");
-    let storage_phase = phases.split(',').any(|p| p == "storage");
-    let fleet_phase = phases.split(',').any(|p| p == "fleet");
-    let sqlite_phase = phases.split(',').any(|p| p == "sqlite");
-    let peers_phase = phases.split(',').any(|p| p == "peers");
-    let overview_phase = phases.split(',').any(|p| p == "overview");
-    if !ingest_phase
-        && !storage_phase
-        && !fleet_phase
-        && !sqlite_phase
-        && !peers_phase
-        && !overview_phase
+    let asked = |phase: &str| phases.split(',').any(|p| p == phase);
+    let ingest_phase = asked("ingest");
+    let storage_phase = asked("storage");
+    let fleet_phase = asked("fleet");
+    let sqlite_phase = asked("sqlite");
+    let peers_phase = asked("peers");
+    let overview_phase = asked("overview");
+    if ![
+        ingest_phase,
+        storage_phase,
+        fleet_phase,
+        sqlite_phase,
+        peers_phase,
+        overview_phase,
+    ]
+    .contains(&true)
     {
         eprintln!(
             "PHASES is a comma-separated list of `ingest`, `storage`, `fleet`, `sqlite`, `peers` and `overview`, not {phases:?}"
@@ -881,15 +885,13 @@ async fn main() {
     }
     if fleet_phase {
         // ROUNDS doubles as the calls per range here: 200 unless told.
-        fleet_history_phase(args.get(3).and_then(|a| a.parse().ok()).unwrap_or(200)).await;
+        fleet_history_phase(arg(3, 200)).await;
     }
     if peers_phase {
-        let runs = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(200);
-        reads_across_collectors(agents, seconds, runs).await;
+        reads_across_collectors(agents, seconds, arg(3, 200)).await;
     }
     if overview_phase {
-        let runs = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(30);
-        fleet_overview_at_scale(agents, runs).await;
+        fleet_overview_at_scale(agents, arg(3, 30)).await;
     }
 }
 
