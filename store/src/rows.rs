@@ -280,9 +280,13 @@ impl DeviceRow {
         &mut self,
         newer: impl FnOnce(i64, Option<i64>) -> Option<GpuSampleRow>,
     ) {
-        let Some(s) = newer(self.device_id, self.ts_ms) else {
-            return;
-        };
+        if let Some(sample) = newer(self.device_id, self.ts_ms) {
+            self.take_figures(&sample);
+        }
+    }
+
+    /// Sets the row's latest figures to `s`'s.
+    pub(crate) fn take_figures(&mut self, s: &GpuSampleRow) {
         self.ts_ms = Some(s.timestamp_ms);
         self.used_last = Some(s.used_last);
         self.used_min = Some(s.used_min);

@@ -17,6 +17,7 @@ use headroom_store::{PostgresStore, Store};
 use headroom_tests::fixtures::{self, BOOT, NODE, now_ms};
 use headroom_tests::harness::RunningCollector;
 use headroom_tests::postgres::{self, TestDatabase, day_suffix};
+use sqlx::{Connection, PgConnection};
 
 async fn collector(db: &TestDatabase) -> PostgresStore {
     PostgresStore::connect(&db.url, StorageConfig::default())
@@ -690,6 +691,64 @@ async fn the_overview_on_another_collector_follows_devices_added_changed_and_rel
             .await
             .contains(&fixtures::GPU0.to_owned())
     );
+    serving.close().await;
+    other.close().await;
+    db.drop_database().await;
+}
+
+/// GPU1's memory in use in `store`'s fleet overview.
+async fn gpu1_used(store: &PostgresStore) -> Option<i64> {
+    let devices = store.latest_devices().await.unwrap();
+    let gpu1 = devices.iter().find(|d| d.uuid == fixtures::GPU1)?;
+    gpu1.latest.as_ref().map(|l| l.memory_used_bytes)
+}
+
+#[tokio::test]
+async fn the_overview_on_another_collector_sees_figures_committed_while_it_read() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let now = now_ms();
+    let (serving, other, _clock) = two_collectors(&db, now).await;
+    let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
+    serving
+        .write_batches(&[rows_at(&session, &fixtures::batch(1, now), now)])
+        .await
+        .unwrap();
+    let before = gpu1_used(&other).await;
+    assert!(before.is_some(), "the first read shows the written sample");
+    // A writer's transaction stays open across the next read, while other
+    // transactions start and commit after it.
+    let commit_some = |n: usize| {
+        let url = db.url.clone();
+        async move {
+            let mut conn = PgConnection::connect(&url).await.unwrap();
+            for _ in 0..n {
+                sqlx::query("SELECT pg_current_xact_id()")
+                    .execute(&mut conn)
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    let mut slow = PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut slow).await.unwrap();
+    sqlx::query(
+        "UPDATE gpu_latest SET used_last = 12345
+         WHERE device_id = (SELECT id FROM devices WHERE uuid = $1)",
+    )
+    .bind(fixtures::GPU1)
+    .execute(&mut slow)
+    .await
+    .unwrap();
+    commit_some(3).await;
+    assert_eq!(gpu1_used(&other).await, before, "not committed yet");
+    sqlx::query("COMMIT").execute(&mut slow).await.unwrap();
+    commit_some(3).await;
+    // The write is older than transactions the last read saw committed;
+    // the next read still fetches it.
+    assert_eq!(gpu1_used(&other).await, Some(12345));
+    assert_eq!(gpu1_used(&other).await, Some(12345), "and keeps it");
     serving.close().await;
     other.close().await;
     db.drop_database().await;
