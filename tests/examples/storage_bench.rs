@@ -949,24 +949,12 @@ async fn fleet_overview_at_scale(nodes: usize, runs: usize) {
         let devices = store.latest_devices().await.unwrap();
         kept_ms.push(started.elapsed().as_secs_f64() * 1000.0);
         assert_eq!(devices.len(), gpus);
-        // Side by side: the read as it was before the layout was kept, every
-        // device joined with its node and parent and sorted each time (its
-        // rows fetched, not made into views: a lower bound of its cost).
-        let started = Instant::now();
-        let rows = sqlx::query(JOINED_OVERVIEW)
-            .fetch_all(&mut conn)
-            .await
-            .unwrap();
-        joined_ms.push(started.elapsed().as_secs_f64() * 1000.0);
-        assert_eq!(rows.len(), gpus);
-        // And as it was with the layout kept but every row fetched.
-        let started = Instant::now();
-        let rows = sqlx::query(EVERY_LATEST_ROW)
-            .fetch_all(&mut conn)
-            .await
-            .unwrap();
-        every_row_ms.push(started.elapsed().as_secs_f64() * 1000.0);
-        assert_eq!(rows.len(), gpus);
+        // Side by side, the reads as they were (their rows fetched, not made
+        // into views: a lower bound of their cost): every device joined
+        // with its node and parent and sorted each time, before the layout
+        // was kept; every `gpu_latest` row, before the figures were kept.
+        joined_ms.push(time_fetch(&mut conn, JOINED_OVERVIEW, gpus).await);
+        every_row_ms.push(time_fetch(&mut conn, EVERY_LATEST_ROW, gpus).await);
     }
     kept_ms.sort_by(f64::total_cmp);
     joined_ms.sort_by(f64::total_cmp);
@@ -1005,6 +993,15 @@ async fn fleet_overview_at_scale(nodes: usize, runs: usize) {
     collector.stop().await;
     store.close().await;
     db.drop_database().await;
+}
+
+/// Milliseconds to fetch the rows of `sql`, which are `rows`.
+async fn time_fetch(conn: &mut PgConnection, sql: &str, rows: usize) -> f64 {
+    let started = Instant::now();
+    let fetched = sqlx::query(sql).fetch_all(conn).await.unwrap();
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    assert_eq!(fetched.len(), rows);
+    ms
 }
 
 /// How often a steady GPU's `gpu_latest` row is rewritten (the collectors'
