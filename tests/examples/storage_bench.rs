@@ -973,7 +973,7 @@ async fn fleet_overview_at_scale(nodes: usize, runs: usize) {
     println!("| read of {gpus} GPUs | p50 | p99 |");
     println!("|---|---|---|");
     println!(
-        "| the store's query, layout kept (first read, laying it out: {layout_ms:.1} ms) | {:.1} ms | {:.1} ms |",
+        "| the store's query, layout and figures kept (first read, laying it out: {layout_ms:.1} ms) | {:.1} ms | {:.1} ms |",
         percentile(&kept_ms, 0.5),
         percentile(&kept_ms, 0.99)
     );
