@@ -262,3 +262,67 @@ async fn read_layout(
     .fetch_all(&mut **tx)
     .await?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mark(versions: i64, snapshot_xmin: i64) -> Mark {
+        Mark {
+            nodes: 2,
+            versions,
+            highest_id: 7,
+            snapshot_xmin,
+        }
+    }
+
+    fn figures(mark: Mark) -> Arc<Figures> {
+        Arc::new(Figures {
+            mark,
+            rows: vec![None; 3],
+        })
+    }
+
+    fn kept_xmin(cache: &LayoutCache, at: Mark) -> Option<i64> {
+        cache.figures(&at).map(|kept| kept.mark.snapshot_xmin)
+    }
+
+    #[test]
+    fn kept_figures_serve_a_later_snapshot_of_the_same_layout_only() {
+        let cache = LayoutCache::default();
+        assert_eq!(kept_xmin(&cache, mark(1, 100)), None, "nothing kept yet");
+        cache.put_figures(figures(mark(1, 100)));
+        assert_eq!(kept_xmin(&cache, mark(1, 100)), Some(100));
+        assert_eq!(kept_xmin(&cache, mark(1, 5_000)), Some(100));
+        assert_eq!(
+            kept_xmin(&cache, mark(2, 5_000)),
+            None,
+            "the layout changed: every row is read again"
+        );
+        assert_eq!(
+            kept_xmin(&cache, mark(1, 99)),
+            None,
+            "an older snapshot cannot start from a newer one"
+        );
+        assert_eq!(
+            kept_xmin(&cache, mark(1, 100 + DELTA_REACH_XIDS)),
+            None,
+            "too far back for age() to compare exactly"
+        );
+        assert_eq!(
+            kept_xmin(&cache, mark(1, 100 + DELTA_REACH_XIDS - 1)),
+            Some(100)
+        );
+    }
+
+    #[test]
+    fn a_read_that_finishes_late_does_not_replace_newer_figures() {
+        let cache = LayoutCache::default();
+        cache.put_figures(figures(mark(1, 200)));
+        cache.put_figures(figures(mark(1, 150)));
+        assert_eq!(kept_xmin(&cache, mark(1, 300)), Some(200));
+        // A read of a new layout replaces them, whatever its snapshot.
+        cache.put_figures(figures(mark(2, 180)));
+        assert_eq!(kept_xmin(&cache, mark(2, 300)), Some(180));
+    }
+}
