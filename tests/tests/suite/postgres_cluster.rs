@@ -220,11 +220,12 @@ async fn two_collectors_racing_on_the_same_batches_store_each_once() {
     db.drop_database().await;
 }
 
-/// The fleet overview of `store`: GPU0's latest sample time and memory.
-async fn gpu0_latest(store: &PostgresStore) -> (i64, i64) {
+/// The fleet overview of `store`: the device `uuid`'s latest sample time
+/// and memory in use.
+async fn latest_of(store: &PostgresStore, uuid: &str) -> (i64, i64) {
     let devices = store.latest_devices().await.unwrap();
-    let gpu0 = devices.iter().find(|d| d.uuid == fixtures::GPU0).unwrap();
-    let latest = gpu0.latest.as_ref().unwrap();
+    let device = devices.iter().find(|d| d.uuid == uuid).unwrap();
+    let latest = device.latest.as_ref().unwrap();
     (latest.timestamp_ms, latest.memory_used_bytes)
 }
 
@@ -249,32 +250,39 @@ async fn the_serving_collector_shows_every_second_and_another_a_checkpoint_at_mo
     let at = |seq: u64| start + seq as i64 * 1000;
 
     serving.write_batches(&[write(1, 40 * gib)]).await.unwrap();
-    assert_eq!(gpu0_latest(&other).await, (at(1), 40 * gib), "first sight");
+    assert_eq!(
+        latest_of(&other, fixtures::GPU0).await,
+        (at(1), 40 * gib),
+        "first sight"
+    );
     // 2 MiB more: the collector serving the agent shows it; the other one
     // still has the checkpoint.
     serving
         .write_batches(&[write(2, 40 * gib + (2 << 20))])
         .await
         .unwrap();
-    assert_eq!(gpu0_latest(&serving).await, (at(2), 40 * gib + (2 << 20)));
-    assert_eq!(gpu0_latest(&other).await, (at(1), 40 * gib));
+    assert_eq!(
+        latest_of(&serving, fixtures::GPU0).await,
+        (at(2), 40 * gib + (2 << 20))
+    );
+    assert_eq!(latest_of(&other, fixtures::GPU0).await, (at(1), 40 * gib));
     // A jump of 1 % of the GPU's 80 GiB or more is checkpointed at once.
     serving.write_batches(&[write(3, 41 * gib)]).await.unwrap();
-    assert_eq!(gpu0_latest(&other).await, (at(3), 41 * gib));
+    assert_eq!(latest_of(&other, fixtures::GPU0).await, (at(3), 41 * gib));
     // Steady for 5 s: the checkpoint moves.
     for seq in 4..=8 {
         serving
             .write_batches(&[write(seq, 41 * gib)])
             .await
             .unwrap();
-        let (ts, _) = gpu0_latest(&other).await;
+        let (ts, _) = latest_of(&other, fixtures::GPU0).await;
         assert!(
             ts >= at(seq) - 5_000,
             "checkpoint {ts} too old at {}",
             at(seq)
         );
     }
-    assert_eq!(gpu0_latest(&other).await.0, at(8));
+    assert_eq!(latest_of(&other, fixtures::GPU0).await.0, at(8));
     // The agent moves to the other collector: its samples show at once, and
     // the first collector's memory does not hide them.
     let moved = register(&other, &fixtures::register(NODE, "boot-2")).await;
@@ -286,7 +294,10 @@ async fn the_serving_collector_shows_every_second_and_another_a_checkpoint_at_mo
         .write_batches(&[rows_at(&moved, &b, now)])
         .await
         .unwrap();
-    assert_eq!(gpu0_latest(&serving).await, (at(9), 41 * gib + (4 << 20)));
+    assert_eq!(
+        latest_of(&serving, fixtures::GPU0).await,
+        (at(9), 41 * gib + (4 << 20))
+    );
     serving.close().await;
     other.close().await;
     db.drop_database().await;
@@ -570,13 +581,6 @@ async fn quiet_devices_and_a_closing_collector_leave_their_newest_sample_in_the_
         clock.set_ms(at(seq));
         at(seq)
     };
-    let gpu1_latest = |devices: Vec<headroom_store::DeviceView>| {
-        let gpu1 = devices
-            .into_iter()
-            .find(|d| d.uuid == fixtures::GPU1)
-            .unwrap();
-        gpu1.latest.map(|l| l.timestamp_ms)
-    };
     serving
         .write_batches(&[rows_at(
             &session,
@@ -593,10 +597,7 @@ async fn quiet_devices_and_a_closing_collector_leave_their_newest_sample_in_the_
         )])
         .await
         .unwrap();
-    assert_eq!(
-        gpu1_latest(other.latest_devices().await.unwrap()),
-        Some(at(1))
-    );
+    assert_eq!(latest_of(&other, fixtures::GPU1).await.0, at(1));
     // GPU1 falls silent (its agent reports GPU0 only); 5 s later its last
     // sample reaches the row.
     for seq in 3..=8 {
@@ -606,20 +607,17 @@ async fn quiet_devices_and_a_closing_collector_leave_their_newest_sample_in_the_
             .await
             .unwrap();
     }
-    assert_eq!(
-        gpu1_latest(other.latest_devices().await.unwrap()),
-        Some(at(2))
-    );
+    assert_eq!(latest_of(&other, fixtures::GPU1).await.0, at(2));
     // GPU0's newest sample is not checkpointed yet; closing writes it.
     let b = hop_batch(BOOT, 9, live(9), 40 * gib + (2 << 20), gib, false);
     serving
         .write_batches(&[rows_at(&session, &b, now)])
         .await
         .unwrap();
-    assert_ne!(gpu0_latest(&other).await.0, at(9));
+    assert_ne!(latest_of(&other, fixtures::GPU0).await.0, at(9));
     serving.close().await;
     assert_eq!(
-        gpu0_latest(&other).await,
+        latest_of(&other, fixtures::GPU0).await,
         (at(9), (40 * gib + (2 << 20)) as i64)
     );
     other.close().await;
@@ -696,13 +694,6 @@ async fn the_overview_on_another_collector_follows_devices_added_changed_and_rel
     db.drop_database().await;
 }
 
-/// GPU1's memory in use in `store`'s fleet overview.
-async fn gpu1_used(store: &PostgresStore) -> Option<i64> {
-    let devices = store.latest_devices().await.unwrap();
-    let gpu1 = devices.iter().find(|d| d.uuid == fixtures::GPU1)?;
-    gpu1.latest.as_ref().map(|l| l.memory_used_bytes)
-}
-
 #[tokio::test]
 async fn the_overview_on_another_collector_sees_figures_committed_while_it_read() {
     let Some(db) = postgres::fresh_database().await else {
@@ -715,8 +706,8 @@ async fn the_overview_on_another_collector_sees_figures_committed_while_it_read(
         .write_batches(&[rows_at(&session, &fixtures::batch(1, now), now)])
         .await
         .unwrap();
-    let before = gpu1_used(&other).await;
-    assert!(before.is_some(), "the first read shows the written sample");
+    // The first read shows the written sample.
+    let (_, before) = latest_of(&other, fixtures::GPU1).await;
     // A writer's transaction stays open across the next read, while other
     // transactions start and commit after it.
     let commit_some = |n: usize| {
@@ -742,13 +733,21 @@ async fn the_overview_on_another_collector_sees_figures_committed_while_it_read(
     .await
     .unwrap();
     commit_some(3).await;
-    assert_eq!(gpu1_used(&other).await, before, "not committed yet");
+    assert_eq!(
+        latest_of(&other, fixtures::GPU1).await.1,
+        before,
+        "not committed yet"
+    );
     sqlx::query("COMMIT").execute(&mut slow).await.unwrap();
     commit_some(3).await;
     // The write is older than transactions the last read saw committed;
     // the next read still fetches it.
-    assert_eq!(gpu1_used(&other).await, Some(12345));
-    assert_eq!(gpu1_used(&other).await, Some(12345), "and keeps it");
+    assert_eq!(latest_of(&other, fixtures::GPU1).await.1, 12345);
+    assert_eq!(
+        latest_of(&other, fixtures::GPU1).await.1,
+        12345,
+        "and keeps it"
+    );
     serving.close().await;
     other.close().await;
     db.drop_database().await;
