@@ -5,6 +5,7 @@
 
 pub mod alerts;
 mod chart_fold;
+mod chunk_columns;
 mod chunk_format;
 mod connection;
 mod error;
