@@ -13,7 +13,9 @@
 //! `fleet` (alone, ROUNDS = calls per range, default 200) times the fleet
 //! history on SQLite and on Postgres.
 //! `BENCH_WRITERS=N` sets the collector's `[ingest] writers` (default 0: 2
-//! on Postgres); `BENCH_FLUSH_S` its `chunk_flush_s` (default 10).
+//! on Postgres); `BENCH_FLUSH_S` its `chunk_flush_s` (default 10), and how
+//! often the storage and SQLite phases write their open chunks (default
+//! every simulated minute).
 //!
 //! 1. Ingest: AGENTS (default 200) simulated 8-GPU agents register over real
 //!    gRPC on loopback with a collector on Postgres and stream pre-encoded
@@ -72,7 +74,12 @@
 //!    reads: the store's query, and side by side the rows fetched as
 //!    before (joined and sorted each read; every `gpu_latest` row each
 //!    read); then `GET /api/v1/gpus` in a loop. It checks at the end that
-//!    the overview holds every row as the table does.
+//!    the overview holds every row as the table does. `overview-own` is
+//!    the same with one collector for the fleet: the nodes register with
+//!    the store and send their batches through its write path, each node
+//!    one every 5 s, so that the rows rewritten are the reading store's own
+//!    checkpoints; it checks that the overview holds each node's last
+//!    batch.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: fail loudly
 
 use std::fmt::Write as _;
@@ -537,6 +544,17 @@ async fn ingest_over_grpc(agents: usize, seconds: u64) -> IngestFigures {
 
 /// Phase 2: a day of history through the store's write path; returns how
 /// long it took.
+/// How often, in simulated seconds, the storage and SQLite phases write
+/// the open chunks: `BENCH_FLUSH_S`, else every minute, as the default
+/// `chunk_flush_s` does at one sample per second.
+fn history_flush_s() -> i64 {
+    std::env::var("BENCH_FLUSH_S")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|s| (1..=60).contains(s))
+        .unwrap_or(60)
+}
+
 async fn load_history(store: &dyn Store, nodes: usize, end_ms: i64) -> f64 {
     let sessions: Vec<NodeSession> = {
         let mut s = Vec::new();
@@ -551,12 +569,13 @@ async fn load_history(store: &dyn Store, nodes: usize, end_ms: i64) -> f64 {
     let started = Instant::now();
     let limits = Limits::default();
     // One writer's worth of batches per call, as the coalescer would send,
-    // in seconds that divide a minute: the open chunks are written every
-    // simulated minute, as a collector at one sample per second and the
-    // default `chunk_flush_s` (60) writes them.
-    let per_write = (1..=60)
+    // in seconds that divide the flush interval: the open chunks are written
+    // every `flush_s` simulated seconds, as a collector at one sample per
+    // second with that `chunk_flush_s` writes them.
+    let flush_s = history_flush_s();
+    let per_write = (1..=flush_s)
         .rev()
-        .find(|d| 60 % d == 0 && *d <= 256 / nodes.max(1))
+        .find(|d| flush_s % d == 0 && *d <= 256 / nodes.max(1) as i64)
         .unwrap_or(1);
     let mut group: Vec<StoreBatch> = Vec::with_capacity(256);
     let mut second = 0i64;
@@ -574,7 +593,7 @@ async fn load_history(store: &dyn Store, nodes: usize, end_ms: i64) -> f64 {
         }
         store.write_batches(&group).await.unwrap();
         group.clear();
-        if second % 60 == 0 {
+        if second % flush_s == 0 {
             store.flush(true).await.unwrap();
         }
     }
@@ -609,6 +628,25 @@ async fn print_table_bytes(store: &PostgresStore, tables: &[(&str, f64)]) -> i64
         println!("| {table} | {bytes} | {:.2} |", bytes as f64 / per);
     }
     sum
+}
+
+/// The chunks' own bytes per sample, beside what Postgres' pages add to
+/// them (tuple, TOAST, index).
+async fn print_chunk_payload(store: &PostgresStore) {
+    let mut figures = Vec::new();
+    for table in ["gpu_samples_packed", "process_samples_packed"] {
+        let per_sample: f64 = sqlx::query_scalar(&format!(
+            "SELECT COALESCE(sum(octet_length(data))::float8 / NULLIF(sum(samples), 0), 0) FROM {table}"
+        ))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        figures.push(format!("{table} {per_sample:.2}"));
+    }
+    println!(
+        "the chunks' data alone, bytes per sample: {}",
+        figures.join(", ")
+    );
 }
 
 async fn table_bytes(store: &PostgresStore, parent: &str) -> i64 {
@@ -863,6 +901,7 @@ async fn main() {
     let sqlite_phase = asked("sqlite");
     let peers_phase = asked("peers");
     let overview_phase = asked("overview");
+    let own_overview_phase = asked("overview-own");
     if ![
         ingest_phase,
         storage_phase,
@@ -870,11 +909,12 @@ async fn main() {
         sqlite_phase,
         peers_phase,
         overview_phase,
+        own_overview_phase,
     ]
     .contains(&true)
     {
         eprintln!(
-            "PHASES is a comma-separated list of `ingest`, `storage`, `fleet`, `sqlite`, `peers` and `overview`, not {phases:?}"
+            "PHASES is a comma-separated list of `ingest`, `storage`, `fleet`, `sqlite`, `peers`, `overview` and `overview-own`, not {phases:?}"
         );
         std::process::exit(2);
     }
@@ -895,48 +935,54 @@ async fn main() {
         reads_across_collectors(agents, seconds, arg(3, 200)).await;
     }
     if overview_phase {
-        fleet_overview_at_scale(agents, arg(3, 30)).await;
+        fleet_overview_at_scale(agents, arg(3, 30), Rewrites::ByOthers).await;
     }
+    if own_overview_phase {
+        fleet_overview_at_scale(agents, arg(3, 30), Rewrites::ByItself).await;
+    }
+}
+
+/// Who rewrites the `gpu_latest` rows while the overview phase reads them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rewrites {
+    /// Other collectors on the same database (SQL straight to the table).
+    ByOthers,
+    /// The collector reading, its agents' batches through its store's
+    /// write path: one collector for the whole fleet.
+    ByItself,
 }
 
 /// Phase 7: the fleet overview of `nodes` nodes of 8 GPUs, each with a
 /// current sample, read `runs` times.
-async fn fleet_overview_at_scale(nodes: usize, runs: usize) {
+async fn fleet_overview_at_scale(nodes: usize, runs: usize, rewrites: Rewrites) {
     let gpus = nodes * GPUS_PER_NODE;
-    println!("## 7. Fleet overview: {nodes} nodes × {GPUS_PER_NODE} GPUs, {runs} reads each");
+    println!(
+        "## 7. Fleet overview: {nodes} nodes × {GPUS_PER_NODE} GPUs, {runs} reads each, rows rewritten {}",
+        match rewrites {
+            Rewrites::ByOthers => "by other collectors",
+            Rewrites::ByItself => "by the collector reading (its agents' batches)",
+        }
+    );
     let db = postgres::fresh_database().await.expect("Postgres");
     let store = headroom_store::connect_with(&db.url, StorageConfig::default())
         .await
         .unwrap();
     let mut conn = PgConnection::connect(&db.url).await.unwrap();
-    let now = now_ms();
-    for statement in [
-        format!(
-            "INSERT INTO nodes (name, boot_id, agent_version, driver_version, sample_interval_ms, registered_at_ms, last_seen_ms)
-             SELECT 'node-' || lpad(g::text, 6, '0'), 'boot', 'bench', '550.54.15', 1000, {now}, {now}
-             FROM generate_series(1, {nodes}) g"
-        ),
-        format!(
-            "INSERT INTO devices (uuid, node_id, gpu_index, name, memory_total, pcie_generation, pcie_width)
-             SELECT 'GPU-' || md5(n.id::text || '-' || i), n.id, i, 'NVIDIA H100 80GB HBM3', 85899345920, 5, 16
-             FROM nodes n, generate_series(0, {}) i",
-            GPUS_PER_NODE - 1
-        ),
-        format!(
-            "INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx)
-             SELECT id, {now}, (id % 80) * 1073741824::int8, (id % 80) * 1073741824::int8, (id % 80 + 1) * 1073741824::int8, 536870912,
-                 85899345920, id % 100, id * 1000::int8, id * 2000::int8
-             FROM devices"
-        ),
-        "ANALYZE".to_owned(),
-    ] {
-        sqlx::query(&statement).execute(&mut conn).await.unwrap();
-    }
+    let own_fleet = match rewrites {
+        Rewrites::ByOthers => {
+            put_fleet_in_tables(&mut conn, nodes).await;
+            None
+        }
+        Rewrites::ByItself => Some(Arc::new(register_fleet(store.clone(), nodes).await)),
+    };
     let started = Instant::now();
     assert_eq!(store.latest_devices().await.unwrap().len(), gpus);
     let layout_ms = started.elapsed().as_secs_f64() * 1000.0;
     // The reads are timed while the rows change as in a live fleet.
-    let writer = CheckpointWriter::start(&db.url).await;
+    let writer = match &own_fleet {
+        None => CheckpointWriter::start(&db.url).await,
+        Some(sessions) => CheckpointWriter::through_store(store.clone(), sessions.clone()),
+    };
     let mut kept_ms = Vec::new();
     let mut joined_ms = Vec::new();
     let mut every_row_ms = Vec::new();
@@ -964,10 +1010,15 @@ async fn fleet_overview_at_scale(nodes: usize, runs: usize) {
     // The first call finds no read to share and waits for one.
     let (first_ms, _, _) = time_get(&collector.api("/api/v1/gpus"), &client, 1).await;
     let (http50, http99, bytes) = time_get(&collector.api("/api/v1/gpus"), &client, runs).await;
-    let rewritten_per_s = writer.stop().await;
-    assert_kept_figures_are_current(store.as_ref(), &mut conn).await;
+    let rewritten = writer.stop().await;
+    assert_kept_figures_are_current(store.as_ref(), &mut conn, &rewritten).await;
     println!(
-        "The store's reads one a second, all timed while {rewritten_per_s:.0} `gpu_latest` rows a second were rewritten (each row every {CHECKPOINT_S} s, as collectors checkpoint a steady GPU)."
+        "The store's reads one a second, all timed while {:.0} `gpu_latest` rows a second were rewritten {} (each row every {CHECKPOINT_S} s, as collectors checkpoint a steady GPU).",
+        rewritten.per_s,
+        match rewrites {
+            Rewrites::ByOthers => "by other collectors",
+            Rewrites::ByItself => "by this store, its agents' batches written through it",
+        }
     );
     println!();
     println!("| read of {gpus} GPUs | p50 | p99 |");
@@ -995,6 +1046,71 @@ async fn fleet_overview_at_scale(nodes: usize, runs: usize) {
     db.drop_database().await;
 }
 
+/// `nodes` nodes of 8 GPUs straight into the tables, each GPU with a
+/// current sample: no agent registers, no batch is written.
+async fn put_fleet_in_tables(conn: &mut PgConnection, nodes: usize) {
+    let now = now_ms();
+    for statement in [
+        format!(
+            "INSERT INTO nodes (name, boot_id, agent_version, driver_version, sample_interval_ms, registered_at_ms, last_seen_ms)
+             SELECT 'node-' || lpad(g::text, 6, '0'), 'boot', 'bench', '550.54.15', 1000, {now}, {now}
+             FROM generate_series(1, {nodes}) g"
+        ),
+        format!(
+            "INSERT INTO devices (uuid, node_id, gpu_index, name, memory_total, pcie_generation, pcie_width)
+             SELECT 'GPU-' || md5(n.id::text || '-' || i), n.id, i, 'NVIDIA H100 80GB HBM3', 85899345920, 5, 16
+             FROM nodes n, generate_series(0, {}) i",
+            GPUS_PER_NODE - 1
+        ),
+        format!(
+            "INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx)
+             SELECT id, {now}, (id % 80) * 1073741824::int8, (id % 80) * 1073741824::int8, (id % 80 + 1) * 1073741824::int8, 536870912,
+                 85899345920, id % 100, id * 1000::int8, id * 2000::int8
+             FROM devices"
+        ),
+        "ANALYZE".to_owned(),
+    ] {
+        sqlx::query(&statement).execute(&mut *conn).await.unwrap();
+    }
+}
+
+/// `nodes` agents of 8 GPUs registered with `store`, each with a first
+/// batch written through its write path; their sessions.
+async fn register_fleet(store: Arc<dyn Store>, nodes: usize) -> Vec<NodeSession> {
+    let limits = Limits::default();
+    let mut sessions: Vec<Option<NodeSession>> = vec![None; nodes];
+    let mut registering = tokio::task::JoinSet::new();
+    for node in 0..nodes {
+        let store = store.clone();
+        let registration =
+            validate::registration(&register_request(node, "bench"), &limits).unwrap();
+        registering
+            .spawn(async move { (node, store.register(&registration, now_ms()).await.unwrap()) });
+        // A few at a time: the pool has 16 connections.
+        while registering.len() >= 12 {
+            let (node, session) = registering.join_next().await.unwrap().unwrap();
+            sessions[node] = Some(session);
+        }
+    }
+    while let Some(joined) = registering.join_next().await {
+        let (node, session) = joined.unwrap();
+        sessions[node] = Some(session);
+    }
+    let sessions: Vec<NodeSession> = sessions.into_iter().map(Option::unwrap).collect();
+    let ts_ms = now_ms();
+    let first: Vec<StoreBatch> = sessions
+        .iter()
+        .enumerate()
+        .map(|(node, session)| {
+            validate::batch(batch(node, "bench", 1, ts_ms), session, now_ms(), &limits).unwrap()
+        })
+        .collect();
+    for group in first.chunks(256) {
+        store.write_batches(group).await.unwrap();
+    }
+    sessions
+}
+
 /// Milliseconds to fetch the rows of `sql`, which are `rows`.
 async fn time_fetch(conn: &mut PgConnection, sql: &str, rows: usize) -> f64 {
     let started = Instant::now();
@@ -1015,7 +1131,16 @@ const CHECKPOINT_SLICES: i64 = 10;
 /// [`CHECKPOINT_SLICES`] statements, as batches arrive through it.
 struct CheckpointWriter {
     stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<f64>,
+    task: tokio::task::JoinHandle<Rewritten>,
+}
+
+/// What a [`CheckpointWriter`] did.
+struct Rewritten {
+    /// Rows (or, through a store, GPU samples, each a checkpoint due) a
+    /// second.
+    per_s: f64,
+    /// Through a store: the time of each node's last batch.
+    last_ts_by_node: Vec<Option<i64>>,
 }
 
 impl CheckpointWriter {
@@ -1045,21 +1170,82 @@ impl CheckpointWriter {
                 .unwrap()
                 .rows_affected();
             }
-            rewritten as f64 / started.elapsed().as_secs_f64()
+            Rewritten {
+                per_s: rewritten as f64 / started.elapsed().as_secs_f64(),
+                last_ts_by_node: Vec::new(),
+            }
         });
         Self { stop, task }
     }
 
-    /// Stops the writes; returns how many rows a second it rewrote.
-    async fn stop(self) -> f64 {
+    /// The same pace through `store`'s write path: each node of `sessions`
+    /// sends a batch every [`CHECKPOINT_S`] seconds (its GPUs' rows are
+    /// due then), a slice of the nodes every tenth of a second.
+    fn through_store(store: Arc<dyn Store>, sessions: Arc<Vec<NodeSession>>) -> Self {
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let limits = Limits::default();
+            let started = Instant::now();
+            let mut ticks =
+                tokio::time::interval(Duration::from_millis(1000 / CHECKPOINT_SLICES as u64));
+            let slices = (CHECKPOINT_S * CHECKPOINT_SLICES) as usize;
+            let mut last_ts_by_node = vec![None; sessions.len()];
+            let mut written = 0;
+            for turn in 0usize.. {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    _ = ticks.tick() => {}
+                }
+                let ts_ms = now_ms();
+                // Seq 1 was each node's first batch.
+                let seq = 2 + (turn / slices) as u64;
+                let batches: Vec<StoreBatch> = sessions
+                    .iter()
+                    .enumerate()
+                    .filter(|(node, _)| node % slices == turn % slices)
+                    .map(|(node, session)| {
+                        last_ts_by_node[node] = Some(ts_ms);
+                        validate::batch(
+                            batch(node, "bench", seq, ts_ms),
+                            session,
+                            now_ms(),
+                            &limits,
+                        )
+                        .unwrap()
+                    })
+                    .collect();
+                for group in batches.chunks(256) {
+                    store.write_batches(group).await.unwrap();
+                }
+                written += batches.len() * GPUS_PER_NODE;
+                // As the collector checks, once a second.
+                if turn % CHECKPOINT_SLICES as usize == 0 {
+                    store.flush(false).await.unwrap();
+                }
+            }
+            Rewritten {
+                per_s: written as f64 / started.elapsed().as_secs_f64(),
+                last_ts_by_node,
+            }
+        });
+        Self { stop, task }
+    }
+
+    /// Stops the writes.
+    async fn stop(self) -> Rewritten {
         let _ = self.stop.send(());
         self.task.await.unwrap()
     }
 }
 
 /// The store's overview, read after the writes stopped, holds every row
-/// as `gpu_latest` does: the kept figures missed no write.
-async fn assert_kept_figures_are_current(store: &dyn Store, conn: &mut PgConnection) {
+/// as `gpu_latest` does, or (where the store wrote the batches itself) the
+/// sample of each node's last batch: the kept figures missed no write.
+async fn assert_kept_figures_are_current(
+    store: &dyn Store,
+    conn: &mut PgConnection,
+    rewritten: &Rewritten,
+) {
     let rows: Vec<(String, i64, i64)> = sqlx::query_as(
         "SELECT d.uuid, l.ts_ms, l.used_last FROM gpu_latest l JOIN devices d ON d.id = l.device_id",
     )
@@ -1072,14 +1258,32 @@ async fn assert_kept_figures_are_current(store: &dyn Store, conn: &mut PgConnect
         .collect();
     let devices = store.latest_devices().await.unwrap();
     assert_eq!(devices.len(), expected.len());
+    let last_batch_ts: std::collections::HashMap<String, i64> = rewritten
+        .last_ts_by_node
+        .iter()
+        .enumerate()
+        .filter_map(|(node, ts)| Some((node, (*ts)?)))
+        .flat_map(|(node, ts)| (0..GPUS_PER_NODE).map(move |g| (gpu_uuid(node, g), ts)))
+        .collect();
     for device in devices {
         let latest = device.latest.expect("every GPU has a sample");
-        assert_eq!(
-            Some(&(latest.timestamp_ms, latest.memory_used_bytes)),
-            expected.get(&device.uuid),
-            "{} in the overview as gpu_latest holds it",
-            device.uuid
-        );
+        let (row_ts, row_used) = expected[&device.uuid];
+        match last_batch_ts.get(&device.uuid) {
+            Some(&ts) => {
+                assert_eq!(latest.timestamp_ms, ts, "{}: its last batch", device.uuid);
+                assert!(
+                    row_ts <= ts,
+                    "{}: a row newer than its last batch",
+                    device.uuid
+                );
+            }
+            None => assert_eq!(
+                (latest.timestamp_ms, latest.memory_used_bytes),
+                (row_ts, row_used),
+                "{} in the overview as gpu_latest holds it",
+                device.uuid
+            ),
+        }
     }
 }
 
@@ -1299,7 +1503,8 @@ async fn storage_and_queries(history_nodes: usize) {
     let gpu_seconds = (gpus as i64 * DAY_MS / 1000) as f64;
     let process_seconds = gpu_seconds * PROCESSES_PER_GPU as f64;
     println!(
-        "loaded in {write_s:.0} s through the store's write path, chunks written every simulated minute ({:.0} GPU samples/s)",
+        "loaded in {write_s:.0} s through the store's write path, chunks written every {} simulated s ({:.0} GPU samples/s)",
+        history_flush_s(),
         gpu_seconds / write_s
     );
     let per_thousand = |seconds: f64| seconds * 1e3 / gpu_seconds * 1e3;
@@ -1316,8 +1521,12 @@ async fn storage_and_queries(history_nodes: usize) {
         ("gpu_samples_packed", gpu_seconds),
         ("process_samples_packed", process_seconds),
     ];
-    println!("As written (chunks of a minute):");
+    println!(
+        "As written (the open chunks written every {} simulated s):",
+        history_flush_s()
+    );
     print_table_bytes(&store, &chunk_tables).await;
+    print_chunk_payload(&store).await;
     let (rollup_s, compacted) = maintain_until_done(&store).await;
     // Compaction frees the minute chunks' space for later chunks to reuse;
     // VACUUM FULL gives it back, which is what the steady state holds.
@@ -1346,6 +1555,7 @@ async fn storage_and_queries(history_nodes: usize) {
         ],
     )
     .await;
+    print_chunk_payload(&store).await;
     println!(
         "| everything above (samples, rollups) | {kept} | {:.2} per GPU-second |",
         kept as f64 / gpu_seconds
