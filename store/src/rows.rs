@@ -273,18 +273,6 @@ pub(crate) struct DeviceRow {
 }
 
 impl DeviceRow {
-    /// Replaces the row's latest figures with `sample` when it is newer:
-    /// a sample committed by this collector that `gpu_latest` does not hold
-    /// yet (Postgres checkpoints that table every few seconds).
-    pub(crate) fn overlay_newer(
-        &mut self,
-        newer: impl FnOnce(i64, Option<i64>) -> Option<GpuSampleRow>,
-    ) {
-        if let Some(sample) = newer(self.device_id, self.ts_ms) {
-            self.take_figures(&sample);
-        }
-    }
-
     /// Sets the row's latest figures to `s`'s.
     pub(crate) fn take_figures(&mut self, s: &GpuSampleRow) {
         self.ts_ms = Some(s.timestamp_ms);

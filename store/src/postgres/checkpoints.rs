@@ -36,7 +36,7 @@ const QUIET_SCAN_EVERY_MS: i64 = 1_000;
 
 /// Entries with no new value for this long are forgotten (the device went
 /// away or its agent moved to another collector).
-const FORGET_AFTER_MS: i64 = 10 * 60_000;
+pub(super) const FORGET_AFTER_MS: i64 = 10 * 60_000;
 
 /// A value whose row is checkpointed.
 pub(super) trait Checkpoint: Copy {
@@ -292,6 +292,24 @@ impl<V: Checkpoint> Checkpoints<V> {
             })
             .map(|(key, _)| *key)
             .collect()
+    }
+
+    /// Lays over each of `rows` (the row of the key `keys` gives in the
+    /// same place) the newest committed value of its key, where that is
+    /// newer: one lock for a whole fleet.
+    pub(super) fn lay_newest_over(&self, keys: impl Iterator<Item = i64>, rows: &mut [Option<V>]) {
+        let Ok(inner) = self.inner.lock() else {
+            return;
+        };
+        for (key, row) in keys.zip(rows) {
+            if let Some(known) = inner.known.get(&key)
+                && row
+                    .as_ref()
+                    .is_none_or(|r| known.newest.timestamp_ms() > r.timestamp_ms())
+            {
+                *row = Some(known.newest);
+            }
+        }
     }
 
     /// The newest committed value of `key` if it is newer than `row_ms`,

@@ -22,9 +22,18 @@
 //! back for those ages to be exact, or whose layout changed, fetches every
 //! row again. Rows that the kept snapshot saw may come again; no row
 //! written since is missed.
+//!
+//! Nor does a read fetch the rows this collector wrote itself
+//! (`gpu_latest.writer`): it lays its own newest committed samples over the
+//! kept figures at every read, and those are at least as new as any row it
+//! wrote. With one collector for the fleet that leaves almost nothing to
+//! fetch. Its checkpoints forget a device ten minutes after its last
+//! sample, so figures kept for longer than a minute are read again in full
+//! rather than brought up to date.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use sqlx::{Postgres, Transaction};
 
@@ -32,13 +41,20 @@ use crate::model::GpuSampleRow;
 use crate::rows::DeviceRow;
 use crate::{DeviceView, StoreError};
 
-use super::checkpoints::LatestCache;
+use super::checkpoints::{FORGET_AFTER_MS, LatestCache};
 
 /// How far back, in transactions, a kept snapshot may be for a read to
 /// fetch only what was written since. `age()` is exact within 2^31
 /// transactions of now; this leaves room for the transactions that start
 /// while the read runs.
 const DELTA_REACH_XIDS: i64 = 1 << 30;
+
+/// How long kept figures may go unread and still be brought up to date.
+/// They hold this collector's own newest samples only as of their read,
+/// and the rows it wrote since are not fetched, so they must be read again
+/// well before its checkpoints forget a quiet device.
+const KEPT_FIGURES_FOR: Duration = Duration::from_secs(60);
+const _: () = assert!(KEPT_FIGURES_FOR.as_millis() * 5 < FORGET_AFTER_MS as u128);
 
 /// What the nodes say of the layout (equal marks, equal layouts), and the
 /// snapshot it was read in.
@@ -67,11 +83,14 @@ struct Layout {
     slot_of: HashMap<i64, usize>,
 }
 
-/// `gpu_latest` as a snapshot saw it, in the layout's order.
+/// `gpu_latest` as a snapshot saw it, with this collector's newest samples
+/// laid over it, in the layout's order.
 #[derive(Debug)]
 struct Figures {
     mark: Mark,
     rows: Vec<Option<GpuSampleRow>>,
+    /// When the read that made them started.
+    read_at: Instant,
 }
 
 /// One device's newest figures, as `gpu_latest` holds them.
@@ -125,7 +144,7 @@ impl LayoutCache {
 
     /// Kept figures of this layout that a read in `mark`'s snapshot can
     /// bring up to date by fetching only the rows written since.
-    fn figures(&self, mark: &Mark) -> Option<Arc<Figures>> {
+    fn figures(&self, mark: &Mark, now: Instant) -> Option<Arc<Figures>> {
         let cached = self.figures.lock().ok()?;
         cached
             .as_ref()
@@ -133,6 +152,7 @@ impl LayoutCache {
                 figures.mark.same_layout(mark)
                     && (0..DELTA_REACH_XIDS)
                         .contains(&(mark.snapshot_xmin - figures.mark.snapshot_xmin))
+                    && now.saturating_duration_since(figures.read_at) <= KEPT_FIGURES_FOR
             })
             .cloned()
     }
@@ -158,13 +178,15 @@ impl LayoutCache {
 }
 
 /// Every present device with its newest figures, those this collector
-/// committed since the row's checkpoint laid over it. `tx` is a snapshot
-/// (repeatable read).
+/// (`writer` in `gpu_latest`) committed since the row's checkpoint laid
+/// over it. `tx` is a snapshot (repeatable read).
 pub(super) async fn latest_devices(
     tx: &mut Transaction<'static, Postgres>,
     cache: &LayoutCache,
     newest: &LatestCache,
+    writer: i64,
 ) -> Result<Vec<DeviceView>, StoreError> {
+    let read_at = Instant::now();
     let mark: Mark = sqlx::query_as(
         "SELECT count(*) AS nodes, COALESCE(sum(layout_version), 0)::int8 AS versions,
              COALESCE(max(id), 0) AS highest_id,
@@ -191,7 +213,13 @@ pub(super) async fn latest_devices(
             layout
         }
     };
-    let figures = Arc::new(read_figures(tx, &layout, cache.figures(&mark), mark).await?);
+    let kept = cache.figures(&mark, read_at);
+    let mut figures = read_figures(tx, &layout, kept, mark, writer).await?;
+    newest.lay_newest_over(
+        layout.devices.iter().map(|d| d.device_id),
+        &mut figures.rows,
+    );
+    let figures = Arc::new(figures);
     cache.put_figures(figures.clone());
     Ok(layout
         .devices
@@ -202,20 +230,25 @@ pub(super) async fn latest_devices(
             if let Some(figures) = figures {
                 row.take_figures(figures);
             }
-            row.overlay_newer(|device, row_ms| newest.newer_than(device, row_ms));
             DeviceView::from(row)
         })
         .collect())
 }
 
 /// `gpu_latest` in `mark`'s snapshot: `kept` brought up to date with the
-/// rows written since its snapshot, or every row where there is no `kept`.
+/// rows other collectors than `writer` wrote since its snapshot, or every
+/// row where there is no `kept`. A row never replaces newer figures (kept
+/// ones may hold this collector's samples newer than any row).
 async fn read_figures(
     tx: &mut Transaction<'static, Postgres>,
     layout: &Layout,
     kept: Option<Arc<Figures>>,
     mark: Mark,
+    writer: i64,
 ) -> Result<Figures, StoreError> {
+    // From the read's start: the samples laid over them later are at least
+    // as new as that.
+    let read_at = Instant::now();
     const COLUMNS: &str = "SELECT device_id::int8 AS device_id, ts_ms, used_last, used_min, used_max, reserved, total,
              utilization, pcie_tx, pcie_rx
          FROM gpu_latest";
@@ -224,9 +257,10 @@ async fn read_figures(
             // The kept snapshot's xmin as the 32-bit id that `age` takes.
             let kept_xid = kept.mark.snapshot_xmin & 0xFFFF_FFFF;
             let written: Vec<LatestRow> = sqlx::query_as(&format!(
-                "{COLUMNS} WHERE age(xmin) <= age($1::int8::text::xid)"
+                "{COLUMNS} WHERE age(xmin) <= age($1::int8::text::xid) AND writer IS DISTINCT FROM $2"
             ))
             .bind(kept_xid)
+            .bind(writer)
             .fetch_all(&mut **tx)
             .await?;
             (kept.rows.clone(), written)
@@ -237,11 +271,19 @@ async fn read_figures(
         }
     };
     for row in written {
-        if let Some(&slot) = layout.slot_of.get(&row.device_id) {
+        if let Some(&slot) = layout.slot_of.get(&row.device_id)
+            && rows[slot]
+                .as_ref()
+                .is_none_or(|kept| kept.timestamp_ms <= row.ts_ms)
+        {
             rows[slot] = Some(row.into());
         }
     }
-    Ok(Figures { mark, rows })
+    Ok(Figures {
+        mark,
+        rows,
+        read_at,
+    })
 }
 
 async fn read_layout(
@@ -280,11 +322,14 @@ mod tests {
         Arc::new(Figures {
             mark,
             rows: vec![None; 3],
+            read_at: Instant::now(),
         })
     }
 
     fn kept_xmin(cache: &LayoutCache, at: Mark) -> Option<i64> {
-        cache.figures(&at).map(|kept| kept.mark.snapshot_xmin)
+        cache
+            .figures(&at, Instant::now())
+            .map(|kept| kept.mark.snapshot_xmin)
     }
 
     #[test]
@@ -312,6 +357,26 @@ mod tests {
         assert_eq!(
             kept_xmin(&cache, mark(1, 100 + DELTA_REACH_XIDS - 1)),
             Some(100)
+        );
+    }
+
+    #[test]
+    fn figures_left_unread_for_a_minute_are_read_again() {
+        let cache = LayoutCache::default();
+        let kept = figures(mark(1, 100));
+        let read_at = kept.read_at;
+        cache.put_figures(kept);
+        let fetch_since = |after: Duration| {
+            cache
+                .figures(&mark(1, 200), read_at + after)
+                .map(|kept| kept.mark.snapshot_xmin)
+        };
+        assert_eq!(fetch_since(Duration::from_secs(1)), Some(100));
+        assert_eq!(fetch_since(KEPT_FIGURES_FOR), Some(100));
+        assert_eq!(
+            fetch_since(KEPT_FIGURES_FOR + Duration::from_secs(1)),
+            None,
+            "this collector may have forgotten samples whose rows were not fetched"
         );
     }
 

@@ -58,6 +58,9 @@ pub struct PostgresStore {
     latest_cache: Arc<checkpoints::LatestCache>,
     /// The fleet overview's layout, read again only when it changed.
     layout_cache: Arc<fleet_layout::LayoutCache>,
+    /// This collector's id in `gpu_latest.writer`, unique on the database:
+    /// its overview need not fetch the rows it wrote itself.
+    writer: i64,
     node_cache: Arc<checkpoints::NodeCache>,
     process_seen: Arc<checkpoints::ProcessSeenCache>,
     /// Paces the checkpoint rows (`gpu_latest`, process last-seen times).
@@ -120,7 +123,11 @@ impl PostgresStore {
         let options: PgConnectOptions = primary.options();
         let pool = pool_options.connect_with(options).await?;
         MIGRATOR.run(&pool).await?;
+        let writer: i64 = sqlx::query_scalar("SELECT nextval('gpu_latest_writers')")
+            .fetch_one(&pool)
+            .await?;
         let store = Self {
+            writer,
             pool,
             leadership: Arc::new(maintenance::Leadership::new(primary.clone())),
             process_cache: Arc::default(),
@@ -173,6 +180,7 @@ impl PostgresStore {
                 process_seen: &self.process_seen,
                 chunks: self.open_chunks.as_deref(),
                 now_ms: self.clock.now_ms(),
+                writer: self.writer,
             };
             let written = write::write_group(&mut conn, &caches, batches).await;
             if written.is_ok() {
@@ -631,7 +639,8 @@ impl Store for PostgresStore {
         if !devices.is_empty() || !nodes.is_empty() || !processes.is_empty() {
             let written = match self.pool.acquire().await {
                 Ok(mut conn) => {
-                    write::write_checkpoints(&mut conn, &devices, &nodes, &processes).await
+                    write::write_checkpoints(&mut conn, self.writer, &devices, &nodes, &processes)
+                        .await
                 }
                 Err(e) => Err(e.into()),
             };
@@ -670,8 +679,13 @@ impl Store for PostgresStore {
 
     async fn latest_devices(&self) -> Result<Vec<DeviceView>, StoreError> {
         let mut tx = chart_transaction(&self.pool).await?;
-        let devices =
-            fleet_layout::latest_devices(&mut tx, &self.layout_cache, &self.latest_cache).await?;
+        let devices = fleet_layout::latest_devices(
+            &mut tx,
+            &self.layout_cache,
+            &self.latest_cache,
+            self.writer,
+        )
+        .await?;
         tx.commit().await?;
         Ok(devices)
     }

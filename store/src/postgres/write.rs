@@ -63,6 +63,8 @@ pub(super) struct Caches<'c> {
     pub(super) chunks: Option<&'c Mutex<OpenChunks>>,
     /// The wall clock, which paces the checkpoints.
     pub(super) now_ms: i64,
+    /// This collector's id in `gpu_latest.writer`.
+    pub(super) writer: i64,
 }
 
 /// Writes the accepted batches of `claim` and commits.
@@ -135,6 +137,7 @@ async fn write_claimed(
             latest: &latest,
             refreshed: &refreshed,
             minutes,
+            writer: caches.writer,
         },
     )
     .await?;
@@ -389,6 +392,8 @@ struct Books<'a> {
     /// The distinct minutes of the samples; those before the minute
     /// rollup's watermark are marked for the rollup job to redo.
     minutes: Vec<i64>,
+    /// The collector writing, as `gpu_latest.writer` records it.
+    writer: i64,
 }
 
 /// One statement for all of `books`; returns how many boots' seqs moved
@@ -419,13 +424,13 @@ async fn keep_books(conn: &mut PgConnection, books: &Books<'_>) -> Result<usize,
              UPDATE nodes n SET last_seen_ms = GREATEST(n.last_seen_ms, v.ts)
              FROM UNNEST($5::int8[], $6::int8[]) AS v(id, ts) WHERE n.id = ANY($5) AND n.id = v.id),
          latest AS (
-             INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx)
-             SELECT * FROM UNNEST($7::int4[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[],
-                 $13::int8[], $14::int2[], $15::int8[], $16::int8[])
+             INSERT INTO gpu_latest (device_id, ts_ms, used_last, used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx, writer)
+             SELECT u.*, $23 FROM UNNEST($7::int4[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[],
+                 $13::int8[], $14::int2[], $15::int8[], $16::int8[]) AS u
              ON CONFLICT (device_id) DO UPDATE SET ts_ms = EXCLUDED.ts_ms, used_last = EXCLUDED.used_last,
                  used_min = EXCLUDED.used_min, used_max = EXCLUDED.used_max, reserved = EXCLUDED.reserved,
                  total = EXCLUDED.total, utilization = EXCLUDED.utilization, pcie_tx = EXCLUDED.pcie_tx,
-                 pcie_rx = EXCLUDED.pcie_rx
+                 pcie_rx = EXCLUDED.pcie_rx, writer = EXCLUDED.writer
              WHERE gpu_latest.ts_ms <= EXCLUDED.ts_ms),
          refreshed AS (
              UPDATE processes p SET
@@ -460,6 +465,7 @@ async fn keep_books(conn: &mut PgConnection, books: &Books<'_>) -> Result<usize,
     .bind(MINUTE_MS)
     .bind(&books.minutes)
     .bind(books.durable_at_commit)
+    .bind(books.writer)
     .fetch_one(conn)
     .await?;
     Ok(usize::try_from(moved).unwrap_or(0))
@@ -516,6 +522,7 @@ pub(super) fn process_sample_rows(
 /// already there.
 pub(super) async fn write_checkpoints(
     conn: &mut PgConnection,
+    writer: i64,
     latest: &[GpuSampleRow],
     nodes: &[NodeSeen],
     processes: &[ProcessSeen],
@@ -527,6 +534,7 @@ pub(super) async fn write_checkpoints(
                 latest,
                 nodes,
                 refreshed: processes,
+                writer,
                 ..Books::default()
             },
         )
