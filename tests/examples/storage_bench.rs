@@ -1074,9 +1074,8 @@ async fn put_fleet_in_tables(conn: &mut PgConnection, nodes: usize) {
     }
 }
 
-/// `nodes` agents of 8 GPUs registered with `store`, each with a first
-/// batch written through its write path; their sessions.
-async fn register_fleet(store: Arc<dyn Store>, nodes: usize) -> Vec<NodeSession> {
+/// `nodes` agents of 8 GPUs registered with `store`; their sessions.
+async fn register_nodes(store: Arc<dyn Store>, nodes: usize) -> Vec<NodeSession> {
     let limits = Limits::default();
     let mut sessions: Vec<Option<NodeSession>> = vec![None; nodes];
     let mut registering = tokio::task::JoinSet::new();
@@ -1096,7 +1095,14 @@ async fn register_fleet(store: Arc<dyn Store>, nodes: usize) -> Vec<NodeSession>
         let (node, session) = joined.unwrap();
         sessions[node] = Some(session);
     }
-    let sessions: Vec<NodeSession> = sessions.into_iter().map(Option::unwrap).collect();
+    sessions.into_iter().map(Option::unwrap).collect()
+}
+
+/// `nodes` agents of 8 GPUs registered with `store`, each with a first
+/// batch written through its write path; their sessions.
+async fn register_fleet(store: Arc<dyn Store>, nodes: usize) -> Vec<NodeSession> {
+    let limits = Limits::default();
+    let sessions = register_nodes(store.clone(), nodes).await;
     let ts_ms = now_ms();
     let first: Vec<StoreBatch> = sessions
         .iter()
@@ -1329,25 +1335,7 @@ async fn reads_across_collectors(nodes: usize, seconds: u64, runs: usize) {
     let other = RunningCollector::start_advertised(other_store.clone()).await;
     let limits = Limits::default();
     let loading = Instant::now();
-    let mut sessions: Vec<Option<NodeSession>> = vec![None; nodes];
-    let mut registering = tokio::task::JoinSet::new();
-    for node in 0..nodes {
-        let store = holding_store.clone();
-        let registration =
-            validate::registration(&register_request(node, "bench"), &limits).unwrap();
-        registering
-            .spawn(async move { (node, store.register(&registration, now_ms()).await.unwrap()) });
-        // A few at a time: the pool has 16 connections.
-        while registering.len() >= 12 {
-            let (node, session) = registering.join_next().await.unwrap().unwrap();
-            sessions[node] = Some(session);
-        }
-    }
-    while let Some(joined) = registering.join_next().await {
-        let (node, session) = joined.unwrap();
-        sessions[node] = Some(session);
-    }
-    let sessions: Vec<NodeSession> = sessions.into_iter().map(Option::unwrap).collect();
+    let sessions = register_nodes(holding_store.clone(), nodes).await;
     let end_ms = now_ms() / 1000 * 1000;
     let start_ms = end_ms - seconds as i64 * 1000;
     for second in 1..=seconds {
