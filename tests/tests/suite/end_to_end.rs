@@ -301,10 +301,13 @@ async fn agent_keeps_intervals_while_the_collector_is_down_and_delivers_them_in_
         .iter()
         .map(|p| p["timestamp_ms"].as_i64().unwrap())
         .collect();
+    // A doubled interval shows as a gap of 0. A short one is not a double:
+    // after a stall the sampler keeps its schedule, so the interval after a
+    // late one ends early (CI saw 386 ms, then 21 ms).
     for pair in stamps.windows(2) {
         let gap = pair[1] - pair[0];
         assert!(
-            (50..=1500).contains(&gap),
+            (1..=1500).contains(&gap),
             "no interval lost or doubled: gaps {stamps:?}"
         );
     }
