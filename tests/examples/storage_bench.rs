@@ -1101,20 +1101,36 @@ async fn register_nodes(store: Arc<dyn Store>, nodes: usize) -> Vec<NodeSession>
 /// `nodes` agents of 8 GPUs registered with `store`, each with a first
 /// batch written through its write path; their sessions.
 async fn register_fleet(store: Arc<dyn Store>, nodes: usize) -> Vec<NodeSession> {
-    let limits = Limits::default();
     let sessions = register_nodes(store.clone(), nodes).await;
-    let ts_ms = now_ms();
-    let first: Vec<StoreBatch> = sessions
-        .iter()
-        .enumerate()
-        .map(|(node, session)| {
-            validate::batch(batch(node, "bench", 1, ts_ms), session, now_ms(), &limits).unwrap()
+    write_node_batches(store.as_ref(), &sessions, 0..nodes, 1, now_ms()).await;
+    sessions
+}
+
+/// Writes the batches at `seq` and `ts_ms` of `nodes` (their places in
+/// `sessions`) through `store`, validated as the collector validates them
+/// and in groups of 256, as a writer takes them.
+async fn write_node_batches(
+    store: &dyn Store,
+    sessions: &[NodeSession],
+    nodes: impl Iterator<Item = usize>,
+    seq: u64,
+    ts_ms: i64,
+) {
+    let limits = Limits::default();
+    let batches: Vec<StoreBatch> = nodes
+        .map(|node| {
+            validate::batch(
+                batch(node, "bench", seq, ts_ms),
+                &sessions[node],
+                now_ms(),
+                &limits,
+            )
+            .unwrap()
         })
         .collect();
-    for group in first.chunks(256) {
+    for group in batches.chunks(256) {
         store.write_batches(group).await.unwrap();
     }
-    sessions
 }
 
 /// Milliseconds to fetch the rows of `sql`, which are `rows`.
@@ -1190,7 +1206,6 @@ impl CheckpointWriter {
     fn through_store(store: Arc<dyn Store>, sessions: Arc<Vec<NodeSession>>) -> Self {
         let (stop, mut stopped) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {
-            let limits = Limits::default();
             let started = Instant::now();
             let mut ticks =
                 tokio::time::interval(Duration::from_millis(1000 / CHECKPOINT_SLICES as u64));
@@ -1205,25 +1220,12 @@ impl CheckpointWriter {
                 let ts_ms = now_ms();
                 // Seq 1 was each node's first batch.
                 let seq = 2 + (turn / slices) as u64;
-                let batches: Vec<StoreBatch> = sessions
-                    .iter()
-                    .enumerate()
-                    .filter(|(node, _)| node % slices == turn % slices)
-                    .map(|(node, session)| {
-                        last_ts_by_node[node] = Some(ts_ms);
-                        validate::batch(
-                            batch(node, "bench", seq, ts_ms),
-                            session,
-                            now_ms(),
-                            &limits,
-                        )
-                        .unwrap()
-                    })
-                    .collect();
-                for group in batches.chunks(256) {
-                    store.write_batches(group).await.unwrap();
+                let slice = (turn % slices..sessions.len()).step_by(slices);
+                for node in slice.clone() {
+                    last_ts_by_node[node] = Some(ts_ms);
                 }
-                written += batches.len() * GPUS_PER_NODE;
+                written += slice.len() * GPUS_PER_NODE;
+                write_node_batches(store.as_ref(), &sessions, slice, seq, ts_ms).await;
                 // As the collector checks, once a second.
                 if turn % CHECKPOINT_SLICES as usize == 0 {
                     store.flush(false).await.unwrap();
@@ -1333,29 +1335,13 @@ async fn reads_across_collectors(nodes: usize, seconds: u64, runs: usize) {
         .unwrap();
     let holding = RunningCollector::start_advertised(holding_store.clone()).await;
     let other = RunningCollector::start_advertised(other_store.clone()).await;
-    let limits = Limits::default();
     let loading = Instant::now();
     let sessions = register_nodes(holding_store.clone(), nodes).await;
     let end_ms = now_ms() / 1000 * 1000;
     let start_ms = end_ms - seconds as i64 * 1000;
     for second in 1..=seconds {
         let ts_ms = start_ms + second as i64 * 1000;
-        let batches: Vec<StoreBatch> = sessions
-            .iter()
-            .enumerate()
-            .map(|(node, session)| {
-                validate::batch(
-                    batch(node, "bench", second, ts_ms),
-                    session,
-                    now_ms(),
-                    &limits,
-                )
-                .unwrap()
-            })
-            .collect();
-        for group in batches.chunks(256) {
-            holding_store.write_batches(group).await.unwrap();
-        }
+        write_node_batches(holding_store.as_ref(), &sessions, 0..nodes, second, ts_ms).await;
     }
     // Planner statistics for the tables just filled, as autovacuum takes
     // them within a minute of such a load.

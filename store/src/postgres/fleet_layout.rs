@@ -186,6 +186,8 @@ pub(super) async fn latest_devices(
     newest: &LatestCache,
     writer: i64,
 ) -> Result<Vec<DeviceView>, StoreError> {
+    // The figures' age counts from here: the snapshot and the samples laid
+    // over them below are at least as new.
     let read_at = Instant::now();
     let mark: Mark = sqlx::query_as(
         "SELECT count(*) AS nodes, COALESCE(sum(layout_version), 0)::int8 AS versions,
@@ -214,7 +216,7 @@ pub(super) async fn latest_devices(
         }
     };
     let kept = cache.figures(&mark, read_at);
-    let mut figures = read_figures(tx, &layout, kept, mark, writer).await?;
+    let mut figures = read_figures(tx, &layout, kept, mark, writer, read_at).await?;
     newest.lay_newest_over(
         layout.devices.iter().map(|d| d.device_id),
         &mut figures.rows,
@@ -237,7 +239,7 @@ pub(super) async fn latest_devices(
 
 /// `gpu_latest` in `mark`'s snapshot: `kept` brought up to date with the
 /// rows other collectors than `writer` wrote since its snapshot, or every
-/// row where there is no `kept`. A row never replaces newer figures (kept
+/// row where there is no `kept`; the figures count as read at `read_at`. A row never replaces newer figures (kept
 /// ones may hold this collector's samples newer than any row).
 async fn read_figures(
     tx: &mut Transaction<'static, Postgres>,
@@ -245,10 +247,8 @@ async fn read_figures(
     kept: Option<Arc<Figures>>,
     mark: Mark,
     writer: i64,
+    read_at: Instant,
 ) -> Result<Figures, StoreError> {
-    // From the read's start: the samples laid over them later are at least
-    // as new as that.
-    let read_at = Instant::now();
     const COLUMNS: &str = "SELECT device_id::int8 AS device_id, ts_ms, used_last, used_min, used_max, reserved, total,
              utilization, pcie_tx, pcie_rx
          FROM gpu_latest";
