@@ -272,18 +272,19 @@ pub(crate) struct DeviceRow {
     pub(crate) pcie_rx: Option<i64>,
 }
 
-impl DeviceRow {
-    /// Sets the row's latest figures to `s`'s.
-    pub(crate) fn take_figures(&mut self, s: &GpuSampleRow) {
-        self.ts_ms = Some(s.timestamp_ms);
-        self.used_last = Some(s.used_last);
-        self.used_min = Some(s.used_min);
-        self.used_max = Some(s.used_max);
-        self.reserved = Some(s.reserved);
-        self.total = Some(s.total);
-        self.utilization = s.utilization_pct.map(i64::from);
-        self.pcie_tx = s.pcie_tx_bytes_per_s;
-        self.pcie_rx = s.pcie_rx_bytes_per_s;
+impl From<&GpuSampleRow> for LatestSample {
+    fn from(s: &GpuSampleRow) -> Self {
+        LatestSample::new(
+            s.timestamp_ms,
+            s.used_last,
+            s.used_min,
+            s.used_max,
+            s.reserved,
+            s.total,
+            s.utilization_pct.map(i64::from),
+            s.pcie_tx_bytes_per_s,
+            s.pcie_rx_bytes_per_s,
+        )
     }
 }
 
@@ -313,17 +314,17 @@ impl From<DeviceRow> for DeviceView {
             _ => None,
         };
         DeviceView {
-            uuid: r.uuid,
-            node: r.node,
+            uuid: r.uuid.into(),
+            node: r.node.into(),
             kind: if r.parent_uuid.is_some() {
                 "mig"
             } else {
                 "gpu"
             },
-            parent_uuid: r.parent_uuid,
+            parent_uuid: r.parent_uuid.map(Into::into),
             index: r.gpu_index,
-            name: r.name,
-            mig_profile: r.mig_profile,
+            name: r.name.into(),
+            mig_profile: r.mig_profile.map(Into::into),
             mig_gpu_instance_id: r.mig_gpu_instance_id,
             mig_compute_instance_id: r.mig_compute_instance_id,
             memory_total_bytes: r.memory_total,

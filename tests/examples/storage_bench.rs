@@ -1275,8 +1275,8 @@ async fn assert_kept_figures_are_current(
         .collect();
     for device in devices {
         let latest = device.latest.expect("every GPU has a sample");
-        let (row_ts, row_used) = expected[&device.uuid];
-        match last_batch_ts.get(&device.uuid) {
+        let (row_ts, row_used) = expected[&*device.uuid];
+        match last_batch_ts.get(&*device.uuid) {
             Some(&ts) => {
                 assert_eq!(latest.timestamp_ms, ts, "{}: its last batch", device.uuid);
                 assert!(

@@ -89,7 +89,7 @@ pub fn owners_by_device(
 ) -> BTreeMap<String, Vec<Owner>> {
     let parents: BTreeMap<&str, &str> = devices
         .iter()
-        .filter_map(|d| Some((d.uuid.as_str(), d.parent_uuid.as_deref()?)))
+        .filter_map(|d| Some((&*d.uuid, d.parent_uuid.as_deref()?)))
         .collect();
     let mut map: BTreeMap<String, Vec<Owner>> = BTreeMap::new();
     for p in processes {
@@ -204,12 +204,12 @@ mod tests {
 
     fn device(uuid: &str, parent: Option<&str>) -> DeviceView {
         DeviceView {
-            uuid: uuid.to_owned(),
-            node: "n1".to_owned(),
+            uuid: uuid.into(),
+            node: "n1".into(),
             kind: if parent.is_some() { "mig" } else { "gpu" },
-            parent_uuid: parent.map(str::to_owned),
+            parent_uuid: parent.map(Into::into),
             index: 0,
-            name: String::new(),
+            name: "".into(),
             mig_profile: None,
             mig_gpu_instance_id: None,
             mig_compute_instance_id: None,

@@ -323,7 +323,7 @@ struct Follower {
     /// revoked token ends the stream instead of following the fleet forever.
     token_sha256: Option<String>,
     /// What this client was last sent: each device's latest sample time.
-    sent: Option<HashMap<String, Option<i64>>>,
+    sent: Option<HashMap<Arc<str>, Option<i64>>>,
     /// The owners this client was last sent.
     sent_owners: Option<Arc<BTreeMap<String, Vec<Owner>>>>,
     /// False until the first event went out: only that one is not paced.
@@ -364,10 +364,10 @@ impl Follower {
                     .iter()
                     .filter(|d| sent.get(&d.uuid) != Some(&stamp(d)))
                     .collect();
-                let present: HashSet<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
+                let present: HashSet<&str> = devices.iter().map(|d| &*d.uuid).collect();
                 let removed: Vec<&str> = sent
                     .keys()
-                    .map(String::as_str)
+                    .map(|uuid| &**uuid)
                     .filter(|u| !present.contains(u))
                     .collect();
                 ("update", changed, removed)

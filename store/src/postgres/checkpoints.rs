@@ -22,7 +22,7 @@
 //! nor the devices of agents that lag behind the others are rewritten any
 //! more often for it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use crate::model::GpuSampleRow;
@@ -154,8 +154,23 @@ impl<V> Default for Checkpoints<V> {
                 known: HashMap::new(),
                 quiet_scan_ms: 0,
                 size_after_sweep: 0,
+                logs_changes: false,
+                changed: VecDeque::new(),
+                changed_dropped: 0,
             }),
         }
+    }
+}
+
+impl<V> Checkpoints<V> {
+    /// Checkpoints that log each new newest value, for a reader that lays
+    /// them over rows it keeps ([`Self::lay_changed_over`]).
+    pub(super) fn logging_changes() -> Self {
+        let checkpoints = Self::default();
+        if let Ok(mut inner) = checkpoints.inner.lock() {
+            inner.logs_changes = true;
+        }
+        checkpoints
     }
 }
 
@@ -165,7 +180,39 @@ struct Inner<V> {
     /// When quiet keys were last looked for.
     quiet_scan_ms: i64,
     size_after_sweep: usize,
+    /// Whether `changed` is kept.
+    logs_changes: bool,
+    /// Each new newest value, oldest first, so that a reader that laid the
+    /// newest values over its rows need lay over only those that came
+    /// since, and can copy them out rather than look each key up under the
+    /// lock the writers share. Bounded: the oldest half goes when it
+    /// outgrows twice the keys.
+    changed: VecDeque<V>,
+    /// How many values were dropped from the front of `changed`.
+    changed_dropped: u64,
 }
+
+impl<V: Copy> Inner<V> {
+    /// Where the log of changes stands now.
+    fn changed_through(&self) -> u64 {
+        self.changed_dropped + self.changed.len() as u64
+    }
+
+    fn log_change(&mut self, newest: V) {
+        if !self.logs_changes {
+            return;
+        }
+        if self.changed.len() >= (self.known.len() * 2).max(MIN_CHANGE_LOG) {
+            let half = self.changed.len() / 2;
+            self.changed.drain(..half);
+            self.changed_dropped += half as u64;
+        }
+        self.changed.push_back(newest);
+    }
+}
+
+/// The change log keeps at least this many keys, however few are known.
+const MIN_CHANGE_LOG: usize = 4096;
 
 impl<V: Checkpoint> Known<V> {
     fn unwritten(&self) -> bool {
@@ -240,6 +287,7 @@ impl<V: Checkpoint> Checkpoints<V> {
                     if value.timestamp_ms() > known.newest.timestamp_ms() {
                         known.newest = **value;
                         known.newest_at_ms = now_ms;
+                        inner.log_change(**value);
                     }
                 }
                 None => {
@@ -255,6 +303,7 @@ impl<V: Checkpoint> Checkpoints<V> {
                                 checkpoint_at_ms: now_ms,
                             },
                         );
+                        inner.log_change(**value);
                     }
                 }
             }
@@ -296,20 +345,52 @@ impl<V: Checkpoint> Checkpoints<V> {
 
     /// Lays over each of `rows` (the row of the key `keys` gives in the
     /// same place) the newest committed value of its key, where that is
-    /// newer: one lock for a whole fleet.
-    pub(super) fn lay_newest_over(&self, keys: impl Iterator<Item = i64>, rows: &mut [Option<V>]) {
-        let Ok(inner) = self.inner.lock() else {
-            return;
-        };
+    /// newer: one lock for a whole fleet. Returns the change log's
+    /// position for [`Self::lay_changed_over`].
+    pub(super) fn lay_newest_over(
+        &self,
+        keys: impl Iterator<Item = i64>,
+        rows: &mut [Option<V>],
+    ) -> Option<u64> {
+        let inner = self.inner.lock().ok()?;
         for (key, row) in keys.zip(rows) {
-            if let Some(known) = inner.known.get(&key)
-                && row
-                    .as_ref()
-                    .is_none_or(|r| known.newest.timestamp_ms() > r.timestamp_ms())
-            {
-                *row = Some(known.newest);
+            if let Some(known) = inner.known.get(&key) {
+                lay_over(known.newest, row);
             }
         }
+        Some(inner.changed_through())
+    }
+
+    /// Brings `rows`, over which the newest values were laid at the change
+    /// log's position `since`, up to date: lays over them the newest value
+    /// of each key that changed since (`slot_of` says which row is a key's,
+    /// if any). Returns the log's new position, or `None` where the log no
+    /// longer reaches back to `since`: then only [`Self::lay_newest_over`]
+    /// brings them up to date.
+    pub(super) fn lay_changed_over(
+        &self,
+        since: u64,
+        slot_of: impl Fn(i64) -> Option<usize>,
+        rows: &mut [Option<V>],
+    ) -> Option<u64> {
+        let (changed, through) = {
+            let inner = self.inner.lock().ok()?;
+            if !inner.logs_changes {
+                return None;
+            }
+            let from = usize::try_from(since.checked_sub(inner.changed_dropped)?).ok()?;
+            if from > inner.changed.len() {
+                return None;
+            }
+            let changed: Vec<V> = inner.changed.range(from..).copied().collect();
+            (changed, inner.changed_through())
+        };
+        for newest in changed {
+            if let Some(row) = slot_of(newest.key()).and_then(|slot| rows.get_mut(slot)) {
+                lay_over(newest, row);
+            }
+        }
+        Some(through)
     }
 
     /// The newest committed value of `key` if it is newer than `row_ms`,
@@ -318,6 +399,16 @@ impl<V: Checkpoint> Checkpoints<V> {
         let inner = self.inner.lock().ok()?;
         let known = inner.known.get(&key)?;
         (row_ms.is_none_or(|ms| known.newest.timestamp_ms() > ms)).then_some(known.newest)
+    }
+}
+
+/// Puts `newest` in `row` where that is newer than what it holds.
+fn lay_over<V: Checkpoint>(newest: V, row: &mut Option<V>) {
+    if row
+        .as_ref()
+        .is_none_or(|r| newest.timestamp_ms() > r.timestamp_ms())
+    {
+        *row = Some(newest);
     }
 }
 
@@ -403,6 +494,50 @@ mod tests {
                 .due(&[&other], 18_000)
                 .iter()
                 .any(|d| d.device_id == 3)
+        );
+    }
+
+    #[test]
+    fn rows_laid_over_once_need_only_the_devices_that_changed_since() {
+        let cache = LatestCache::logging_changes();
+        let on = |device_id: i64, ts: i64| GpuSampleRow {
+            device_id,
+            ..sample(ts, GIB)
+        };
+        for device_id in 0..3 {
+            learn_due(&cache, &on(device_id, 10_000));
+        }
+        let mut rows = vec![None; 3];
+        let since = cache.lay_newest_over(0..3, &mut rows).unwrap();
+        let times = |rows: &[Option<GpuSampleRow>]| -> Vec<Option<i64>> {
+            rows.iter().map(|r| r.map(|r| r.timestamp_ms)).collect()
+        };
+        assert_eq!(times(&rows), [Some(10_000); 3]);
+        learn_due(&cache, &on(1, 11_000));
+        learn_due(&cache, &on(7, 11_000)); // not in these rows
+        // A row newer than the checkpoints (another collector's) stays.
+        rows[2] = Some(on(2, 12_000));
+        let slot_of = |device_id: i64| usize::try_from(device_id).ok().filter(|&s| s < 3);
+        let since = cache.lay_changed_over(since, slot_of, &mut rows).unwrap();
+        assert_eq!(times(&rows), [Some(10_000), Some(11_000), Some(12_000)]);
+        learn_due(&cache, &on(2, 13_000));
+        let mut fresh = rows.clone();
+        let through = cache.lay_changed_over(since, slot_of, &mut rows).unwrap();
+        cache.lay_newest_over(0..3, &mut fresh);
+        assert_eq!(rows, fresh, "as if every device had been laid over");
+        // Once the log outgrows the keys, its oldest part goes, and a
+        // reader from before it must lay every device over again.
+        for ts in (20_000..).step_by(1000).take(MIN_CHANGE_LOG) {
+            learn_due(&cache, &on(0, ts));
+        }
+        assert_eq!(cache.lay_changed_over(through, slot_of, &mut rows), None);
+        let unlogged = LatestCache::default();
+        learn_due(&unlogged, &on(0, 10_000));
+        let since = unlogged.lay_newest_over(0..3, &mut rows).unwrap();
+        assert_eq!(
+            unlogged.lay_changed_over(since, slot_of, &mut rows),
+            None,
+            "checkpoints that keep no log"
         );
     }
 

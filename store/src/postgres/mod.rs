@@ -131,7 +131,7 @@ impl PostgresStore {
             pool,
             leadership: Arc::new(maintenance::Leadership::new(primary.clone())),
             process_cache: Arc::default(),
-            latest_cache: Arc::default(),
+            latest_cache: Arc::new(checkpoints::LatestCache::logging_changes()),
             layout_cache: Arc::default(),
             node_cache: Arc::default(),
             process_seen: Arc::default(),

@@ -224,7 +224,7 @@ async fn two_collectors_racing_on_the_same_batches_store_each_once() {
 /// and memory in use.
 async fn latest_of(store: &PostgresStore, uuid: &str) -> (i64, i64) {
     let devices = store.latest_devices().await.unwrap();
-    let device = devices.iter().find(|d| d.uuid == uuid).unwrap();
+    let device = devices.iter().find(|d| &*d.uuid == uuid).unwrap();
     let latest = device.latest.as_ref().unwrap();
     (latest.timestamp_ms, latest.memory_used_bytes)
 }
@@ -280,6 +280,13 @@ async fn the_serving_collector_shows_every_second_and_another_a_checkpoint_at_mo
             ts >= at(seq) - 5_000,
             "checkpoint {ts} too old at {}",
             at(seq)
+        );
+        // Each read of the serving collector starts from the figures of
+        // the one before and lays over them the samples that came since.
+        assert_eq!(
+            latest_of(&serving, fixtures::GPU0).await,
+            (at(seq), 41 * gib),
+            "the serving collector a second behind"
         );
     }
     assert_eq!(latest_of(&other, fixtures::GPU0).await.0, at(8));
@@ -631,7 +638,7 @@ async fn overview_uuids(store: &PostgresStore) -> Vec<String> {
         .await
         .unwrap()
         .into_iter()
-        .map(|device| device.uuid)
+        .map(|device| device.uuid.to_string())
         .collect()
 }
 
@@ -669,12 +676,12 @@ async fn the_overview_on_another_collector_follows_devices_added_changed_and_rel
     let devices = other.latest_devices().await.unwrap();
     let mine: Vec<&str> = devices
         .iter()
-        .filter(|d| d.node == NODE)
-        .map(|d| d.uuid.as_str())
+        .filter(|d| &*d.node == NODE)
+        .map(|d| d.uuid.as_ref())
         .collect();
     assert_eq!(mine, [fixtures::GPU0, fixtures::GPU1, fixtures::GPU2]);
-    let gpu1 = devices.iter().find(|d| d.uuid == fixtures::GPU1).unwrap();
-    assert_eq!(gpu1.name, "NVIDIA H100 80GB HBM3 (renamed)");
+    let gpu1 = devices.iter().find(|d| &*d.uuid == fixtures::GPU1).unwrap();
+    assert_eq!(&*gpu1.name, "NVIDIA H100 80GB HBM3 (renamed)");
     // A device released by an operator leaves the other's overview too.
     assert_eq!(
         serving

@@ -59,7 +59,7 @@ async fn mig_reconfiguration_hides_removed_instances(store: Arc<dyn Store>) {
     // still accepts the removed instance, the fleet view no longer shows it.
     assert!(session.device_ids.contains_key(MIG_B));
     let devices = store.latest_devices().await.unwrap();
-    let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
+    let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_ref()).collect();
     assert_eq!(uuids, vec![GPU0, GPU1, GPU2, MIG_A]);
     let mig = &devices[3];
     assert_eq!(mig.kind, "mig");
@@ -77,7 +77,7 @@ async fn batch_shows_up_in_latest_series_and_processes(store: Arc<dyn Store>) {
     );
 
     let devices = store.latest_devices().await.unwrap();
-    let gpu0 = devices.iter().find(|d| d.uuid == GPU0).unwrap();
+    let gpu0 = devices.iter().find(|d| &*d.uuid == GPU0).unwrap();
     let latest = gpu0.latest.as_ref().unwrap();
     assert_eq!(latest.timestamp_ms, ts);
     assert_eq!(latest.memory_used_bytes, (40 * GIB) as i64);
@@ -92,7 +92,7 @@ async fn batch_shows_up_in_latest_series_and_processes(store: Arc<dyn Store>) {
     assert_eq!(latest.peak_headroom_bytes, (38 * GIB + GIB / 2) as i64);
     assert_eq!(latest.utilization_pct, Some(70));
     assert_eq!(latest.pcie_rx_bytes_per_s, Some(2_000_000));
-    let gpu2 = devices.iter().find(|d| d.uuid == GPU2).unwrap();
+    let gpu2 = devices.iter().find(|d| &*d.uuid == GPU2).unwrap();
     assert!(gpu2.latest.is_none(), "no sample for GPU2 yet");
 
     let series = store
@@ -187,7 +187,7 @@ async fn latest_never_goes_back_in_time(store: Arc<dyn Store>) {
     // A later batch carrying an older interval (a replay from another spool).
     write(&*store, &session, &fixtures::batch(2, ts)).await;
     let devices = store.latest_devices().await.unwrap();
-    let gpu0 = devices.iter().find(|d| d.uuid == GPU0).unwrap();
+    let gpu0 = devices.iter().find(|d| &*d.uuid == GPU0).unwrap();
     assert_eq!(gpu0.latest.as_ref().unwrap().timestamp_ms, ts + 5000);
 }
 
@@ -1300,8 +1300,8 @@ async fn a_device_moves_only_when_its_node_lets_go(store: Arc<dyn Store>) {
     let moved = store.register(&reg, now_ms()).await.unwrap();
     assert!(moved.device_ids.contains_key(GPU0));
     let devices = store.latest_devices().await.unwrap();
-    let gpu0 = devices.iter().find(|d| d.uuid == GPU0).unwrap();
-    assert_eq!(gpu0.node, fixtures::OTHER_NODE);
+    let gpu0 = devices.iter().find(|d| &*d.uuid == GPU0).unwrap();
+    assert_eq!(&*gpu0.node, fixtures::OTHER_NODE);
 }
 
 /// A node's devices on record (present, or absent for less than the
