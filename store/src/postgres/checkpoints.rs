@@ -211,7 +211,8 @@ impl<V: Copy> Inner<V> {
     }
 }
 
-/// The change log keeps at least this many keys, however few are known.
+/// The change log keeps at least this many values, however few keys are
+/// known.
 const MIN_CHANGE_LOG: usize = 4096;
 
 impl<V: Checkpoint> Known<V> {
