@@ -308,6 +308,9 @@ pub struct MaintenanceReport {
     /// Chunks of closed hours folded into one per series and hour
     /// (Postgres): chunks read minus chunks written.
     pub chunks_compacted: u64,
+    /// Minute rollup rows of closed hours moved into one row per series
+    /// and hour (Postgres).
+    pub minute_rows_packed: u64,
     /// Where the rollups stand after the pass.
     pub watermarks: Option<Watermarks>,
 }

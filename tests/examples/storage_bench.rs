@@ -33,9 +33,10 @@
 //!    the open chunks written every simulated minute, as a collector with
 //!    the default `chunk_flush_s` writes them. Bytes per GPU-second and
 //!    process-second are the tables' size on disk, indexes included: as
-//!    written, then once maintenance has rolled up the hours and compacted
-//!    the closed hours' chunks into one per series and hour (after `VACUUM
-//!    FULL`, the space later chunks would reuse given back). The first node's 8 GPUs go to Prometheus
+//!    written, then once maintenance has rolled up the hours, compacted the
+//!    closed hours' chunks into one per series and hour and packed their
+//!    minute rollups into one row per series and hour (after `VACUUM FULL`,
+//!    the space later rows would reuse given back). The first node's 8 GPUs go to Prometheus
 //!    too (`promtool tsdb create-blocks-from openmetrics`, Debian's
 //!    `prometheus` package) and to VictoriaMetrics (Debian's
 //!    `victoria-metrics`, its Prometheus import API, then flushed and
@@ -609,7 +610,12 @@ async fn maintain_until_done(store: &dyn Store) -> (f64, u64) {
     loop {
         let report = store.maintain(now_ms()).await.unwrap();
         compacted += report.chunks_compacted;
-        if report.minutes_rolled_up + report.hours_rolled_up + report.chunks_compacted == 0 {
+        if report.minutes_rolled_up
+            + report.hours_rolled_up
+            + report.chunks_compacted
+            + report.minute_rows_packed
+            == 0
+        {
             break;
         }
     }
@@ -1494,6 +1500,8 @@ async fn storage_and_queries(history_nodes: usize) {
     let chunk_tables = [
         ("gpu_samples_packed", gpu_seconds),
         ("process_samples_packed", process_seconds),
+        ("gpu_samples_1m", gpu_seconds),
+        ("process_samples_1m", process_seconds),
     ];
     println!(
         "As written (the open chunks written every {} simulated s):",
@@ -1502,9 +1510,12 @@ async fn storage_and_queries(history_nodes: usize) {
     print_table_bytes(&store, &chunk_tables).await;
     print_chunk_payload(&store).await;
     let (rollup_s, compacted) = maintain_until_done(&store).await;
-    // Compaction frees the minute chunks' space for later chunks to reuse;
-    // VACUUM FULL gives it back, which is what the steady state holds.
-    sqlx::query("VACUUM FULL gpu_samples_packed, process_samples_packed")
+    // Compaction frees the minute chunks' and loose minute rollups' space
+    // for later ones to reuse; VACUUM FULL gives it back, which is what the
+    // steady state holds.
+    sqlx::query(
+        "VACUUM FULL gpu_samples_packed, process_samples_packed, gpu_samples_1m, process_samples_1m",
+    )
         .execute(store.pool())
         .await
         .unwrap();
@@ -1523,8 +1534,10 @@ async fn storage_and_queries(history_nodes: usize) {
             ("gpu_samples", gpu_seconds),
             ("process_samples", process_seconds),
             ("gpu_samples_1m", gpu_seconds),
+            ("gpu_samples_1m_packed", gpu_seconds),
             ("gpu_samples_1h", gpu_seconds),
             ("process_samples_1m", process_seconds),
+            ("process_samples_1m_packed", process_seconds),
             ("process_samples_1h", process_seconds),
         ],
     )

@@ -16,6 +16,7 @@ use sqlx::postgres::PgConnection;
 use sqlx::{Connection, Postgres, Row, Transaction};
 
 use super::maintenance::roll_up_fleet;
+use super::minute_packing::unpack_for_late_minutes;
 use super::packing::insert_chunks;
 use crate::StoreError;
 use crate::flush_encoding::{Encoded, encode_off_runtime};
@@ -63,9 +64,21 @@ pub(super) async fn write_open_chunks(
     };
     insert_chunks::<GpuSampleRow>(&mut tx, &encoded.gpu_chunks).await?;
     insert_chunks::<ProcessPoint>(&mut tx, &encoded.process_chunks).await?;
+    let minute_watermark = minute_watermark_for_share(&mut tx).await?;
+    if let Some(done_until) = minute_watermark {
+        unpack_for_late_minutes(
+            &mut tx,
+            &encoded.gpu_minutes,
+            &encoded.process_minutes,
+            done_until,
+        )
+        .await?;
+    }
     merge_gpu_minutes(&mut tx, &encoded.gpu_minutes).await?;
     merge_process_minutes(&mut tx, &encoded.process_minutes).await?;
-    redo_late_buckets(&mut tx, &encoded).await?;
+    if let Some(done_until) = minute_watermark {
+        redo_late_buckets(&mut tx, &encoded, done_until).await?;
+    }
     mark_for_compaction(&mut tx, &encoded).await?;
     let mut marks: Vec<(StreamKey, u64)> = kept
         .last_seqs()
@@ -166,13 +179,27 @@ async fn raise_marks(
 
 /// A minute row `r` merged with the same minute's `EXCLUDED` one: the
 /// memory figures both rollup tables share.
-const MERGED_MEMORY: &str = "samples = r.samples + EXCLUDED.samples,
+pub(super) const MERGED_MEMORY: &str = "samples = r.samples + EXCLUDED.samples,
     last_ts_ms = GREATEST(r.last_ts_ms, EXCLUDED.last_ts_ms),
     used_last = CASE WHEN EXCLUDED.last_ts_ms >= r.last_ts_ms THEN EXCLUDED.used_last ELSE r.used_last END,
     used_min = LEAST(r.used_min, EXCLUDED.used_min),
     used_max = GREATEST(r.used_max, EXCLUDED.used_max),
     used_avg = round((r.used_avg::numeric * r.samples + EXCLUDED.used_avg::numeric * EXCLUDED.samples)
         / (r.samples + EXCLUDED.samples))::int8";
+
+/// The rest of a GPU minute row `r` merged with `EXCLUDED`: the largest
+/// reservation and total, and each optional mean over the samples that had it.
+pub(super) const GPU_FIGURES_MERGED: &str = "reserved = GREATEST(r.reserved, EXCLUDED.reserved),
+    total = GREATEST(r.total, EXCLUDED.total),
+    utilization = ((COALESCE(r.utilization * r.samples, 0) + COALESCE(EXCLUDED.utilization * EXCLUDED.samples, 0))
+        / NULLIF(CASE WHEN r.utilization IS NULL THEN 0 ELSE r.samples END
+        + CASE WHEN EXCLUDED.utilization IS NULL THEN 0 ELSE EXCLUDED.samples END, 0))::real,
+    pcie_tx = round((COALESCE(r.pcie_tx::numeric * r.samples, 0) + COALESCE(EXCLUDED.pcie_tx::numeric * EXCLUDED.samples, 0))
+        / NULLIF(CASE WHEN r.pcie_tx IS NULL THEN 0 ELSE r.samples END
+        + CASE WHEN EXCLUDED.pcie_tx IS NULL THEN 0 ELSE EXCLUDED.samples END, 0))::int8,
+    pcie_rx = round((COALESCE(r.pcie_rx::numeric * r.samples, 0) + COALESCE(EXCLUDED.pcie_rx::numeric * EXCLUDED.samples, 0))
+        / NULLIF(CASE WHEN r.pcie_rx IS NULL THEN 0 ELSE r.samples END
+        + CASE WHEN EXCLUDED.pcie_rx IS NULL THEN 0 ELSE EXCLUDED.samples END, 0))::int8";
 
 /// Merges minutes into `gpu_samples_1m`: a minute already there (the same
 /// minute's earlier samples, or a late batch's) ends as the rollup of all
@@ -197,18 +224,7 @@ async fn merge_gpu_minutes(
              used_avg, used_last, reserved, total, utilization, pcie_tx, pcie_rx)
          SELECT * FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int4[], $5::int8[], $6::int8[],
              $7::int8[], $8::int8[], $9::int8[], $10::int8[], $11::float4[], $12::int8[], $13::int8[])
-         ON CONFLICT (device_id, ts_ms) DO UPDATE SET {MERGED_MEMORY},
-             reserved = GREATEST(r.reserved, EXCLUDED.reserved),
-             total = GREATEST(r.total, EXCLUDED.total),
-             utilization = ((COALESCE(r.utilization * r.samples, 0) + COALESCE(EXCLUDED.utilization * EXCLUDED.samples, 0))
-                 / NULLIF(CASE WHEN r.utilization IS NULL THEN 0 ELSE r.samples END
-                     + CASE WHEN EXCLUDED.utilization IS NULL THEN 0 ELSE EXCLUDED.samples END, 0))::real,
-             pcie_tx = round((COALESCE(r.pcie_tx::numeric * r.samples, 0) + COALESCE(EXCLUDED.pcie_tx::numeric * EXCLUDED.samples, 0))
-                 / NULLIF(CASE WHEN r.pcie_tx IS NULL THEN 0 ELSE r.samples END
-                     + CASE WHEN EXCLUDED.pcie_tx IS NULL THEN 0 ELSE EXCLUDED.samples END, 0))::int8,
-             pcie_rx = round((COALESCE(r.pcie_rx::numeric * r.samples, 0) + COALESCE(EXCLUDED.pcie_rx::numeric * EXCLUDED.samples, 0))
-                 / NULLIF(CASE WHEN r.pcie_rx IS NULL THEN 0 ELSE r.samples END
-                     + CASE WHEN EXCLUDED.pcie_rx IS NULL THEN 0 ELSE EXCLUDED.samples END, 0))::int8"
+         ON CONFLICT (device_id, ts_ms) DO UPDATE SET {MERGED_MEMORY}, {GPU_FIGURES_MERGED}"
     ))
     .bind(device_ids)
     .bind(minutes.iter().map(|m| m.minute_ms).collect::<Vec<_>>())
@@ -273,24 +289,31 @@ async fn mark_for_compaction(
     Ok(())
 }
 
-/// Minutes the rollup pass already passed (a spool replayed after an
-/// outage) get their fleet row summed again here, and their hours marked
-/// for the next pass to roll up again; newer minutes are summed when the
-/// pass reaches them. The watermark is read under a share lock, as batch
-/// writes read it, so the pass cannot move it past these minutes unseen.
+/// The minute watermark, read under a share lock as batch writes read it,
+/// so that the rollup pass cannot move it past this flush's minutes unseen
+/// (nor, so, pack their hours) until the flush commits.
+async fn minute_watermark_for_share(
+    tx: &mut Transaction<'_, Postgres>,
+) -> Result<Option<i64>, StoreError> {
+    Ok(
+        sqlx::query_scalar(
+            "SELECT done_until_ms FROM rollup_progress WHERE step_ms = $1 FOR SHARE",
+        )
+        .bind(MINUTE_MS)
+        .fetch_optional(&mut **tx)
+        .await?,
+    )
+}
+
+/// Minutes before the minute watermark `done_until` (a spool replayed
+/// after an outage) get their fleet row summed again here, and their hours
+/// marked for the next pass to roll up again; newer minutes are summed when
+/// the pass reaches them.
 async fn redo_late_buckets(
     tx: &mut Transaction<'_, Postgres>,
     encoded: &Encoded,
+    done_until: i64,
 ) -> Result<(), StoreError> {
-    let done_until: Option<i64> = sqlx::query_scalar(
-        "SELECT done_until_ms FROM rollup_progress WHERE step_ms = $1 FOR SHARE",
-    )
-    .bind(MINUTE_MS)
-    .fetch_optional(&mut **tx)
-    .await?;
-    let Some(done_until) = done_until else {
-        return Ok(());
-    };
     let late = encoded.minutes_before(done_until);
     if late.is_empty() {
         return Ok(());

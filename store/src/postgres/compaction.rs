@@ -10,6 +10,9 @@
 //! first, within a time budget. A late chunk (a spool replayed after an
 //! outage) marks its hour again, and the next pass folds it in. A chunk that
 //! does not decode is left as it is, beside the compacted one.
+//!
+//! The same pass packs the hour's minute rollups once they are final
+//! (`minute_packing.rs`); an hour whose rollups are not is marked again.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -17,6 +20,7 @@ use std::time::Instant;
 use sqlx::postgres::PgPool;
 use sqlx::{Postgres, Transaction};
 
+use super::minute_packing::pack_hour;
 use super::packing::{PackedTable, chunk_row, insert_chunks};
 use crate::StoreError;
 use crate::chunk_format::{self as packed, Chunk, Compressor};
@@ -30,20 +34,28 @@ pub(super) const CLOSED_AFTER_MS: i64 = 5 * MINUTE_MS;
 /// Series rewritten per transaction.
 const SERIES_PER_TRANSACTION: usize = 500;
 
-/// Compacts marked hours until `deadline`; returns how many chunks it
-/// folded away (chunks read minus chunks written).
+/// What a compaction pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Compacted {
+    /// Chunks read minus chunks written.
+    pub chunks_folded: u64,
+    /// Minute rollup rows moved into packed hours.
+    pub minute_rows_packed: u64,
+}
+
+/// Compacts marked hours until `deadline`.
 pub(super) async fn compact_closed_hours(
     pool: &PgPool,
     now_ms: i64,
     deadline: Instant,
-) -> Result<u64, StoreError> {
+) -> Result<Compacted, StoreError> {
     let hours: Vec<i64> = sqlx::query_scalar(
         "SELECT hour_ms FROM compact_pending WHERE hour_ms <= $1 ORDER BY hour_ms LIMIT 48",
     )
     .bind(now_ms - HOUR_MS - CLOSED_AFTER_MS)
     .fetch_all(pool)
     .await?;
-    let mut folded = 0;
+    let mut done = Compacted::default();
     for hour in hours {
         // Taken before the work: a flush that writes into the hour
         // meanwhile marks it again, for the next pass. Put back if the
@@ -53,22 +65,22 @@ pub(super) async fn compact_closed_hours(
             .execute(pool)
             .await?;
         let compacted = async {
-            Ok::<u64, StoreError>(
-                compact_hour::<GpuSampleRow>(pool, hour).await?
-                    + compact_hour::<ProcessPoint>(pool, hour).await?,
-            )
+            let folded = compact_hour::<GpuSampleRow>(pool, hour).await?
+                + compact_hour::<ProcessPoint>(pool, hour).await?;
+            Ok::<_, StoreError>((folded, pack_hour(pool, hour).await?))
         }
         .await;
         match compacted {
-            Ok(n) => folded += n,
+            Ok((folded, packed)) => {
+                done.chunks_folded += folded;
+                match packed {
+                    Some(rows) => done.minute_rows_packed += rows,
+                    // Its rollups are redone first, by a later pass.
+                    None => mark_again(pool, hour).await?,
+                }
+            }
             Err(error) => {
-                let marked = sqlx::query(
-                    "INSERT INTO compact_pending (hour_ms) VALUES ($1) ON CONFLICT DO NOTHING",
-                )
-                .bind(hour)
-                .execute(pool)
-                .await;
-                if let Err(mark_error) = marked {
+                if let Err(mark_error) = mark_again(pool, hour).await {
                     tracing::error!(hour_ms = hour, %mark_error,
                         "could not mark an hour whose compaction failed; it stays as minute chunks");
                 }
@@ -79,7 +91,15 @@ pub(super) async fn compact_closed_hours(
             break;
         }
     }
-    Ok(folded)
+    Ok(done)
+}
+
+async fn mark_again(pool: &PgPool, hour: i64) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO compact_pending (hour_ms) VALUES ($1) ON CONFLICT DO NOTHING")
+        .bind(hour)
+        .execute(pool)
+        .await?;
+    Ok(())
 }
 
 /// The series with chunks in `hour`, by the tables' BRIN index on the

@@ -29,6 +29,9 @@ const LEADER_LOCK: i64 = 0x6865_6164_726f_6f6d;
 const PARTITION_LOCK: i64 = LEADER_LOCK + 1;
 /// Transaction-level lock that orders packing against minute rollups.
 pub(super) const PACKING_LOCK: i64 = LEADER_LOCK + 2;
+/// Transaction-level lock that orders packing an hour's minute rollups
+/// (exclusive) against late minutes unpacking them (shared).
+pub(super) const MINUTE_PACKING_LOCK: i64 = LEADER_LOCK + 3;
 
 /// Buckets rolled up per transaction: a day's catch-up is a few short
 /// transactions rather than one long one.
@@ -48,7 +51,7 @@ struct Partitioned {
     keep: Keep,
 }
 
-const PARTITIONED: [Partitioned; 10] = [
+const PARTITIONED: [Partitioned; 12] = [
     Partitioned {
         table: "gpu_samples",
         width_ms: DAY_MS,
@@ -86,6 +89,16 @@ const PARTITIONED: [Partitioned; 10] = [
     },
     Partitioned {
         table: "process_samples_1m",
+        width_ms: DAY_MS,
+        keep: Keep::Minute,
+    },
+    Partitioned {
+        table: "gpu_samples_1m_packed",
+        width_ms: DAY_MS,
+        keep: Keep::Minute,
+    },
+    Partitioned {
+        table: "process_samples_1m_packed",
         width_ms: DAY_MS,
         keep: Keep::Minute,
     },
@@ -201,12 +214,14 @@ pub(super) async fn run(
         report.rows_expired = expire_fleet(pool, storage, now_ms, marks).await?;
         report.samples_packed =
             packing::pack_cold_days(pool, storage, now_ms, marks.minute_ms).await?;
-        report.chunks_compacted = super::compaction::compact_closed_hours(
+        let compacted = super::compaction::compact_closed_hours(
             pool,
             now_ms,
             Instant::now() + storage.pack_time_per_pass(),
         )
         .await?;
+        report.chunks_compacted = compacted.chunks_folded;
+        report.minute_rows_packed = compacted.minute_rows_packed;
     }
     report.watermarks = Some(watermarks(pool).await?);
     Ok(report)
@@ -456,12 +471,13 @@ const PROCESS_ROLLUP_UPDATE: &str =
     samples = EXCLUDED.samples, used_min = EXCLUDED.used_min, used_max = EXCLUDED.used_max,
     used_avg = EXCLUDED.used_avg, used_last = EXCLUDED.used_last";
 
-/// The fleet tables of each step, and the device rollups they sum.
+/// The fleet tables of each step, and the device rollups they sum (the
+/// minutes loose or packed, bounded by the query's `$1` and `$2`).
 pub(super) fn fleet_tables(step_ms: i64) -> (&'static str, &'static str) {
     if step_ms == HOUR_MS {
         ("gpu_samples_1h", "fleet_1h")
     } else {
-        ("gpu_samples_1m", "fleet_1m")
+        ("gpu_minutes($1, $2)", "fleet_1m")
     }
 }
 
@@ -528,6 +544,9 @@ async fn roll_up_minutes(pool: &PgPool) -> Result<u64, StoreError> {
             if from < process_packed_until {
                 packing::unpack_for_rollup::<ProcessPoint>(&mut tx, from, to).await?;
             }
+            // The minutes rolled up here from raw rows replace those rows'
+            // minutes, which must be loose for that.
+            super::minute_packing::unpack_for_raw_rollup(&mut tx, from, to).await?;
             // `(max(ARRAY[ts, v]))[2]` is the value at the newest timestamp:
             // "last" without sorting each group.
             sqlx::query(&format!(
@@ -598,7 +617,7 @@ async fn roll_up_hours(pool: &PgPool) -> Result<u64, StoreError> {
                      (sum(utilization * samples) / NULLIF(sum(samples) FILTER (WHERE utilization IS NOT NULL), 0))::real,
                      round(sum(pcie_tx::numeric * samples) / NULLIF(sum(samples) FILTER (WHERE pcie_tx IS NOT NULL), 0))::int8,
                      round(sum(pcie_rx::numeric * samples) / NULLIF(sum(samples) FILTER (WHERE pcie_rx IS NOT NULL), 0))::int8
-                 FROM gpu_samples_1m WHERE ts_ms >= $1 AND ts_ms < $2
+                 FROM gpu_minutes($1, $2)
                  GROUP BY device_id, ts_ms - ts_ms % $3
                  {GPU_ROLLUP_UPDATE}"
             ))
@@ -613,7 +632,7 @@ async fn roll_up_hours(pool: &PgPool) -> Result<u64, StoreError> {
                  SELECT process_id, ts_ms - ts_ms % $3, max(last_ts_ms), sum(samples), min(used_min), max(used_max),
                      round(sum(used_avg::numeric * samples) / sum(samples))::int8,
                      (max(ARRAY[last_ts_ms, used_last]))[2]
-                 FROM process_samples_1m WHERE ts_ms >= $1 AND ts_ms < $2
+                 FROM process_minutes($1, $2)
                  GROUP BY process_id, ts_ms - ts_ms % $3
                  {PROCESS_ROLLUP_UPDATE}"
             ))

@@ -19,6 +19,7 @@ mod compaction;
 mod copy;
 mod fleet_layout;
 mod maintenance;
+mod minute_packing;
 mod packing;
 mod primary;
 mod process_cache;
@@ -781,7 +782,7 @@ impl Store for PostgresStore {
                      utilization::float8 * samples, CASE WHEN utilization IS NULL THEN 0 ELSE samples END,
                      pcie_tx::numeric * samples, CASE WHEN pcie_tx IS NULL THEN 0 ELSE samples END,
                      pcie_rx::numeric * samples, CASE WHEN pcie_rx IS NULL THEN 0 ELSE samples END
-                 FROM gpu_samples_1m WHERE device_id = $1 AND ts_ms >= $5 AND ts_ms < $6
+                 FROM gpu_minutes($5, $6) WHERE device_id = $1
                  UNION ALL
                  SELECT ts_ms, ts_ms, 1, used_last, used_min, used_max, reserved, total,
                      utilization, CASE WHEN utilization IS NULL THEN 0 ELSE 1 END,
@@ -970,8 +971,8 @@ impl Store for PostgresStore {
                  SELECT process_id, ts_ms AS at, used_max FROM process_samples_1h
                  WHERE process_id = ANY($1) AND ts_ms >= $2 AND ts_ms < $5
                  UNION ALL
-                 SELECT process_id, ts_ms, used_max FROM process_samples_1m
-                 WHERE process_id = ANY($1) AND ts_ms >= $5 AND ts_ms < $6
+                 SELECT process_id, ts_ms, used_max FROM process_minutes($5, $6)
+                 WHERE process_id = ANY($1)
                  UNION ALL
                  SELECT process_id, ts_ms, used_max FROM process_samples
                  WHERE process_id = ANY($1) AND ts_ms >= $6 AND ts_ms <= $3

@@ -30,6 +30,7 @@ mod nvml_agent;
 mod nvml_source;
 mod postgres_cluster;
 mod postgres_failover;
+mod postgres_minute_packing;
 mod postgres_packing;
 mod python_client;
 mod release;

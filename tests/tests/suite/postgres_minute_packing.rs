@@ -1,0 +1,226 @@
+//! Minute rollups of closed hours on Postgres: moved into one row per
+//! series and hour, charted, rolled up and summed for the fleet as before,
+//! and unpacked again for a late sample, which the next pass packs with the
+//! rest. (That every chart of a compacted hour reads the same on both
+//! backends is in the conformance suite.)
+
+use headroom_collector::ingest::validate::{self, Limits};
+use headroom_store::model::{NodeSession, StoreBatch};
+use headroom_store::rollup::{HOUR_MS, MINUTE_MS, StorageConfig, bucket_start};
+use headroom_store::{PostgresStore, Store};
+use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, GPU1, NODE, now_ms};
+use headroom_tests::postgres;
+
+const STEP_MS: i64 = 10_000;
+
+/// A batch of GPU0 and GPU1 at `ts`, their memory moving a little each
+/// sample, and GPU0's one process (the same incarnation throughout).
+fn two_gpus(session: &NodeSession, seq: u64, ts: i64, start_ms: i64, now: i64) -> StoreBatch {
+    let mut b = fixtures::batch(seq, ts);
+    let wobble = seq % 7;
+    b.gpu_samples = vec![
+        fixtures::gpu_sample(GPU0, ts, (20 + wobble) * GIB),
+        fixtures::gpu_sample(GPU1, ts, (30 + wobble % 3) * GIB),
+    ];
+    b.process_samples[0].start_time_ms = start_ms;
+    b.process_samples[0].memory_used_last_bytes = (12 + wobble % 2) * GIB;
+    validate::batch(b, session, now, &Limits::default()).unwrap()
+}
+
+async fn loose_minutes(store: &PostgresStore, from: i64, to: i64) -> i64 {
+    sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM gpu_samples_1m WHERE ts_ms >= $1 AND ts_ms < $2)
+              + (SELECT count(*) FROM process_samples_1m WHERE ts_ms >= $1 AND ts_ms < $2)",
+    )
+    .bind(from)
+    .bind(to)
+    .fetch_one(store.pool())
+    .await
+    .unwrap()
+}
+
+/// `(rows, minutes in them)` of the packed GPU minute rollups.
+async fn packed_gpu_hours(store: &PostgresStore) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT count(*), COALESCE(sum(cardinality(minute)), 0)::int8 FROM gpu_samples_1m_packed",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap()
+}
+
+/// Two hours of GPU0, GPU1 and a process every 10 s, four hours ago,
+/// written by a flush a minute as a collector writes them.
+async fn two_hours_written(store: &PostgresStore) -> (NodeSession, i64, i64) {
+    let reg = validate::registration(&fixtures::register(NODE, BOOT), &Limits::default()).unwrap();
+    let session = store.register(&reg, now_ms()).await.unwrap();
+    let now = now_ms();
+    let base = bucket_start(now - 4 * HOUR_MS, HOUR_MS);
+    let batches: Vec<StoreBatch> = (0..(2 * HOUR_MS / STEP_MS) as u64)
+        .map(|i| {
+            two_gpus(
+                &session,
+                i + 1,
+                base + i as i64 * STEP_MS,
+                base - 60_000,
+                now,
+            )
+        })
+        .collect();
+    for minute in batches.chunks(6) {
+        store.write_batches(minute).await.unwrap();
+        store.flush(true).await.unwrap();
+    }
+    (session, now, base)
+}
+
+#[tokio::test]
+async fn closed_hours_minutes_pack_into_a_row_per_series_and_a_late_sample_joins_them() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let store = PostgresStore::connect(&db.url, StorageConfig::default())
+        .await
+        .unwrap();
+    let (session, now, base) = two_hours_written(&store).await;
+    let end = base + 2 * HOUR_MS;
+    let minute_charts = || async {
+        (
+            store
+                .device_series(GPU0, base, end - 1, 120)
+                .await
+                .unwrap()
+                .unwrap(),
+            store
+                .process_series(GPU0, base, end - 1, 120)
+                .await
+                .unwrap()
+                .unwrap(),
+            store.fleet_history(base, end - 1, 120).await.unwrap(),
+        )
+    };
+    let before = minute_charts().await;
+    assert_eq!(before.0.len(), 120);
+    let loose = loose_minutes(&store, base, end).await;
+    assert_eq!(loose, 2 * 120 + 120, "two GPUs' and a process's minutes");
+
+    let report = store.maintain(now).await.unwrap();
+    assert_eq!(report.minute_rows_packed, loose as u64, "{report:?}");
+    assert_eq!(loose_minutes(&store, base, end).await, 0);
+    assert_eq!(
+        packed_gpu_hours(&store).await,
+        (4, 240),
+        "a row per GPU and hour, each with its 60 minutes"
+    );
+    assert_eq!(minute_charts().await, before, "the same charts, packed");
+    let hours = store
+        .device_series(GPU0, base, end - 1, 2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(hours.len(), 2);
+    assert_eq!(hours[0].memory_used_max_bytes, (27 * GIB) as i64);
+
+    // A spike from an agent's spool, long after its hour was packed.
+    let late_ts = base + 30 * MINUTE_MS + 5_000;
+    let mut late = fixtures::batch(100_000, late_ts);
+    late.process_samples.clear();
+    late.gpu_samples = vec![fixtures::gpu_sample(GPU0, late_ts, 70 * GIB)];
+    let late = validate::batch(late, &session, now, &Limits::default()).unwrap();
+    store.write_batch(&late).await.unwrap();
+    store.flush(true).await.unwrap();
+    assert_eq!(
+        loose_minutes(&store, base, base + HOUR_MS).await,
+        60,
+        "GPU0's hour is unpacked for the late sample, and only that"
+    );
+    assert_eq!(packed_gpu_hours(&store).await, (3, 180));
+    let (series, _, fleet) = minute_charts().await;
+    assert_eq!(series[30].samples, before.0[30].samples + 1);
+    assert_eq!(series[30].memory_used_max_bytes, (71 * GIB) as i64);
+    assert_eq!(series[29], before.0[29], "its neighbours unchanged");
+    assert_eq!(
+        fleet[30].used_max_bytes,
+        before.2[30].used_max_bytes - before.0[30].memory_used_max_bytes + (71 * GIB) as i64,
+        "the fleet's minute summed again with GPU1's packed minute"
+    );
+
+    let report = store.maintain(now + 1000).await.unwrap();
+    assert_eq!(report.minute_rows_packed, 60, "{report:?}");
+    assert_eq!(loose_minutes(&store, base, end).await, 0);
+    assert_eq!(packed_gpu_hours(&store).await, (4, 240));
+    let hours = store
+        .device_series(GPU0, base, end - 1, 2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(hours[0].memory_used_max_bytes, (71 * GIB) as i64);
+    assert_eq!(hours[0].samples, 361);
+    let (series, _, fleet) = minute_charts().await;
+    assert_eq!(series[30].memory_used_max_bytes, (71 * GIB) as i64);
+    assert_eq!(
+        fleet[30].used_max_bytes,
+        before.2[30].used_max_bytes - before.0[30].memory_used_max_bytes + (71 * GIB) as i64
+    );
+    assert_eq!(
+        store.maintain(now + 2000).await.unwrap().minute_rows_packed,
+        0,
+        "nothing left to pack"
+    );
+    db.drop_database().await;
+}
+
+/// A minute merged loose into a packed hour, as a collector older than
+/// packing merges one during a rolling upgrade: the next pass merges it
+/// with the packed minute and packs the hour whole, rather than failing on
+/// the hour's key.
+#[tokio::test]
+async fn a_loose_minute_beside_its_packed_hour_is_merged_when_the_hour_is_packed_again() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let store = PostgresStore::connect(&db.url, StorageConfig::default())
+        .await
+        .unwrap();
+    let (_, now, base) = two_hours_written(&store).await;
+    store.maintain(now).await.unwrap();
+    let minute = base + 10 * MINUTE_MS;
+    let read = || async {
+        store
+            .device_series(GPU1, minute, minute + MINUTE_MS - 1, 1)
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let before = read().await;
+    assert_eq!(before[0].samples, 6);
+    sqlx::query(
+        "INSERT INTO gpu_samples_1m (device_id, ts_ms, last_ts_ms, samples, used_min, used_max,
+             used_avg, used_last, reserved, total, utilization, pcie_tx, pcie_rx)
+         SELECT id, $1, $1 + 59000, 1, $2, $2, $2, $2, 0, 0, NULL, NULL, NULL FROM devices WHERE uuid = $3",
+    )
+    .bind(minute)
+    .bind((75 * GIB) as i64)
+    .bind(GPU1)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO compact_pending (hour_ms) VALUES ($1)")
+        .bind(base)
+        .execute(store.pool())
+        .await
+        .unwrap();
+
+    let report = store.maintain(now + 1000).await.unwrap();
+    assert_eq!(report.minute_rows_packed, 60, "{report:?}");
+    assert_eq!(loose_minutes(&store, base, base + HOUR_MS).await, 0);
+    assert_eq!(packed_gpu_hours(&store).await, (4, 240));
+    let after = read().await;
+    assert_eq!(after[0].samples, 7);
+    assert_eq!(after[0].memory_used_max_bytes, (75 * GIB) as i64);
+    assert_eq!(
+        after[0].memory_used_min_bytes,
+        before[0].memory_used_min_bytes
+    );
+    db.drop_database().await;
+}
