@@ -173,7 +173,18 @@ impl Leadership {
 
     /// Gives the lock up (shutdown), so another collector takes over at once.
     pub(super) async fn resign(&self) {
-        if let Some((conn, _)) = self.held.lock().await.take() {
+        if let Some((mut conn, _)) = self.held.lock().await.take() {
+            // Unlocked before the connection closes: the server releases a
+            // closed session's locks only once its backend has exited,
+            // which on a busy host can trail the close, and the next
+            // collector's pass should find the lock free at once.
+            let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
+                .bind(LEADER_LOCK)
+                .execute(&mut conn)
+                .await;
+            if let Err(error) = unlocked {
+                tracing::debug!(%error, "could not unlock the maintenance lock; closing releases it");
+            }
             let _ = conn.close().await;
         }
     }

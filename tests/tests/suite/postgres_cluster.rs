@@ -417,7 +417,9 @@ async fn late_samples_written_by_two_collectors_during_rollups_are_all_rolled_up
     let node_a = register(&*a, &fixtures::register(NODE, BOOT)).await;
     let node_b = register(&*b, &fixtures::register_other_node()).await;
     let now = now_ms();
-    let minute = bucket_start(now - 30 * MINUTE_MS, MINUTE_MS);
+    // A minute whose hour is not closed, so that neither its chunks nor its
+    // rollups are compacted while the test reads them as they were written.
+    let minute = bucket_start(now - 4 * MINUTE_MS, MINUTE_MS);
     let at = move |i: u64| minute + i as i64 * 1000;
     // The minute is rolled up before most of its samples arrive, as when
     // agents replay their spools after an outage.
@@ -476,7 +478,7 @@ async fn late_samples_written_by_two_collectors_during_rollups_are_all_rolled_up
     // Every sample of the minute is in its rollup row, whatever order the
     // writers, the flushes and the rollup passes took.
     let (rolled, stored): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT sum(samples)::int8 FROM gpu_samples_1m WHERE ts_ms = $1),
+        "SELECT (SELECT sum(samples)::int8 FROM gpu_minutes($1, $1 + $2)),
                 (SELECT sum(samples)::int8 FROM gpu_samples_packed
                  WHERE first_ts_ms >= $1 AND last_ts_ms < $1 + $2)",
     )
