@@ -9,7 +9,9 @@
 //! commits after it is seen by the next read, never lost. Every change to a
 //! node's devices raises that node's `layout_version` in its own
 //! transaction; a node added raises the highest id, one removed lowers the
-//! count.
+//! count. The mark reads them from `node_layouts` (migration 0022), a
+//! narrow copy that triggers keep, not from `nodes`, which every node's
+//! batches rewrite each second.
 //!
 //! The figures (`gpu_latest`) are kept too, with the snapshot they were
 //! read in, and a read fetches only the rows written since: each steady
@@ -203,9 +205,9 @@ pub(super) async fn latest_devices(
     let read_at = Instant::now();
     let mark: Mark = sqlx::query_as(
         "SELECT count(*) AS nodes, COALESCE(sum(layout_version), 0)::int8 AS versions,
-             COALESCE(max(id), 0) AS highest_id,
+             COALESCE(max(node_id), 0) AS highest_id,
              pg_snapshot_xmin(pg_current_snapshot())::text::int8 AS snapshot_xmin
-         FROM nodes",
+         FROM node_layouts",
     )
     .fetch_one(&mut **tx)
     .await?;
