@@ -21,6 +21,107 @@ use crate::StoreError;
 use crate::open_chunks::{GpuMinute, ProcessMinute};
 use crate::rollup::{HOUR_MS, MINUTE_MS, bucket_start};
 
+/// One kind of series' minute rollups: where they sit loose and packed,
+/// where its raw rows sit, and the figures a minute holds beyond its time
+/// and sample count.
+struct MinuteTables {
+    loose: &'static str,
+    packed: &'static str,
+    raw: &'static str,
+    key: &'static str,
+    figures: &'static [&'static str],
+    /// How the figures beyond the memory ones merge, where there are any.
+    more_merged: Option<&'static str>,
+}
+
+const GPU: MinuteTables = MinuteTables {
+    loose: "gpu_samples_1m",
+    packed: "gpu_samples_1m_packed",
+    raw: "gpu_samples",
+    key: "device_id",
+    figures: &[
+        "used_min",
+        "used_max",
+        "used_avg",
+        "used_last",
+        "reserved",
+        "total",
+        "utilization",
+        "pcie_tx",
+        "pcie_rx",
+    ],
+    more_merged: Some(GPU_FIGURES_MERGED),
+};
+
+const PROCESS: MinuteTables = MinuteTables {
+    loose: "process_samples_1m",
+    packed: "process_samples_1m_packed",
+    raw: "process_samples",
+    key: "process_id",
+    figures: &["used_min", "used_max", "used_avg", "used_last"],
+    more_merged: None,
+};
+
+impl MinuteTables {
+    /// Deletes the packed rows that `packed_rows` (a `WHERE` clause over
+    /// `p`) picks and puts their minutes back as loose rows, each merged
+    /// with any loose row of the same minute.
+    fn unpack_sql(&self, packed_rows: &str) -> String {
+        let Self {
+            loose, packed, key, ..
+        } = self;
+        let figures = self.figures.join(", ");
+        let of = |table: &str| {
+            self.figures
+                .iter()
+                .map(|f| format!("{table}.{f}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (of_minute, of_gone) = (of("m"), of("g"));
+        let merged = match self.more_merged {
+            Some(more) => format!("{MERGED_MEMORY}, {more}"),
+            None => MERGED_MEMORY.to_string(),
+        };
+        format!(
+            "WITH gone AS (DELETE FROM {packed} p {packed_rows} RETURNING p.*)
+             INSERT INTO {loose} AS r ({key}, ts_ms, last_ts_ms, samples, {figures})
+             SELECT g.{key}, g.hour_ms + m.minute * 60000,
+                 g.hour_ms + m.minute * 60000 + m.last_offset_ms, m.samples, {of_minute}
+             FROM gone g,
+                 LATERAL unnest(g.minute, g.last_offset_ms, g.samples, {of_gone})
+                     AS m(minute, last_offset_ms, samples, {figures})
+             ON CONFLICT ({key}, ts_ms) DO UPDATE SET {merged}"
+        )
+    }
+
+    /// Moves the loose minutes of the hour `$1` (`$2` an hour, `$3` a
+    /// minute) into a packed row per series; returns the rows moved. (A
+    /// statement in WITH runs in full whether or not the query reads it.)
+    fn pack_sql(&self) -> String {
+        let Self {
+            loose, packed, key, ..
+        } = self;
+        let figures = self.figures.join(", ");
+        let arrays = self
+            .figures
+            .iter()
+            .map(|f| format!("array_agg({f} ORDER BY ts_ms)"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "WITH gone AS (DELETE FROM {loose} WHERE ts_ms >= $1 AND ts_ms < $1 + $2 RETURNING *),
+             packed AS (
+                 INSERT INTO {packed} (hour_ms, {key}, minute, last_offset_ms, samples, {figures})
+                 SELECT $1, {key}, array_agg(((ts_ms - $1) / $3)::int2 ORDER BY ts_ms),
+                     array_agg((last_ts_ms - ts_ms)::int4 ORDER BY ts_ms),
+                     array_agg(samples ORDER BY ts_ms), {arrays}
+                 FROM gone GROUP BY {key})
+             SELECT count(*) FROM gone"
+        )
+    }
+}
+
 /// Packs the minute rollups of `hour` if they are final: the hour rolled up
 /// and no minute or hour of it waiting to be rolled up again. Returns the
 /// minute rows packed, or `None` where the hour is not final yet (the
@@ -45,77 +146,31 @@ pub(super) async fn pack_hour(pool: &PgPool, hour: i64) -> Result<Option<u64>, S
     if !is_final {
         return Ok(None);
     }
-    // A series' hour packed and loose at once (minutes merged by a
-    // collector older than packing, during a rolling upgrade) is unpacked
-    // first, its minutes merged with the loose ones, then packed whole.
-    // (A statement in WITH runs in full whether or not the query reads it.)
-    sqlx::query(&format!(
-        "WITH gone AS (
-             DELETE FROM gpu_samples_1m_packed p WHERE p.hour_ms = $1 AND EXISTS (
-                 SELECT 1 FROM gpu_samples_1m r
-                 WHERE r.device_id = p.device_id AND r.ts_ms >= $1 AND r.ts_ms < $1 + $2)
-             RETURNING p.*)
-         {}",
-        gpu_unpacked()
-    ))
-    .bind(hour)
-    .bind(HOUR_MS)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query(&format!(
-        "WITH gone AS (
-             DELETE FROM process_samples_1m_packed p WHERE p.hour_ms = $1 AND EXISTS (
-                 SELECT 1 FROM process_samples_1m r
-                 WHERE r.process_id = p.process_id AND r.ts_ms >= $1 AND r.ts_ms < $1 + $2)
-             RETURNING p.*)
-         {}",
-        process_unpacked()
-    ))
-    .bind(hour)
-    .bind(HOUR_MS)
-    .execute(&mut *tx)
-    .await?;
-    let gpu: i64 = sqlx::query_scalar(
-        "WITH gone AS (
-             DELETE FROM gpu_samples_1m WHERE ts_ms >= $1 AND ts_ms < $1 + $2 RETURNING *),
-         packed AS (
-             INSERT INTO gpu_samples_1m_packed (hour_ms, device_id, minute, last_offset_ms, samples,
-                 used_min, used_max, used_avg, used_last, reserved, total, utilization, pcie_tx, pcie_rx)
-             SELECT $1, device_id, array_agg(((ts_ms - $1) / $3)::int2 ORDER BY ts_ms),
-                 array_agg((last_ts_ms - ts_ms)::int4 ORDER BY ts_ms), array_agg(samples ORDER BY ts_ms),
-                 array_agg(used_min ORDER BY ts_ms), array_agg(used_max ORDER BY ts_ms),
-                 array_agg(used_avg ORDER BY ts_ms), array_agg(used_last ORDER BY ts_ms),
-                 array_agg(reserved ORDER BY ts_ms), array_agg(total ORDER BY ts_ms),
-                 array_agg(utilization ORDER BY ts_ms), array_agg(pcie_tx ORDER BY ts_ms),
-                 array_agg(pcie_rx ORDER BY ts_ms)
-             FROM gone GROUP BY device_id)
-         SELECT count(*) FROM gone",
-    )
-    .bind(hour)
-    .bind(HOUR_MS)
-    .bind(MINUTE_MS)
-    .fetch_one(&mut *tx)
-    .await?;
-    let process: i64 = sqlx::query_scalar(
-        "WITH gone AS (
-             DELETE FROM process_samples_1m WHERE ts_ms >= $1 AND ts_ms < $1 + $2 RETURNING *),
-         packed AS (
-             INSERT INTO process_samples_1m_packed (hour_ms, process_id, minute, last_offset_ms, samples,
-                 used_min, used_max, used_avg, used_last)
-             SELECT $1, process_id, array_agg(((ts_ms - $1) / $3)::int2 ORDER BY ts_ms),
-                 array_agg((last_ts_ms - ts_ms)::int4 ORDER BY ts_ms), array_agg(samples ORDER BY ts_ms),
-                 array_agg(used_min ORDER BY ts_ms), array_agg(used_max ORDER BY ts_ms),
-                 array_agg(used_avg ORDER BY ts_ms), array_agg(used_last ORDER BY ts_ms)
-             FROM gone GROUP BY process_id)
-         SELECT count(*) FROM gone",
-    )
-    .bind(hour)
-    .bind(HOUR_MS)
-    .bind(MINUTE_MS)
-    .fetch_one(&mut *tx)
-    .await?;
+    let mut moved = 0;
+    for tables in [&GPU, &PROCESS] {
+        // A series' hour packed and loose at once (minutes merged by a
+        // collector older than packing, during a rolling upgrade) is
+        // unpacked first, its minutes merged with the loose ones, then
+        // packed whole.
+        let MinuteTables { loose, key, .. } = tables;
+        sqlx::query(&tables.unpack_sql(&format!(
+            "WHERE p.hour_ms = $1 AND EXISTS (SELECT 1 FROM {loose} r
+                 WHERE r.{key} = p.{key} AND r.ts_ms >= $1 AND r.ts_ms < $1 + $2)"
+        )))
+        .bind(hour)
+        .bind(HOUR_MS)
+        .execute(&mut *tx)
+        .await?;
+        let rows: i64 = sqlx::query_scalar(&tables.pack_sql())
+            .bind(hour)
+            .bind(HOUR_MS)
+            .bind(MINUTE_MS)
+            .fetch_one(&mut *tx)
+            .await?;
+        moved += u64::try_from(rows).unwrap_or(0);
+    }
     tx.commit().await?;
-    Ok(Some(u64::try_from(gpu + process).unwrap_or(0)))
+    Ok(Some(moved))
 }
 
 /// Before a flush merges minutes older than the minute watermark
@@ -129,58 +184,40 @@ pub(super) async fn unpack_for_late_minutes(
     process_minutes: &[ProcessMinute],
     done_until: i64,
 ) -> Result<(), StoreError> {
-    let gpu = late_series_hours(
-        gpu_minutes.iter().map(|m| (m.device_id, m.minute_ms)),
-        done_until,
-    );
-    let process = late_series_hours(
-        process_minutes.iter().map(|m| (m.process_id, m.minute_ms)),
-        done_until,
-    );
-    if gpu.is_empty() && process.is_empty() {
+    let late = [
+        (
+            &GPU,
+            late_series_hours(
+                gpu_minutes.iter().map(|m| (m.device_id, m.minute_ms)),
+                done_until,
+            ),
+        ),
+        (
+            &PROCESS,
+            late_series_hours(
+                process_minutes.iter().map(|m| (m.process_id, m.minute_ms)),
+                done_until,
+            ),
+        ),
+    ];
+    if late.iter().all(|(_, series_hours)| series_hours.is_empty()) {
         return Ok(());
     }
     sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
         .bind(MINUTE_PACKING_LOCK)
         .execute(&mut **tx)
         .await?;
-    if !gpu.is_empty() {
-        let devices = gpu
-            .iter()
-            .map(|(device_id, _)| {
-                i32::try_from(*device_id).map_err(|_| {
-                    StoreError::Invalid(format!("device id {device_id} is out of range"))
-                })
-            })
-            .collect::<Result<Vec<i32>, StoreError>>()?;
-        let hours: Vec<i64> = gpu.iter().map(|(_, hour)| *hour).collect();
-        sqlx::query(&format!(
-            "WITH gone AS (
-                 DELETE FROM gpu_samples_1m_packed p
-                 USING UNNEST($1::int4[], $2::int8[]) AS v(device_id, hour_ms)
-                 WHERE p.device_id = v.device_id AND p.hour_ms = v.hour_ms
-                 RETURNING p.*)
-             {}",
-            gpu_unpacked()
-        ))
-        .bind(devices)
-        .bind(hours)
-        .execute(&mut **tx)
-        .await?;
-    }
-    if !process.is_empty() {
-        let processes: Vec<i64> = process.iter().map(|(id, _)| *id).collect();
-        let hours: Vec<i64> = process.iter().map(|(_, hour)| *hour).collect();
-        sqlx::query(&format!(
-            "WITH gone AS (
-                 DELETE FROM process_samples_1m_packed p
-                 USING UNNEST($1::int8[], $2::int8[]) AS v(process_id, hour_ms)
-                 WHERE p.process_id = v.process_id AND p.hour_ms = v.hour_ms
-                 RETURNING p.*)
-             {}",
-            process_unpacked()
-        ))
-        .bind(processes)
+    for (tables, series_hours) in late {
+        if series_hours.is_empty() {
+            continue;
+        }
+        let key = tables.key;
+        let (series, hours): (Vec<i64>, Vec<i64>) = series_hours.into_iter().unzip();
+        sqlx::query(&tables.unpack_sql(&format!(
+            "USING UNNEST($1::int8[], $2::int8[]) AS v(series, hour_ms)
+             WHERE p.{key} = v.series AND p.hour_ms = v.hour_ms"
+        )))
+        .bind(series)
         .bind(hours)
         .execute(&mut **tx)
         .await?;
@@ -200,34 +237,18 @@ pub(super) async fn unpack_for_raw_rollup(
         .bind(MINUTE_PACKING_LOCK)
         .execute(&mut **tx)
         .await?;
-    sqlx::query(&format!(
-        "WITH gone AS (
-             DELETE FROM gpu_samples_1m_packed p
-             WHERE p.hour_ms >= $1 AND p.hour_ms < $2
-                 AND p.device_id IN (SELECT DISTINCT device_id FROM gpu_samples WHERE ts_ms >= $3 AND ts_ms < $2)
-             RETURNING p.*)
-         {}",
-            gpu_unpacked()
-    ))
-    .bind(bucket_start(from, HOUR_MS))
-    .bind(to)
-    .bind(from)
-    .execute(&mut **tx)
-    .await?;
-    sqlx::query(&format!(
-        "WITH gone AS (
-             DELETE FROM process_samples_1m_packed p
-             WHERE p.hour_ms >= $1 AND p.hour_ms < $2
-                 AND p.process_id IN (SELECT DISTINCT process_id FROM process_samples WHERE ts_ms >= $3 AND ts_ms < $2)
-             RETURNING p.*)
-         {}",
-            process_unpacked()
-    ))
-    .bind(bucket_start(from, HOUR_MS))
-    .bind(to)
-    .bind(from)
-    .execute(&mut **tx)
-    .await?;
+    for tables in [&GPU, &PROCESS] {
+        let MinuteTables { raw, key, .. } = tables;
+        sqlx::query(&tables.unpack_sql(&format!(
+            "WHERE p.hour_ms >= $1 AND p.hour_ms < $2
+                 AND p.{key} IN (SELECT DISTINCT {key} FROM {raw} WHERE ts_ms >= $3 AND ts_ms < $2)"
+        )))
+        .bind(bucket_start(from, HOUR_MS))
+        .bind(to)
+        .bind(from)
+        .execute(&mut **tx)
+        .await?;
+    }
     Ok(())
 }
 
@@ -243,36 +264,4 @@ fn late_series_hours(
     late.sort_unstable();
     late.dedup();
     late
-}
-
-/// The minutes of the packed rows in `gone`, back as loose rows, merged
-/// with any loose row of the same minute.
-const GPU_UNPACKED: &str = "INSERT INTO gpu_samples_1m AS r (device_id, ts_ms, last_ts_ms, samples,
-        used_min, used_max, used_avg, used_last, reserved, total, utilization, pcie_tx, pcie_rx)
-    SELECT g.device_id, g.hour_ms + m.minute * 60000, g.hour_ms + m.minute * 60000 + m.last_offset_ms,
-        m.samples, m.used_min, m.used_max, m.used_avg, m.used_last, m.reserved, m.total,
-        m.utilization, m.pcie_tx, m.pcie_rx
-    FROM gone g,
-        LATERAL unnest(g.minute, g.last_offset_ms, g.samples, g.used_min, g.used_max, g.used_avg,
-            g.used_last, g.reserved, g.total, g.utilization, g.pcie_tx, g.pcie_rx)
-            AS m(minute, last_offset_ms, samples, used_min, used_max, used_avg, used_last, reserved,
-                 total, utilization, pcie_tx, pcie_rx)
-    ON CONFLICT (device_id, ts_ms) DO UPDATE SET";
-
-fn gpu_unpacked() -> String {
-    format!("{GPU_UNPACKED} {MERGED_MEMORY}, {GPU_FIGURES_MERGED}")
-}
-
-const PROCESS_UNPACKED: &str = "INSERT INTO process_samples_1m AS r (process_id, ts_ms, last_ts_ms,
-        samples, used_min, used_max, used_avg, used_last)
-    SELECT g.process_id, g.hour_ms + m.minute * 60000, g.hour_ms + m.minute * 60000 + m.last_offset_ms,
-        m.samples, m.used_min, m.used_max, m.used_avg, m.used_last
-    FROM gone g,
-        LATERAL unnest(g.minute, g.last_offset_ms, g.samples, g.used_min, g.used_max, g.used_avg,
-            g.used_last)
-            AS m(minute, last_offset_ms, samples, used_min, used_max, used_avg, used_last)
-    ON CONFLICT (process_id, ts_ms) DO UPDATE SET";
-
-fn process_unpacked() -> String {
-    format!("{PROCESS_UNPACKED} {MERGED_MEMORY}")
 }
