@@ -8,6 +8,7 @@ use crate::StoreError;
 use crate::chunk_format::{Chunk, Compressor, chunks_by_hour_with};
 use crate::model::{GpuSampleRow, ProcessPoint};
 use crate::open_chunks::{GpuMinute, ProcessMinute, Samples, gpu_minutes, process_minutes};
+use crate::rollup::{HOUR_MS, bucket_start};
 
 /// Chunks and rollups of a set of samples, computed off the async runtime.
 pub(crate) struct Encoded {
@@ -48,6 +49,40 @@ impl Encoded {
         late.dedup();
         late
     }
+
+    /// The `(device, hour)` and `(process, hour)` pairs of its rollups'
+    /// minutes before `done_until_ms`, each once: the series hours a late
+    /// minute may find packed.
+    pub fn late_series_hours(&self, done_until_ms: i64) -> (SeriesHours, SeriesHours) {
+        (
+            series_hours_before(
+                self.gpu_minutes.iter().map(|m| (m.device_id, m.minute_ms)),
+                done_until_ms,
+            ),
+            series_hours_before(
+                self.process_minutes
+                    .iter()
+                    .map(|m| (m.process_id, m.minute_ms)),
+                done_until_ms,
+            ),
+        )
+    }
+}
+
+/// `(series id, start of the hour)` pairs, sorted, each once.
+pub type SeriesHours = Vec<(i64, i64)>;
+
+fn series_hours_before(
+    minutes: impl Iterator<Item = (i64, i64)>,
+    done_until_ms: i64,
+) -> SeriesHours {
+    let mut late: Vec<(i64, i64)> = minutes
+        .filter(|(_, minute)| *minute < done_until_ms)
+        .map(|(series, minute)| (series, bucket_start(minute, HOUR_MS)))
+        .collect();
+    late.sort_unstable();
+    late.dedup();
+    late
 }
 
 fn encode(samples: &Samples) -> Result<Encoded, StoreError> {

@@ -66,13 +66,7 @@ pub(super) async fn write_open_chunks(
     insert_chunks::<ProcessPoint>(&mut tx, &encoded.process_chunks).await?;
     let minute_watermark = minute_watermark_for_share(&mut tx).await?;
     if let Some(done_until) = minute_watermark {
-        unpack_for_late_minutes(
-            &mut tx,
-            &encoded.gpu_minutes,
-            &encoded.process_minutes,
-            done_until,
-        )
-        .await?;
+        unpack_for_late_minutes(&mut tx, &encoded, done_until).await?;
     }
     merge_gpu_minutes(&mut tx, &encoded.gpu_minutes).await?;
     merge_process_minutes(&mut tx, &encoded.process_minutes).await?;

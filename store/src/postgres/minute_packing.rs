@@ -18,7 +18,7 @@ use sqlx::{Postgres, Transaction};
 use super::chunk_flush::{GPU_FIGURES_MERGED, MERGED_MEMORY};
 use super::maintenance::MINUTE_PACKING_LOCK;
 use crate::StoreError;
-use crate::open_chunks::{GpuMinute, ProcessMinute};
+use crate::flush_encoding::Encoded;
 use crate::rollup::{HOUR_MS, MINUTE_MS, bucket_start};
 
 /// One kind of series' minute rollups: where they sit loose and packed,
@@ -214,26 +214,11 @@ async fn pack_series(
 /// minute watermark where it is until it commits.
 pub(super) async fn unpack_for_late_minutes(
     tx: &mut Transaction<'_, Postgres>,
-    gpu_minutes: &[GpuMinute],
-    process_minutes: &[ProcessMinute],
+    encoded: &Encoded,
     done_until: i64,
 ) -> Result<(), StoreError> {
-    let late = [
-        (
-            &GPU,
-            late_series_hours(
-                gpu_minutes.iter().map(|m| (m.device_id, m.minute_ms)),
-                done_until,
-            ),
-        ),
-        (
-            &PROCESS,
-            late_series_hours(
-                process_minutes.iter().map(|m| (m.process_id, m.minute_ms)),
-                done_until,
-            ),
-        ),
-    ];
+    let (gpu, process) = encoded.late_series_hours(done_until);
+    let late = [(&GPU, gpu), (&PROCESS, process)];
     if late.iter().all(|(_, series_hours)| series_hours.is_empty()) {
         return Ok(());
     }
@@ -284,18 +269,4 @@ pub(super) async fn unpack_for_raw_rollup(
         .await?;
     }
     Ok(())
-}
-
-/// The distinct `(series, hour)` of the minutes before `done_until`.
-fn late_series_hours(
-    minutes: impl Iterator<Item = (i64, i64)>,
-    done_until: i64,
-) -> Vec<(i64, i64)> {
-    let mut late: Vec<(i64, i64)> = minutes
-        .filter(|(_, minute)| *minute < done_until)
-        .map(|(series, minute)| (series, bucket_start(minute, HOUR_MS)))
-        .collect();
-    late.sort_unstable();
-    late.dedup();
-    late
 }
