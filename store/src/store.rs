@@ -2,16 +2,16 @@
 
 use async_trait::async_trait;
 
-use crate::StoreError;
 use crate::alerts::AlertStore;
 use crate::model::{FlushReport, NodeSession, Registration, StoreBatch, WriteOutcome};
 use crate::peers::{OpenSamples, OpenSamplesQuery, PeerLink};
 use crate::rollup::{MaintenanceReport, Watermarks};
 use crate::tokens::TokenStore;
 use crate::views::{
-    AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, FleetHistoryPoint, NodeView,
-    ProcessSeries, ProcessView, SeriesPoint,
+    AllocatorSeries, AllocatorSeriesQuery, EventView, FleetHistoryPoint, NodeView, ProcessSeries,
+    ProcessView, SeriesPoint,
 };
+use crate::{FleetDevices, StoreError};
 
 /// Says in the log what writing the open chunks on close did: the agents
 /// hold what could not be written, and send it again.
@@ -120,8 +120,10 @@ pub trait Store: AlertStore + TokenStore + Send + Sync + std::fmt::Debug + 'stat
 
     async fn nodes(&self) -> Result<Vec<NodeView>, StoreError>;
 
-    /// The latest sample of every present GPU and MIG instance.
-    async fn latest_devices(&self) -> Result<Vec<DeviceView>, StoreError>;
+    /// The latest sample of every present GPU and MIG instance, in the
+    /// overview's order (by node, then index, each GPU before its MIG
+    /// instances).
+    async fn latest_devices(&self) -> Result<FleetDevices, StoreError>;
 
     /// Samples of one device in `[from_ms, to_ms]`, folded into at most
     /// `max_points` buckets. `None` when the device is unknown.

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use headroom_store::alerts::AlertView;
-use headroom_store::{DeviceView, ProcessView};
+use headroom_store::{FleetDevices, ProcessView};
 
 /// The owners a device lists, at most: the tile and the cell's tooltip
 /// have room for a few, the GPU page lists them all.
@@ -85,12 +85,9 @@ pub struct Owner {
 /// the whole card.
 pub fn owners_by_device(
     processes: &[ProcessView],
-    devices: &[DeviceView],
+    devices: &FleetDevices,
 ) -> BTreeMap<String, Vec<Owner>> {
-    let parents: BTreeMap<&str, &str> = devices
-        .iter()
-        .filter_map(|d| Some((&*d.uuid, d.parent_uuid.as_deref()?)))
-        .collect();
+    let parents: BTreeMap<&str, &str> = devices.mig_parents().collect();
     let mut map: BTreeMap<String, Vec<Owner>> = BTreeMap::new();
     for p in processes {
         let uuid = p.device_uuid.as_str();
@@ -202,8 +199,8 @@ mod tests {
         assert!(only_pending["GPU-c"].rules.is_empty());
     }
 
-    fn device(uuid: &str, parent: Option<&str>) -> DeviceView {
-        DeviceView {
+    fn device(uuid: &str, parent: Option<&str>) -> headroom_store::DeviceView {
+        headroom_store::DeviceView {
             uuid: uuid.into(),
             node: "n1".into(),
             kind: if parent.is_some() { "mig" } else { "gpu" },
@@ -243,7 +240,8 @@ mod tests {
 
     #[test]
     fn owners_are_summed_per_user_and_job_biggest_first_and_a_mig_instance_counts_for_its_gpu() {
-        let devices = [device("GPU-a", None), device("MIG-a1", Some("GPU-a"))];
+        let devices =
+            FleetDevices::from_views(vec![device("GPU-a", None), device("MIG-a1", Some("GPU-a"))]);
         let map = owners_by_device(
             &[
                 process("GPU-a", "alice", "11", 10),

@@ -38,7 +38,7 @@ use super::device_summary::{DeviceAlerts, Owner, alerts_by_device, owners_by_dev
 use crate::metrics::{CollectorMetrics, HttpRefusal};
 use headroom_common::Clock;
 use headroom_store::alerts::{ActiveAlertCounts, AlertFilter};
-use headroom_store::{DeviceView, NodeView, Store};
+use headroom_store::{DeviceView, FleetDevices, NodeView, Store};
 
 const PERIOD: Duration = Duration::from_secs(1);
 /// `GET /api/v1/gpus` answers from a read up to this old rather than wait
@@ -52,8 +52,9 @@ const RETRY_AFTER_S: u32 = 5;
 enum Fleet {
     Read {
         nodes: Vec<NodeView>,
-        /// Shared with the overview's encoding, which runs on its own thread.
-        devices: Arc<Vec<DeviceView>>,
+        /// Shared with the overview's encoding, which runs on its own
+        /// thread; a device's view is made when it is sent.
+        devices: FleetDevices,
         alerts: Option<ActiveAlertCounts>,
         /// Active alerts by the device they are on.
         device_alerts: BTreeMap<String, DeviceAlerts>,
@@ -188,7 +189,7 @@ impl FleetFeed {
                         .map(|alerts| alerts_by_device(&alerts))
                         .unwrap_or_default(),
                     nodes,
-                    devices: Arc::new(devices),
+                    devices,
                     owners,
                     owners_read_at,
                     overview_json: OnceCell::new(),
@@ -206,7 +207,7 @@ impl FleetFeed {
     async fn owners(
         &self,
         previous: Option<&Fleet>,
-        devices: &[DeviceView],
+        devices: &FleetDevices,
     ) -> (Arc<BTreeMap<String, Vec<Owner>>>, Instant) {
         let kept = match previous {
             Some(Fleet::Read {
@@ -256,7 +257,7 @@ async fn overview_json_of(fleet: Arc<Fleet>) -> Option<Bytes> {
             let devices = devices.clone();
             async move {
                 tokio::task::spawn_blocking(move || {
-                    serde_json::to_vec(&*devices)
+                    serde_json::to_vec(&devices)
                         .map(Bytes::from)
                         .map_err(|e| e.to_string())
                 })
@@ -304,7 +305,7 @@ impl Drop for Seat {
 #[derive(Serialize)]
 struct FleetMessage<'a> {
     nodes: &'a [NodeView],
-    gpus: Vec<&'a DeviceView>,
+    gpus: Vec<DeviceView>,
     removed: Vec<&'a str>,
     alerts: Option<ActiveAlertCounts>,
     /// Every device with an active alert, in every message: the set is
@@ -356,15 +357,17 @@ impl Follower {
                 .event("unavailable")
                 .data("the collector cannot read its store; retrying");
         };
-        let stamp = |d: &DeviceView| d.latest.as_ref().map(|l| l.timestamp_ms);
         let (kind, changed, removed) = match &self.sent {
-            None => ("snapshot", devices.iter().collect(), Vec::new()),
+            None => ("snapshot", devices.views().collect(), Vec::new()),
             Some(sent) => {
-                let changed: Vec<&DeviceView> = devices
-                    .iter()
-                    .filter(|d| sent.get(&d.uuid) != Some(&stamp(d)))
+                // Views are made for the devices sent, not for the fleet.
+                let changed: Vec<DeviceView> = devices
+                    .stamps()
+                    .enumerate()
+                    .filter(|(_, (uuid, stamp))| sent.get(*uuid) != Some(stamp))
+                    .filter_map(|(slot, _)| devices.view(slot))
                     .collect();
-                let present: HashSet<&str> = devices.iter().map(|d| &*d.uuid).collect();
+                let present: HashSet<&str> = devices.stamps().map(|(uuid, _)| &**uuid).collect();
                 let removed: Vec<&str> = sent
                     .keys()
                     .map(|uuid| &**uuid)
@@ -385,7 +388,12 @@ impl Follower {
             .event(kind)
             .json_data(&message)
             .unwrap_or_else(|_| Event::default().comment("encoding failed"));
-        self.sent = Some(devices.iter().map(|d| (d.uuid.clone(), stamp(d))).collect());
+        self.sent = Some(
+            devices
+                .stamps()
+                .map(|(uuid, stamp)| (uuid.clone(), stamp))
+                .collect(),
+        );
         self.sent_owners = Some(owners.clone());
         event
     }

@@ -36,8 +36,9 @@
 //! minutes after its last sample, so figures kept for longer than a minute
 //! are read again in full rather than brought up to date.
 //!
-//! The views share the layout's strings (`Arc<str>`): making 100,000 of
-//! them a second costs a count per name, not an allocation.
+//! A read answers the kept layout's views with its own figures
+//! ([`FleetDevices`]): a view is made only where one is asked for, and the
+//! figures' buffer is the one the read before last gave back.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -45,9 +46,10 @@ use std::time::{Duration, Instant};
 
 use sqlx::{Postgres, Transaction};
 
+use crate::fleet_devices::{FigureRows, SpareFigures};
 use crate::model::GpuSampleRow;
 use crate::rows::DeviceRow;
-use crate::{DeviceView, LatestSample, StoreError};
+use crate::{DeviceView, FleetDevices, StoreError};
 
 use super::checkpoints::{FORGET_AFTER_MS, LatestCache};
 
@@ -87,7 +89,8 @@ impl Mark {
 #[derive(Debug)]
 struct Layout {
     mark: Mark,
-    devices: Vec<DeviceView>,
+    /// Shared with every read of this layout.
+    devices: Arc<[DeviceView]>,
     /// The id of each of `devices`.
     device_ids: Vec<i64>,
     /// Each device's place in `devices`.
@@ -99,7 +102,8 @@ struct Layout {
 #[derive(Debug)]
 struct Figures {
     mark: Mark,
-    rows: Vec<Option<GpuSampleRow>>,
+    /// Shared with the reads that answered them.
+    rows: Arc<FigureRows>,
     /// When the read that made them started.
     read_at: Instant,
     /// Where the checkpoints' change log stood when this collector's
@@ -145,6 +149,7 @@ impl From<LatestRow> for GpuSampleRow {
 pub(super) struct LayoutCache {
     layout: Mutex<Option<Arc<Layout>>>,
     figures: Mutex<Option<Arc<Figures>>>,
+    spare: Arc<SpareFigures>,
 }
 
 impl LayoutCache {
@@ -199,7 +204,7 @@ pub(super) async fn latest_devices(
     cache: &LayoutCache,
     newest: &LatestCache,
     writer: i64,
-) -> Result<Vec<DeviceView>, StoreError> {
+) -> Result<FleetDevices, StoreError> {
     // The figures' age counts from here: the snapshot and the samples laid
     // over them below are at least as new.
     let read_at = Instant::now();
@@ -233,43 +238,43 @@ pub(super) async fn latest_devices(
     };
     let kept = cache.figures(&mark, read_at);
     let laid_through = kept.as_ref().and_then(|kept| kept.laid_through);
-    let mut figures = read_figures(tx, &layout, kept, mark, writer, read_at).await?;
+    let mut rows = read_figures(tx, &layout, kept, writer, &cache.spare).await?;
     // Kept figures hold this collector's newest samples as of their read:
     // only the devices whose samples came since need laying over them.
-    figures.laid_through = laid_through
+    let laid_through = laid_through
         .and_then(|since| {
             newest.lay_changed_over(
                 since,
                 |device_id| layout.slot_of.get(&device_id).copied(),
-                &mut figures.rows,
+                rows.rows_mut(),
             )
         })
-        .or_else(|| newest.lay_newest_over(layout.device_ids.iter().copied(), &mut figures.rows));
-    let figures = Arc::new(figures);
+        .or_else(|| newest.lay_newest_over(layout.device_ids.iter().copied(), rows.rows_mut()));
+    let figures = Arc::new(Figures {
+        mark,
+        rows: Arc::new(rows),
+        read_at,
+        laid_through,
+    });
     cache.put_figures(figures.clone());
-    Ok(layout
-        .devices
-        .iter()
-        .zip(&figures.rows)
-        .map(|(device, figures)| DeviceView {
-            latest: figures.as_ref().map(LatestSample::from),
-            ..device.clone()
-        })
-        .collect())
+    Ok(FleetDevices::with_figures(
+        layout.devices.clone(),
+        figures.rows.clone(),
+    ))
 }
 
-/// `gpu_latest` in `mark`'s snapshot: `kept` brought up to date with the
-/// rows other collectors than `writer` wrote since its snapshot, or every
-/// row where there is no `kept`; the figures count as read at `read_at`. A row never replaces newer figures (kept
-/// ones may hold this collector's samples newer than any row).
+/// `gpu_latest` in the transaction's snapshot: `kept` brought up to date
+/// with the rows other collectors than `writer` wrote since its snapshot,
+/// or every row where there is no `kept`, in a buffer from `spare`. A row
+/// never replaces newer figures (kept ones may hold this collector's
+/// samples newer than any row).
 async fn read_figures(
     tx: &mut Transaction<'static, Postgres>,
     layout: &Layout,
     kept: Option<Arc<Figures>>,
-    mark: Mark,
     writer: i64,
-    read_at: Instant,
-) -> Result<Figures, StoreError> {
+    spare: &Arc<SpareFigures>,
+) -> Result<FigureRows, StoreError> {
     const COLUMNS: &str = "SELECT device_id::int8 AS device_id, ts_ms, used_last, used_min, used_max, reserved, total,
              utilization, pcie_tx, pcie_rx
          FROM gpu_latest";
@@ -290,28 +295,25 @@ async fn read_figures(
             .persistent(false)
             .fetch_all(&mut **tx)
             .await?;
-            (kept.rows.clone(), written)
+            (FigureRows::copy_of(kept.rows.rows(), spare), written)
         }
         None => {
             let written: Vec<LatestRow> = sqlx::query_as(COLUMNS).fetch_all(&mut **tx).await?;
-            (vec![None; layout.devices.len()], written)
+            (FigureRows::empty(layout.devices.len(), spare), written)
         }
     };
+    let slots = rows.rows_mut();
     for row in written {
         if let Some(&slot) = layout.slot_of.get(&row.device_id)
-            && rows[slot]
+            && let Some(figures) = slots.get_mut(slot)
+            && figures
                 .as_ref()
                 .is_none_or(|kept| kept.timestamp_ms <= row.ts_ms)
         {
-            rows[slot] = Some(row.into());
+            *figures = Some(row.into());
         }
     }
-    Ok(Figures {
-        mark,
-        rows,
-        read_at,
-        laid_through: None,
-    })
+    Ok(rows)
 }
 
 async fn read_layout(
@@ -349,7 +351,7 @@ mod tests {
     fn figures(mark: Mark) -> Arc<Figures> {
         Arc::new(Figures {
             mark,
-            rows: vec![None; 3],
+            rows: Arc::new(FigureRows::empty(3, &Arc::default())),
             read_at: Instant::now(),
             laid_through: None,
         })

@@ -43,7 +43,7 @@ use crate::rows::{
 };
 use crate::views::{AlertBucketRow, FleetBucketRow, fleet_points};
 use crate::{
-    AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView,
+    AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, EventView, FleetDevices,
     FleetHistoryPoint, NodeView, ProcessSeries, ProcessView, SeriesPoint, Store, StoreError,
 };
 use headroom_common::Clock;
@@ -678,7 +678,7 @@ impl Store for PostgresStore {
             .collect())
     }
 
-    async fn latest_devices(&self) -> Result<Vec<DeviceView>, StoreError> {
+    async fn latest_devices(&self) -> Result<FleetDevices, StoreError> {
         let mut tx = chart_transaction(&self.pool).await?;
         let devices = fleet_layout::latest_devices(
             &mut tx,

@@ -35,7 +35,7 @@ use crate::rows::{
 };
 use crate::views::{AlertBucketRow, FleetBucketRow, fleet_points};
 use crate::{
-    AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView,
+    AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, FleetDevices,
     FleetHistoryPoint, NodeView, ProcessSeries, ProcessView, SeriesPoint, Store, StoreError,
 };
 use headroom_common::Clock;
@@ -519,7 +519,7 @@ impl Store for SqliteStore {
         .await?)
     }
 
-    async fn latest_devices(&self) -> Result<Vec<DeviceView>, StoreError> {
+    async fn latest_devices(&self) -> Result<FleetDevices, StoreError> {
         let rows = sqlx::query_as::<_, DeviceRow>(
             "SELECT d.id AS device_id, d.uuid, n.name AS node, p.uuid AS parent_uuid, d.gpu_index, d.name,
                  d.mig_profile, d.mig_gpu_instance_id, d.mig_compute_instance_id, d.memory_total,
@@ -533,7 +533,9 @@ impl Store for SqliteStore {
         )
         .fetch_all(&self.reader)
         .await?;
-        Ok(rows.into_iter().map(DeviceView::from).collect())
+        Ok(FleetDevices::from_views(
+            rows.into_iter().map(DeviceView::from).collect(),
+        ))
     }
 
     async fn fleet_history(

@@ -223,7 +223,7 @@ async fn two_collectors_racing_on_the_same_batches_store_each_once() {
 /// The fleet overview of `store`: the device `uuid`'s latest sample time
 /// and memory in use.
 async fn latest_of(store: &PostgresStore, uuid: &str) -> (i64, i64) {
-    let devices = store.latest_devices().await.unwrap();
+    let devices = store.latest_devices().await.unwrap().to_vec();
     let device = devices.iter().find(|d| &*d.uuid == uuid).unwrap();
     let latest = device.latest.as_ref().unwrap();
     (latest.timestamp_ms, latest.memory_used_bytes)
@@ -639,7 +639,7 @@ async fn overview_uuids(store: &PostgresStore) -> Vec<String> {
         .latest_devices()
         .await
         .unwrap()
-        .into_iter()
+        .views()
         .map(|device| device.uuid.to_string())
         .collect()
 }
@@ -675,7 +675,7 @@ async fn the_overview_on_another_collector_follows_devices_added_changed_and_rel
     changed.gpus[2].mig_instances.clear();
     changed.gpus[1].name = "NVIDIA H100 80GB HBM3 (renamed)".into();
     register(&serving, &changed).await;
-    let devices = other.latest_devices().await.unwrap();
+    let devices = other.latest_devices().await.unwrap().to_vec();
     let mine: Vec<&str> = devices
         .iter()
         .filter(|d| &*d.node == NODE)

@@ -58,7 +58,7 @@ async fn mig_reconfiguration_hides_removed_instances(store: Arc<dyn Store>) {
     // A batch sampled before the change may arrive after it: the session
     // still accepts the removed instance, the fleet view no longer shows it.
     assert!(session.device_ids.contains_key(MIG_B));
-    let devices = store.latest_devices().await.unwrap();
+    let devices = store.latest_devices().await.unwrap().to_vec();
     let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_ref()).collect();
     assert_eq!(uuids, vec![GPU0, GPU1, GPU2, MIG_A]);
     let mig = &devices[3];
@@ -76,7 +76,7 @@ async fn batch_shows_up_in_latest_series_and_processes(store: Arc<dyn Store>) {
         WriteOutcome::Committed
     );
 
-    let devices = store.latest_devices().await.unwrap();
+    let devices = store.latest_devices().await.unwrap().to_vec();
     let gpu0 = devices.iter().find(|d| &*d.uuid == GPU0).unwrap();
     let latest = gpu0.latest.as_ref().unwrap();
     assert_eq!(latest.timestamp_ms, ts);
@@ -186,7 +186,7 @@ async fn latest_never_goes_back_in_time(store: Arc<dyn Store>) {
     write(&*store, &session, &fixtures::batch(1, ts + 5000)).await;
     // A later batch carrying an older interval (a replay from another spool).
     write(&*store, &session, &fixtures::batch(2, ts)).await;
-    let devices = store.latest_devices().await.unwrap();
+    let devices = store.latest_devices().await.unwrap().to_vec();
     let gpu0 = devices.iter().find(|d| &*d.uuid == GPU0).unwrap();
     assert_eq!(gpu0.latest.as_ref().unwrap().timestamp_ms, ts + 5000);
 }
@@ -1192,7 +1192,7 @@ async fn a_group_of_batches_gets_one_outcome_each(store: Arc<dyn Store>) {
         series.iter().map(|p| p.samples).collect::<Vec<_>>(),
         vec![1, 1]
     );
-    let devices = store.latest_devices().await.unwrap();
+    let devices = store.latest_devices().await.unwrap().to_vec();
     assert_eq!(devices.iter().filter(|d| d.latest.is_some()).count(), 4);
     assert_eq!(store.write_batches(&[]).await.unwrap(), vec![]);
 }
@@ -1299,7 +1299,7 @@ async fn a_device_moves_only_when_its_node_lets_go(store: Arc<dyn Store>) {
     );
     let moved = store.register(&reg, now_ms()).await.unwrap();
     assert!(moved.device_ids.contains_key(GPU0));
-    let devices = store.latest_devices().await.unwrap();
+    let devices = store.latest_devices().await.unwrap().to_vec();
     let gpu0 = devices.iter().find(|d| &*d.uuid == GPU0).unwrap();
     assert_eq!(&*gpu0.node, fixtures::OTHER_NODE);
 }
