@@ -46,6 +46,12 @@ impl FleetDevices {
         }
     }
 
+    /// Whether `other` is a read of the same layout (the same devices in
+    /// the same slots), so that the two compare slot by slot.
+    pub fn same_layout(&self, other: &FleetDevices) -> bool {
+        Arc::ptr_eq(&self.devices, &other.devices)
+    }
+
     pub fn len(&self) -> usize {
         self.devices.len()
     }
@@ -229,8 +235,13 @@ mod tests {
         let stamps = |fleet: &FleetDevices| fleet.stamps().map(|(_, at)| at).collect::<Vec<_>>();
         assert_eq!(stamps(&older), [Some(1_000), None]);
         assert_eq!(stamps(&newer), [Some(1_000), Some(2_000)]);
+        assert!(
+            older.same_layout(&newer),
+            "reads of one layout compare by slot"
+        );
         let views = newer.to_vec();
         assert_eq!(views.len(), 2);
+        assert!(!FleetDevices::from_views(views.clone()).same_layout(&newer));
         assert_eq!(
             views[1].latest.as_ref().map(|l| l.memory_used_bytes),
             Some(20)

@@ -323,8 +323,8 @@ struct Follower {
     /// The token the stream was opened with, checked on every event: a
     /// revoked token ends the stream instead of following the fleet forever.
     token_sha256: Option<String>,
-    /// What this client was last sent: each device's latest sample time.
-    sent: Option<HashMap<Arc<str>, Option<i64>>>,
+    /// The read this client was last sent.
+    sent: Option<FleetDevices>,
     /// The owners this client was last sent.
     sent_owners: Option<Arc<BTreeMap<String, Vec<Owner>>>>,
     /// False until the first event went out: only that one is not paced.
@@ -357,25 +357,12 @@ impl Follower {
                 .event("unavailable")
                 .data("the collector cannot read its store; retrying");
         };
-        let (kind, changed, removed) = match &self.sent {
-            None => ("snapshot", devices.views().collect(), Vec::new()),
-            Some(sent) => {
-                // Views are made for the devices sent, not for the fleet.
-                let changed: Vec<DeviceView> = devices
-                    .stamps()
-                    .enumerate()
-                    .filter(|(_, (uuid, stamp))| sent.get(*uuid) != Some(stamp))
-                    .filter_map(|(slot, _)| devices.view(slot))
-                    .collect();
-                let present: HashSet<&str> = devices.stamps().map(|(uuid, _)| &**uuid).collect();
-                let removed: Vec<&str> = sent
-                    .keys()
-                    .map(|uuid| &**uuid)
-                    .filter(|u| !present.contains(u))
-                    .collect();
-                ("update", changed, removed)
-            }
+        let kind = if self.sent.is_some() {
+            "update"
+        } else {
+            "snapshot"
         };
+        let (changed, removed) = devices_changed(self.sent.as_ref(), devices);
         let message = FleetMessage {
             nodes,
             gpus: changed,
@@ -388,15 +375,52 @@ impl Follower {
             .event(kind)
             .json_data(&message)
             .unwrap_or_else(|_| Event::default().comment("encoding failed"));
-        self.sent = Some(
-            devices
-                .stamps()
-                .map(|(uuid, stamp)| (uuid.clone(), stamp))
-                .collect(),
-        );
+        self.sent = Some(devices.clone());
         self.sent_owners = Some(owners.clone());
         event
     }
+}
+
+/// The views of the devices whose newest sample differs from what the
+/// client was `sent` (every device when it was sent none), and the uuids
+/// of those that went. Views are made for the devices sent, not for the
+/// fleet; while the layout is the one the client was sent, devices are
+/// compared slot by slot, so a steady second costs no map of the fleet per
+/// client.
+fn devices_changed<'a>(
+    sent: Option<&'a FleetDevices>,
+    now: &FleetDevices,
+) -> (Vec<DeviceView>, Vec<&'a str>) {
+    let Some(sent) = sent else {
+        return (now.views().collect(), Vec::new());
+    };
+    if now.same_layout(sent) {
+        let changed = now
+            .stamps()
+            .zip(sent.stamps())
+            .enumerate()
+            .filter(|(_, ((_, stamp), (_, sent_stamp)))| stamp != sent_stamp)
+            .filter_map(|(slot, _)| now.view(slot))
+            .collect();
+        return (changed, Vec::new());
+    }
+    let sent_stamps: HashMap<&str, Option<i64>> = sent
+        .stamps()
+        .map(|(uuid, stamp)| (&**uuid, stamp))
+        .collect();
+    let changed = now
+        .stamps()
+        .enumerate()
+        .filter(|(_, (uuid, stamp))| sent_stamps.get(&***uuid) != Some(stamp))
+        .filter_map(|(slot, _)| now.view(slot))
+        .collect();
+    let present: HashSet<&str> = now.stamps().map(|(uuid, _)| &**uuid).collect();
+    let removed = sent
+        .stamps()
+        .map(|(uuid, _)| &**uuid)
+        .filter(|uuid| !present.contains(uuid))
+        .collect();
+    (changed, removed)
 }
 
 /// The owners that differ from what the client was sent (every one when

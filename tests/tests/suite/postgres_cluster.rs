@@ -1018,3 +1018,106 @@ async fn a_chart_on_one_collector_shows_the_samples_another_holds_open() {
     other_store.close().await;
     db.drop_database().await;
 }
+
+/// The next `kind` event of a live stream (`snapshot` or `update`) whose
+/// `gpus` or `removed` is not empty, as JSON; `pending` holds what was read
+/// past it.
+async fn next_stream_change(
+    stream: &mut reqwest::Response,
+    pending: &mut String,
+    kind: &str,
+) -> serde_json::Value {
+    let header = format!("event: {kind}\n");
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            while let Some(end) = pending.find("\n\n") {
+                let event: String = pending.drain(..end + 2).collect();
+                let Some(body) = event.strip_prefix(header.as_str()) else {
+                    continue;
+                };
+                let data = body.trim_end().strip_prefix("data: ").unwrap();
+                let message: serde_json::Value = serde_json::from_str(data).unwrap();
+                let changed = message["gpus"].as_array().is_some_and(|g| !g.is_empty())
+                    || message["removed"].as_array().is_some_and(|r| !r.is_empty());
+                if changed {
+                    return message;
+                }
+            }
+            let chunk = stream.chunk().await.unwrap().expect("the stream ended");
+            pending.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {kind} with a change within 20 s"))
+}
+
+fn uuids(list: &serde_json::Value) -> Vec<&str> {
+    let mut uuids: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.get("uuid").unwrap_or(d).as_str().unwrap())
+        .collect();
+    uuids.sort_unstable();
+    uuids
+}
+
+#[tokio::test]
+async fn the_live_stream_sends_only_the_devices_that_changed_those_added_and_those_released() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let store = Arc::new(collector(&db).await);
+    let session = register(store.as_ref(), &fixtures::register(NODE, BOOT)).await;
+    let ts = now_ms() - 5_000;
+    let batch = rows_at(&session, &fixtures::batch(1, ts), ts + 100);
+    store.write_batch(&batch).await.unwrap();
+    let running = RunningCollector::start(store.clone()).await;
+    let mut stream = reqwest::get(running.api("/api/v1/stream")).await.unwrap();
+    let mut pending = String::new();
+
+    let snapshot = next_stream_change(&mut stream, &mut pending, "snapshot").await;
+    let mut all = vec![
+        fixtures::GPU0,
+        fixtures::GPU1,
+        fixtures::GPU2,
+        fixtures::MIG_A,
+        fixtures::MIG_B,
+    ];
+    all.sort_unstable();
+    assert_eq!(uuids(&snapshot["gpus"]), all);
+
+    // One GPU reports: the update carries it alone, with its new sample.
+    let mut only_gpu1 = fixtures::batch(2, ts + 1_000);
+    only_gpu1.gpu_samples.retain(|s| s.uuid == fixtures::GPU1);
+    only_gpu1.process_samples.clear();
+    store
+        .write_batch(&rows_at(&session, &only_gpu1, ts + 1_100))
+        .await
+        .unwrap();
+    let update = next_stream_change(&mut stream, &mut pending, "update").await;
+    assert_eq!(uuids(&update["gpus"]), [fixtures::GPU1], "{update}");
+    assert_eq!(update["gpus"][0]["latest"]["timestamp_ms"], ts + 1_000);
+    assert_eq!(uuids(&update["removed"]), Vec::<&str>::new());
+
+    // Another node registers: its devices come, none of the first node's.
+    register(store.as_ref(), &fixtures::register_other_node()).await;
+    let update = next_stream_change(&mut stream, &mut pending, "update").await;
+    let added = uuids(&update["gpus"]);
+    assert_eq!(added.len(), 5, "{update}");
+    assert!(
+        added.iter().all(|uuid| uuid.ends_with("-other")),
+        "{update}"
+    );
+
+    // The first node comes back without one MIG instance: it is removed.
+    let mut fewer = fixtures::register(NODE, "boot-b");
+    fewer.gpus[2]
+        .mig_instances
+        .retain(|m| m.uuid != fixtures::MIG_B);
+    register(store.as_ref(), &fewer).await;
+    let update = next_stream_change(&mut stream, &mut pending, "update").await;
+    assert_eq!(uuids(&update["removed"]), [fixtures::MIG_B], "{update}");
+    running.stop().await;
+    store.close().await;
+}
