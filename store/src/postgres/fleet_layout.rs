@@ -36,6 +36,13 @@
 //! minutes after its last sample, so figures kept for longer than a minute
 //! are read again in full rather than brought up to date.
 //!
+//! The node list (`nodes()`, the live stream's other read each second) is
+//! kept the same way: every field of a node but its last sample time
+//! changes only at a registration, which raises its `layout_version`. A
+//! read with the same mark fetches each node's `last_seen_ms` alone, not
+//! the nodes joined with their devices, counted and sorted (75 ms at
+//! 12,500 nodes).
+//!
 //! A read answers the kept layout's views with its own figures
 //! ([`FleetDevices`]): a view is made only where one is asked for, and the
 //! figures' buffer is the one the read before last gave back.
@@ -49,9 +56,9 @@ use sqlx::{Postgres, Transaction};
 use crate::fleet_devices::{FigureRows, SpareFigures};
 use crate::model::GpuSampleRow;
 use crate::rows::DeviceRow;
-use crate::{DeviceView, FleetDevices, StoreError};
+use crate::{DeviceView, FleetDevices, NodeView, StoreError};
 
-use super::checkpoints::{FORGET_AFTER_MS, LatestCache};
+use super::checkpoints::{FORGET_AFTER_MS, LatestCache, NodeCache};
 
 /// How far back, in transactions, a kept snapshot may be for a read to
 /// fetch only what was written since. `age()` is exact within 2^31
@@ -150,9 +157,39 @@ pub(super) struct LayoutCache {
     layout: Mutex<Option<Arc<Layout>>>,
     figures: Mutex<Option<Arc<Figures>>>,
     spare: Arc<SpareFigures>,
+    nodes: Mutex<Option<Arc<KeptNodes>>>,
+}
+
+/// The node list as last read in full, in name order, with each node's id.
+#[derive(Debug)]
+struct KeptNodes {
+    mark: Mark,
+    nodes: Vec<(i64, NodeView)>,
+}
+
+/// A node as the store reads it, with the id its checkpoint is kept by.
+#[derive(sqlx::FromRow)]
+struct NodeRow {
+    id: i64,
+    #[sqlx(flatten)]
+    view: NodeView,
 }
 
 impl LayoutCache {
+    fn nodes(&self, mark: &Mark) -> Option<Arc<KeptNodes>> {
+        let cached = self.nodes.lock().ok()?;
+        cached
+            .as_ref()
+            .filter(|kept| kept.mark.same_layout(mark))
+            .cloned()
+    }
+
+    fn put_nodes(&self, kept: Arc<KeptNodes>) {
+        if let Ok(mut cached) = self.nodes.lock() {
+            *cached = Some(kept);
+        }
+    }
+
     fn layout(&self, mark: &Mark) -> Option<Arc<Layout>> {
         let cached = self.layout.lock().ok()?;
         cached
@@ -208,14 +245,7 @@ pub(super) async fn latest_devices(
     // The figures' age counts from here: the snapshot and the samples laid
     // over them below are at least as new.
     let read_at = Instant::now();
-    let mark: Mark = sqlx::query_as(
-        "SELECT count(*) AS nodes, COALESCE(sum(layout_version), 0)::int8 AS versions,
-             COALESCE(max(node_id), 0) AS highest_id,
-             pg_snapshot_xmin(pg_current_snapshot())::text::int8 AS snapshot_xmin
-         FROM node_layouts",
-    )
-    .fetch_one(&mut **tx)
-    .await?;
+    let mark = read_mark(tx).await?;
     let layout = match cache.layout(&mark) {
         Some(layout) => layout,
         None => {
@@ -261,6 +291,83 @@ pub(super) async fn latest_devices(
         layout.devices.clone(),
         figures.rows.clone(),
     ))
+}
+
+/// The mark of the layout in `tx`'s snapshot.
+async fn read_mark(tx: &mut Transaction<'static, Postgres>) -> Result<Mark, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT count(*) AS nodes, COALESCE(sum(layout_version), 0)::int8 AS versions,
+             COALESCE(max(node_id), 0) AS highest_id,
+             pg_snapshot_xmin(pg_current_snapshot())::text::int8 AS snapshot_xmin
+         FROM node_layouts",
+    )
+    .fetch_one(&mut **tx)
+    .await?)
+}
+
+/// Every node with its GPU and MIG counts, in name order, as of `tx`'s
+/// snapshot (repeatable read), and its last sample time as the newest of
+/// its row and what this collector's checkpoints (`seen`) know.
+pub(super) async fn nodes(
+    tx: &mut Transaction<'static, Postgres>,
+    cache: &LayoutCache,
+    seen: &NodeCache,
+) -> Result<Vec<NodeView>, StoreError> {
+    let mark = read_mark(tx).await?;
+    let kept = match cache.nodes(&mark) {
+        Some(kept) => {
+            let last_seen: HashMap<i64, i64> =
+                sqlx::query_as::<_, (i64, i64)>("SELECT id, last_seen_ms FROM nodes")
+                    .fetch_all(&mut **tx)
+                    .await?
+                    .into_iter()
+                    .collect();
+            return Ok(kept
+                .nodes
+                .iter()
+                .map(|(id, view)| {
+                    let row_ms = last_seen.get(id).copied().unwrap_or(view.last_seen_ms);
+                    NodeView {
+                        last_seen_ms: newest_seen(seen, *id, row_ms),
+                        ..view.clone()
+                    }
+                })
+                .collect());
+        }
+        None => {
+            let rows: Vec<NodeRow> = sqlx::query_as(
+                "SELECT n.id, n.name, n.boot_id, n.agent_version, n.driver_version,
+                     n.sample_interval_ms::int8 AS sample_interval_ms, n.registered_at_ms, n.last_seen_ms,
+                     COUNT(d.id) FILTER (WHERE d.parent_id IS NULL) AS gpu_count,
+                     COUNT(d.id) FILTER (WHERE d.parent_id IS NOT NULL) AS mig_instance_count
+                 FROM nodes n LEFT JOIN devices d ON d.node_id = n.id AND d.present
+                 GROUP BY n.id ORDER BY n.name",
+            )
+            .fetch_all(&mut **tx)
+            .await?;
+            let kept = Arc::new(KeptNodes {
+                mark,
+                nodes: rows.into_iter().map(|row| (row.id, row.view)).collect(),
+            });
+            cache.put_nodes(kept.clone());
+            kept
+        }
+    };
+    Ok(kept
+        .nodes
+        .iter()
+        .map(|(id, view)| NodeView {
+            last_seen_ms: newest_seen(seen, *id, view.last_seen_ms),
+            ..view.clone()
+        })
+        .collect())
+}
+
+/// Node `id`'s last sample time: its row's (a checkpoint), or what this
+/// collector knows where that is newer.
+fn newest_seen(seen: &NodeCache, id: i64, row_ms: i64) -> i64 {
+    seen.newer_than(id, Some(row_ms))
+        .map_or(row_ms, |newer| newer.timestamp_ms)
 }
 
 /// `gpu_latest` in the transaction's snapshot: `kept` brought up to date

@@ -656,26 +656,10 @@ impl Store for PostgresStore {
     }
 
     async fn nodes(&self) -> Result<Vec<NodeView>, StoreError> {
-        let rows = sqlx::query_as::<_, NodeRow>(
-            "SELECT n.id, n.name, n.boot_id, n.agent_version, n.driver_version,
-                 n.sample_interval_ms::int8 AS sample_interval_ms, n.registered_at_ms, n.last_seen_ms,
-                 COUNT(d.id) FILTER (WHERE d.parent_id IS NULL) AS gpu_count,
-                 COUNT(d.id) FILTER (WHERE d.parent_id IS NOT NULL) AS mig_instance_count
-             FROM nodes n LEFT JOIN devices d ON d.node_id = n.id AND d.present
-             GROUP BY n.id ORDER BY n.name",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|NodeRow { id, mut view }| {
-                // The row is a checkpoint: this collector may know newer.
-                if let Some(seen) = self.node_cache.newer_than(id, Some(view.last_seen_ms)) {
-                    view.last_seen_ms = seen.timestamp_ms;
-                }
-                view
-            })
-            .collect())
+        let mut tx = chart_transaction(&self.pool).await?;
+        let nodes = fleet_layout::nodes(&mut tx, &self.layout_cache, &self.node_cache).await?;
+        tx.commit().await?;
+        Ok(nodes)
     }
 
     async fn latest_devices(&self) -> Result<FleetDevices, StoreError> {
@@ -1068,14 +1052,6 @@ struct ProcessIdRow {
     process_id: i64,
     #[sqlx(flatten)]
     row: ProcessRow,
-}
-
-/// A node as the store reads it, with the id its checkpoint is kept by.
-#[derive(sqlx::FromRow)]
-struct NodeRow {
-    id: i64,
-    #[sqlx(flatten)]
-    view: NodeView,
 }
 
 /// Checks once a second that the host written to still takes writes, and

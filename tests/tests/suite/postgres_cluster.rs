@@ -1109,6 +1109,13 @@ async fn the_live_stream_sends_only_the_devices_that_changed_those_added_and_tho
         added.iter().all(|uuid| uuid.ends_with("-other")),
         "{update}"
     );
+    let node_names: Vec<&str> = update["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(node_names, [NODE, fixtures::OTHER_NODE]);
 
     // The first node comes back without one MIG instance: it is removed.
     let mut fewer = fixtures::register(NODE, "boot-b");
@@ -1118,6 +1125,12 @@ async fn the_live_stream_sends_only_the_devices_that_changed_those_added_and_tho
     register(store.as_ref(), &fewer).await;
     let update = next_stream_change(&mut stream, &mut pending, "update").await;
     assert_eq!(uuids(&update["removed"]), [fixtures::MIG_B], "{update}");
+    let first_node = &update["nodes"][0];
+    assert_eq!(
+        (&first_node["boot_id"], &first_node["mig_instance_count"]),
+        (&serde_json::json!("boot-b"), &serde_json::json!(1)),
+        "the node list follows a registration: {update}"
+    );
     running.stop().await;
     store.close().await;
 }
