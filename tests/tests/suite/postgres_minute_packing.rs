@@ -224,3 +224,37 @@ async fn a_loose_minute_beside_its_packed_hour_is_merged_when_the_hour_is_packed
     );
     db.drop_database().await;
 }
+
+/// A process's packed hour is what an operator pays for its minutes for
+/// 90 days: every array of it is compressed and kept in its row, however
+/// many partitions maintenance created since the upgrade. (Postgres' own
+/// default compresses a row only until it fits in 2 kB: about 1.8 kB.)
+#[tokio::test]
+async fn a_process_packed_hour_is_compressed_whole_in_its_row() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let store = PostgresStore::connect(&db.url, StorageConfig::default())
+        .await
+        .unwrap();
+    let (_, now, _) = two_hours_written(&store).await;
+    store.maintain(now).await.unwrap();
+    let (rows, largest): (i64, i32) = sqlx::query_as(
+        "SELECT count(*), max(pg_column_size(p.*)) FROM process_samples_1m_packed p",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(rows, 2, "the process's two hours");
+    assert!(largest < 700, "a packed process hour takes {largest} bytes");
+    let toasted: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(sum(pg_relation_size(c.reltoastrelid)), 0)::int8
+         FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+         WHERE i.inhparent = 'process_samples_1m_packed'::regclass AND c.reltoastrelid <> 0",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(toasted, 0, "no array moved out of its row");
+    db.drop_database().await;
+}
