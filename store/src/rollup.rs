@@ -311,6 +311,9 @@ pub struct MaintenanceReport {
     /// Minute rollup rows of closed hours moved into one row per series
     /// and hour (Postgres).
     pub minute_rows_packed: u64,
+    /// Hour rollup rows of closed days moved into one row per series and
+    /// day (Postgres).
+    pub hour_rows_packed: u64,
     /// Where the rollups stand after the pass.
     pub watermarks: Option<Watermarks>,
 }

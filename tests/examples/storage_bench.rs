@@ -614,6 +614,7 @@ async fn maintain_until_done(store: &dyn Store) -> (f64, u64) {
             + report.hours_rolled_up
             + report.chunks_compacted
             + report.minute_rows_packed
+            + report.hour_rows_packed
             == 0
         {
             break;
@@ -653,6 +654,58 @@ async fn print_chunk_payload(store: &PostgresStore) {
         "the chunks' data alone, bytes per sample: {}",
         figures.join(", ")
     );
+}
+
+/// Each kind of rollup's rows alone (`pg_column_size`: tuple header and
+/// data, without the page's line pointer or index entries): as a row per
+/// bucket (the packed ones unpacked, as the loose table holds them) and
+/// packed. At fleet scale these are what grows; a day of 64 GPUs is too
+/// few rows for the tables' sizes to show them past their fixed pages.
+async fn print_rollup_rows(store: &PostgresStore, gpu_seconds: f64, process_seconds: f64) {
+    println!(
+        "| rollup rows alone, bytes per GPU-second (process-second) | a row per bucket | packed | ratio |"
+    );
+    println!("|---|---|---|---|");
+    for (kind, read, packed, per) in [
+        (
+            "GPU minutes",
+            "gpu_minutes",
+            "gpu_samples_1m_packed",
+            gpu_seconds,
+        ),
+        (
+            "process minutes",
+            "process_minutes",
+            "process_samples_1m_packed",
+            process_seconds,
+        ),
+        (
+            "GPU hours",
+            "gpu_hours",
+            "gpu_samples_1h_packed",
+            gpu_seconds,
+        ),
+        (
+            "process hours",
+            "process_hours",
+            "process_samples_1h_packed",
+            process_seconds,
+        ),
+    ] {
+        let (as_rows, as_packed): (f64, f64) = sqlx::query_as(&format!(
+            "SELECT (SELECT COALESCE(sum(pg_column_size(r.*)), 0) FROM {read}(0, 9000000000000000000) r)::float8,
+                    (SELECT COALESCE(sum(pg_column_size(p.*)), 0) FROM {packed} p)::float8"
+        ))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        println!(
+            "| {kind} | {:.3} | {:.3} | {:.2} |",
+            as_rows / per,
+            as_packed / per,
+            as_packed / as_rows.max(1.0)
+        );
+    }
 }
 
 async fn table_bytes(store: &PostgresStore, parent: &str) -> i64 {
@@ -1542,7 +1595,8 @@ async fn storage_and_queries(history_nodes: usize) {
     // for later ones to reuse; VACUUM FULL gives it back, which is what the
     // steady state holds.
     sqlx::query(
-        "VACUUM FULL gpu_samples_packed, process_samples_packed, gpu_samples_1m, process_samples_1m",
+        "VACUUM FULL gpu_samples_packed, process_samples_packed, gpu_samples_1m, process_samples_1m,
+             gpu_samples_1h, process_samples_1h",
     )
         .execute(store.pool())
         .await
@@ -1564,13 +1618,16 @@ async fn storage_and_queries(history_nodes: usize) {
             ("gpu_samples_1m", gpu_seconds),
             ("gpu_samples_1m_packed", gpu_seconds),
             ("gpu_samples_1h", gpu_seconds),
+            ("gpu_samples_1h_packed", gpu_seconds),
             ("process_samples_1m", process_seconds),
             ("process_samples_1m_packed", process_seconds),
             ("process_samples_1h", process_seconds),
+            ("process_samples_1h_packed", process_seconds),
         ],
     )
     .await;
     print_chunk_payload(&store).await;
+    print_rollup_rows(&store, gpu_seconds, process_seconds).await;
     println!(
         "| everything above (samples, rollups) | {kept} | {:.2} per GPU-second |",
         kept as f64 / gpu_seconds
@@ -1632,8 +1689,24 @@ async fn storage_and_queries(history_nodes: usize) {
         ))
     };
     let (dashboard_wide, api_wide) = (wide(9, 600), wide(24, 10_000));
+    // A point an hour: read from the day's packed hour rollups.
+    let day_by_hour = wide(24, 24);
+    let processes_by_hour = collector.api(&format!(
+        "/api/v1/gpus/{}/processes/series?from={}&to={}&max_points=24",
+        gpu_uuid(history_nodes / 2, 3),
+        end_ms - DAY_MS,
+        end_ms - 1
+    ));
     // Warm the connection and the caches, as a dashboard in use would.
-    for url in [&overview, &chart, &zoom, &dashboard_wide, &api_wide] {
+    for url in [
+        &overview,
+        &chart,
+        &zoom,
+        &dashboard_wide,
+        &api_wide,
+        &day_by_hour,
+        &processes_by_hour,
+    ] {
         time_get(url, &client, 20).await;
     }
     let (o50, o99, obytes) = time_get(&overview, &client, 300).await;
@@ -1641,6 +1714,8 @@ async fn storage_and_queries(history_nodes: usize) {
     let (z50, z99, zbytes) = time_get(&zoom, &client, 300).await;
     let (d50, d99, dbytes) = time_get(&dashboard_wide, &client, 100).await;
     let (a50, a99, abytes) = time_get(&api_wide, &client, 100).await;
+    let (h50, h99, hbytes) = time_get(&day_by_hour, &client, 300).await;
+    let (p50, p99, pbytes) = time_get(&processes_by_hour, &client, 300).await;
     println!("| query | p50 | p99 | response |");
     println!("|---|---|---|---|");
     println!("| fleet overview, {FLEET_GPUS} GPUs | {o50:.1} ms | {o99:.1} ms | {obytes} B |");
@@ -1653,6 +1728,12 @@ async fn storage_and_queries(history_nodes: usize) {
     );
     println!(
         "| 24 h chart, 10,000 points (9 samples each, from chunks) | {a50:.1} ms | {a99:.1} ms | {abytes} B |"
+    );
+    println!(
+        "| 24 h chart, 24 points (hour rollups, packed) | {h50:.1} ms | {h99:.1} ms | {hbytes} B |"
+    );
+    println!(
+        "| 24 h chart of its processes, 24 points (hour rollups, packed) | {p50:.1} ms | {p99:.1} ms | {pbytes} B |"
     );
     collector.stop().await;
     shared.close().await;

@@ -5,7 +5,10 @@
 -- arrays as they were: 0.64 bytes per process-second, more than the
 -- process's chunks. Arrays marked MAIN are compressed and kept in the
 -- row (moved out of it only past a page), and a toast_tuple_target of 128
--- makes Postgres compress every one of them. toast_tuple_target is a
+-- makes Postgres compress every one of them. (A row under about 2 kB, a
+-- process seen for less than about 45 minutes of the hour, is left as it
+-- is whatever the target: the target is where compression stops, not
+-- where it starts.) toast_tuple_target is a
 -- partition's own setting (a partitioned table takes none), so the
 -- partition function gives it to each new partition of the table.
 --

@@ -16,8 +16,8 @@ use sqlx::postgres::PgConnection;
 use sqlx::{Connection, Postgres, Row, Transaction};
 
 use super::maintenance::roll_up_fleet;
-use super::minute_packing::unpack_for_late_minutes;
 use super::packing::insert_chunks;
+use super::rollup_packing::unpack_for_late_minutes;
 use crate::StoreError;
 use crate::flush_encoding::{Encoded, encode_off_runtime};
 use crate::model::{GpuSampleRow, ProcessPoint};

@@ -12,7 +12,7 @@
 //! does not decode is left as it is, beside the compacted one.
 //!
 //! The same pass packs the hour's minute rollups once they are final
-//! (`minute_packing.rs`); an hour whose rollups are not is marked again.
+//! (`rollup_packing.rs`); an hour whose rollups are not is marked again.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -20,8 +20,8 @@ use std::time::Instant;
 use sqlx::postgres::PgPool;
 use sqlx::{Postgres, Transaction};
 
-use super::minute_packing::pack_hour;
 use super::packing::{PackedTable, chunk_row, insert_chunks};
+use super::rollup_packing::pack_hour;
 use crate::StoreError;
 use crate::chunk_format::{self as packed, Chunk, Compressor};
 use crate::model::{GpuSampleRow, ProcessPoint};

@@ -13,6 +13,7 @@ use tokio::sync::Mutex;
 
 use super::packing;
 use super::primary::Primary;
+use super::rollup_packing;
 use crate::StoreError;
 use crate::model::GpuSampleRow;
 use crate::model::ProcessPoint;
@@ -32,6 +33,9 @@ pub(super) const PACKING_LOCK: i64 = LEADER_LOCK + 2;
 /// Transaction-level lock that orders packing an hour's minute rollups
 /// (exclusive) against late minutes unpacking them (shared).
 pub(super) const MINUTE_PACKING_LOCK: i64 = LEADER_LOCK + 3;
+/// Transaction-level lock that orders packing a day's hour rollups
+/// (exclusive) against an hour of it rolled up again (shared).
+pub(super) const HOUR_PACKING_LOCK: i64 = LEADER_LOCK + 4;
 
 /// Buckets rolled up per transaction: a day's catch-up is a few short
 /// transactions rather than one long one.
@@ -51,7 +55,7 @@ struct Partitioned {
     keep: Keep,
 }
 
-const PARTITIONED: [Partitioned; 12] = [
+const PARTITIONED: [Partitioned; 14] = [
     Partitioned {
         table: "gpu_samples",
         width_ms: DAY_MS,
@@ -109,6 +113,16 @@ const PARTITIONED: [Partitioned; 12] = [
     },
     Partitioned {
         table: "process_samples_1h",
+        width_ms: 7 * DAY_MS,
+        keep: Keep::Hour,
+    },
+    Partitioned {
+        table: "gpu_samples_1h_packed",
+        width_ms: 7 * DAY_MS,
+        keep: Keep::Hour,
+    },
+    Partitioned {
+        table: "process_samples_1h_packed",
         width_ms: 7 * DAY_MS,
         keep: Keep::Hour,
     },
@@ -225,14 +239,12 @@ pub(super) async fn run(
         report.rows_expired = expire_fleet(pool, storage, now_ms, marks).await?;
         report.samples_packed =
             packing::pack_cold_days(pool, storage, now_ms, marks.minute_ms).await?;
-        let compacted = super::compaction::compact_closed_hours(
-            pool,
-            now_ms,
-            Instant::now() + storage.pack_time_per_pass(),
-        )
-        .await?;
+        let deadline = Instant::now() + storage.pack_time_per_pass();
+        let compacted = super::compaction::compact_closed_hours(pool, now_ms, deadline).await?;
         report.chunks_compacted = compacted.chunks_folded;
         report.minute_rows_packed = compacted.minute_rows_packed;
+        report.hour_rows_packed =
+            rollup_packing::pack_closed_days(pool, marks.hour_ms, deadline).await?;
     }
     report.watermarks = Some(watermarks(pool).await?);
     Ok(report)
@@ -242,6 +254,31 @@ pub(super) async fn run(
 /// returns how many were missing.
 pub(super) async fn ensure_partitions(
     pool: &PgPool,
+    from_ms: i64,
+    to_ms: i64,
+) -> Result<u64, StoreError> {
+    create_partitions(pool, &PARTITIONED, from_ms, to_ms).await
+}
+
+/// Creates the partitions of `tables` (of those partitioned by time) that
+/// `[from_ms, to_ms]` needs: for rollups packed further back than the
+/// pass creates partitions for, after an upgrade.
+pub(super) async fn ensure_partitions_of(
+    pool: &PgPool,
+    tables: &[&str],
+    from_ms: i64,
+    to_ms: i64,
+) -> Result<u64, StoreError> {
+    let chosen: Vec<&Partitioned> = PARTITIONED
+        .iter()
+        .filter(|p| tables.contains(&p.table))
+        .collect();
+    create_partitions(pool, chosen, from_ms, to_ms).await
+}
+
+async fn create_partitions<'a>(
+    pool: &PgPool,
+    tables: impl IntoIterator<Item = &'a Partitioned>,
     from_ms: i64,
     to_ms: i64,
 ) -> Result<u64, StoreError> {
@@ -256,7 +293,7 @@ pub(super) async fn ensure_partitions(
         .execute(&mut *tx)
         .await?;
     let mut created = 0u64;
-    for p in &PARTITIONED {
+    for p in tables {
         let n: i32 = sqlx::query_scalar("SELECT headroom_create_partitions($1, $2, $3, $4)")
             .bind(p.table)
             .bind(p.width_ms)
@@ -482,11 +519,11 @@ const PROCESS_ROLLUP_UPDATE: &str =
     samples = EXCLUDED.samples, used_min = EXCLUDED.used_min, used_max = EXCLUDED.used_max,
     used_avg = EXCLUDED.used_avg, used_last = EXCLUDED.used_last";
 
-/// The fleet tables of each step, and the device rollups they sum (the
-/// minutes loose or packed, bounded by the query's `$1` and `$2`).
+/// The fleet tables of each step, and the device rollups they sum (loose
+/// or packed, bounded by the query's `$1` and `$2`).
 pub(super) fn fleet_tables(step_ms: i64) -> (&'static str, &'static str) {
     if step_ms == HOUR_MS {
-        ("gpu_samples_1h", "fleet_1h")
+        ("gpu_hours($1, $2)", "fleet_1h")
     } else {
         ("gpu_minutes($1, $2)", "fleet_1m")
     }
@@ -557,7 +594,7 @@ async fn roll_up_minutes(pool: &PgPool) -> Result<u64, StoreError> {
             }
             // The minutes rolled up here from raw rows replace those rows'
             // minutes, which must be loose for that.
-            super::minute_packing::unpack_for_raw_rollup(&mut tx, from, to).await?;
+            rollup_packing::unpack_for_raw_rollup(&mut tx, from, to).await?;
             // `(max(ARRAY[ts, v]))[2]` is the value at the newest timestamp:
             // "last" without sorting each group.
             sqlx::query(&format!(
@@ -619,6 +656,8 @@ async fn roll_up_hours(pool: &PgPool) -> Result<u64, StoreError> {
             continue;
         }
         for (from, to) in contiguous_runs(&hours, HOUR_MS) {
+            // Redone for every series, so over every series' packed day.
+            rollup_packing::unpack_for_hour_rollup(&mut tx, from, to).await?;
             // Averages of averages, weighted by how many samples each holds.
             sqlx::query(&format!(
                 "INSERT INTO gpu_samples_1h ({GPU_ROLLUP_COLUMNS})
@@ -653,6 +692,7 @@ async fn roll_up_hours(pool: &PgPool) -> Result<u64, StoreError> {
             .execute(&mut *tx)
             .await?;
         }
+        rollup_packing::mark_days(&mut tx, &hours).await?;
         tx.commit().await?;
         total += hours.len() as u64;
     }

@@ -19,10 +19,10 @@ mod compaction;
 mod copy;
 mod fleet_layout;
 mod maintenance;
-mod minute_packing;
 mod packing;
 mod primary;
 mod process_cache;
+mod rollup_packing;
 mod write;
 mod write_connections;
 
@@ -760,7 +760,7 @@ impl Store for PostgresStore {
                      CASE WHEN pcie_tx IS NULL THEN 0 ELSE samples END::int8 AS tx_samples,
                      pcie_rx::numeric * samples AS rx_sum,
                      CASE WHEN pcie_rx IS NULL THEN 0 ELSE samples END::int8 AS rx_samples
-                 FROM gpu_samples_1h WHERE device_id = $1 AND ts_ms >= $2 AND ts_ms < $5
+                 FROM gpu_hours($2, $5) WHERE device_id = $1
                  UNION ALL
                  SELECT ts_ms, last_ts_ms, samples, used_avg::numeric * samples, used_min, used_max, reserved, total,
                      utilization::float8 * samples, CASE WHEN utilization IS NULL THEN 0 ELSE samples END,
@@ -952,8 +952,8 @@ impl Store for PostgresStore {
         );
         let buckets = sqlx::query_as::<_, ProcessBucket>(
             "WITH src AS (
-                 SELECT process_id, ts_ms AS at, used_max FROM process_samples_1h
-                 WHERE process_id = ANY($1) AND ts_ms >= $2 AND ts_ms < $5
+                 SELECT process_id, ts_ms AS at, used_max FROM process_hours($2, $5)
+                 WHERE process_id = ANY($1)
                  UNION ALL
                  SELECT process_id, ts_ms, used_max FROM process_minutes($5, $6)
                  WHERE process_id = ANY($1)

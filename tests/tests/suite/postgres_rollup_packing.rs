@@ -1,12 +1,13 @@
-//! Minute rollups of closed hours on Postgres: moved into one row per
-//! series and hour, charted, rolled up and summed for the fleet as before,
-//! and unpacked again for a late sample, which the next pass packs with the
+//! Rollups of closed spans on Postgres: minutes of closed hours moved into
+//! one row per series and hour, hours of closed days into one per series
+//! and day; charted, rolled up and summed for the fleet as before, and
+//! unpacked again for a late sample, which the next pass packs with the
 //! rest. (That every chart of a compacted hour reads the same on both
 //! backends is in the conformance suite.)
 
 use headroom_collector::ingest::validate::{self, Limits};
 use headroom_store::model::{NodeSession, StoreBatch};
-use headroom_store::rollup::{HOUR_MS, MINUTE_MS, StorageConfig, bucket_start};
+use headroom_store::rollup::{DAY_MS, HOUR_MS, MINUTE_MS, StorageConfig, bucket_start};
 use headroom_store::{PostgresStore, Store};
 use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, GPU1, NODE, now_ms};
 use headroom_tests::postgres;
@@ -52,10 +53,18 @@ async fn packed_gpu_hours(store: &PostgresStore) -> (i64, i64) {
 /// Two hours of GPU0, GPU1 and a process every 10 s, four hours ago,
 /// written by a flush a minute as a collector writes them.
 async fn two_hours_written(store: &PostgresStore) -> (NodeSession, i64, i64) {
+    two_hours_written_from(store, |now| bucket_start(now - 4 * HOUR_MS, HOUR_MS)).await
+}
+
+/// The same two hours from the hour `start(now)`.
+async fn two_hours_written_from(
+    store: &PostgresStore,
+    start: impl Fn(i64) -> i64,
+) -> (NodeSession, i64, i64) {
     let reg = validate::registration(&fixtures::register(NODE, BOOT), &Limits::default()).unwrap();
     let session = store.register(&reg, now_ms()).await.unwrap();
     let now = now_ms();
-    let base = bucket_start(now - 4 * HOUR_MS, HOUR_MS);
+    let base = start(now);
     let batches: Vec<StoreBatch> = (0..(2 * HOUR_MS / STEP_MS) as u64)
         .map(|i| {
             two_gpus(
@@ -106,6 +115,10 @@ async fn closed_hours_minutes_pack_into_a_row_per_series_and_a_late_sample_joins
 
     let report = store.maintain(now).await.unwrap();
     assert_eq!(report.minute_rows_packed, loose as u64, "{report:?}");
+    assert_eq!(
+        report.hour_rows_packed, 0,
+        "today's hours stay loose until tomorrow has ended"
+    );
     assert_eq!(loose_minutes(&store, base, end).await, 0);
     assert_eq!(
         packed_gpu_hours(&store).await,
@@ -256,5 +269,127 @@ async fn a_process_packed_hour_is_compressed_whole_in_its_row() {
     .await
     .unwrap();
     assert_eq!(toasted, 0, "no array moved out of its row");
+    db.drop_database().await;
+}
+
+/// `(loose, packed)` hour rollup rows of GPUs and processes in `[from, to)`,
+/// a packed row counting each of its hours.
+async fn hour_rows(store: &PostgresStore, from: i64, to: i64) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM gpu_samples_1h WHERE ts_ms >= $1 AND ts_ms < $2)
+                  + (SELECT count(*) FROM process_samples_1h WHERE ts_ms >= $1 AND ts_ms < $2),
+                (SELECT COALESCE(sum(cardinality(hour)), 0) FROM gpu_samples_1h_packed
+                     WHERE day_ms >= $1 AND day_ms < $2)::int8
+                  + (SELECT COALESCE(sum(cardinality(hour)), 0) FROM process_samples_1h_packed
+                     WHERE day_ms >= $1 AND day_ms < $2)::int8",
+    )
+    .bind(from)
+    .bind(to)
+    .fetch_one(store.pool())
+    .await
+    .unwrap()
+}
+
+/// Hour rollups are kept two years: once the day after theirs has ended,
+/// a day's hours move into one row per series and day, charted and summed
+/// for the fleet from there. A late sample (a spool replayed days later)
+/// redoes its hour for the whole fleet, which unpacks the day first; the
+/// same pass packs it again.
+#[tokio::test]
+async fn a_closed_days_hours_pack_into_a_row_per_series_and_a_redone_hour_joins_them() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let store = PostgresStore::connect(&db.url, StorageConfig::default())
+        .await
+        .unwrap();
+    let (session, now, base) = two_hours_written_from(&store, |now| {
+        bucket_start(now, DAY_MS) - 2 * DAY_MS + 10 * HOUR_MS
+    })
+    .await;
+    let day = bucket_start(base, DAY_MS);
+    let day_charts = || async {
+        let fleet = store
+            .fleet_history(day, day + DAY_MS - 1, 24)
+            .await
+            .unwrap();
+        let fleet_peak = |hour: i64| {
+            fleet
+                .iter()
+                .find(|b| b.timestamp_ms == hour + HOUR_MS - 1)
+                .map(|b| (b.devices, b.used_max_bytes / GIB as i64))
+        };
+        (
+            store
+                .device_series(GPU0, day, day + DAY_MS - 1, 24)
+                .await
+                .unwrap()
+                .unwrap(),
+            store
+                .process_series(GPU0, day, day + DAY_MS - 1, 24)
+                .await
+                .unwrap()
+                .unwrap(),
+            [fleet_peak(base), fleet_peak(base + HOUR_MS)],
+        )
+    };
+
+    let report = store.maintain(now).await.unwrap();
+    assert_eq!(
+        report.hour_rows_packed, 6,
+        "2 GPUs' and a process's 2 hours: {report:?}"
+    );
+    assert_eq!(hour_rows(&store, day, day + DAY_MS).await, (0, 6));
+    let (series, processes, fleet) = day_charts().await;
+    assert_eq!(series.len(), 2, "the two hours with samples: {series:?}");
+    assert_eq!(series[0].samples, 360);
+    assert_eq!(series[0].memory_used_max_bytes, (27 * GIB) as i64);
+    assert_eq!(processes.len(), 1, "{processes:?}");
+    let hours: Vec<i64> = processes[0].points.iter().map(|p| p.0).collect();
+    assert_eq!(hours, [base + HOUR_MS - 1, base + 2 * HOUR_MS - 1]);
+    assert!(
+        processes[0].points.iter().all(|p| p.1 >= (13 * GIB) as i64),
+        "the process's peaks: {processes:?}"
+    );
+    assert_eq!(
+        fleet,
+        [Some((2, 27 + 33)), Some((2, 27 + 33))],
+        "both GPUs' peaks summed"
+    );
+
+    // A spike from an agent's spool, two days late.
+    let late_ts = base + 30 * MINUTE_MS + 5_000;
+    let mut late = fixtures::batch(100_000, late_ts);
+    late.process_samples.clear();
+    late.gpu_samples = vec![fixtures::gpu_sample(GPU0, late_ts, 70 * GIB)];
+    let late = validate::batch(late, &session, now, &Limits::default()).unwrap();
+    store.write_batch(&late).await.unwrap();
+    store.flush(true).await.unwrap();
+    let report = store.maintain(now + 1000).await.unwrap();
+    assert_eq!(
+        report.hour_rows_packed, 6,
+        "the day unpacked for the redone hour and packed again: {report:?}"
+    );
+    assert_eq!(hour_rows(&store, day, day + DAY_MS).await, (0, 6));
+    let (after, after_processes, after_fleet) = day_charts().await;
+    assert_eq!(after[0].samples, 361);
+    assert_eq!(after[0].memory_used_max_bytes, (71 * GIB) as i64);
+    assert_eq!(after[1], series[1], "the next hour unchanged");
+    assert_eq!(after_processes, processes);
+    assert_eq!(
+        after_fleet,
+        [Some((2, 71 + 33)), Some((2, 27 + 33))],
+        "the fleet's hour summed again over both GPUs"
+    );
+    assert_eq!(
+        store.maintain(now + 2000).await.unwrap().hour_rows_packed,
+        0,
+        "nothing left to pack"
+    );
+    let marked: i64 = sqlx::query_scalar("SELECT count(*) FROM hour_packing_pending")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(marked, 0, "no day left marked");
     db.drop_database().await;
 }
