@@ -91,14 +91,34 @@ LANGUAGE sql IMMUTABLE AS $$
                 THEN 'toast_tuple_target = 128' END
 $$;
 
--- Days whose hour rollups were written since they were last packed: the
--- hour rollup pass marks them, the packing pass unmarks a day once none
--- of its hours is loose. Every day that hour rollups already cover is
--- marked here, from the partitions' bounds rather than a scan of two
--- years of rows; a day without rows is unmarked by the first pass.
+-- Days whose hour rollups were written since they were last packed:
+-- triggers mark them in the transaction that writes the hours, whichever
+-- collector (of whichever version, in a rolling upgrade) writes them, and
+-- the packing pass unmarks a day once none of its hours is loose. Every
+-- day that hour rollups already cover is marked here, from the
+-- partitions' bounds rather than a scan of two years of rows; a day
+-- without rows is unmarked by the first pass.
 CREATE TABLE hour_packing_pending (
     day_ms BIGINT PRIMARY KEY
 );
+
+CREATE FUNCTION headroom_mark_hour_days() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO hour_packing_pending (day_ms)
+    SELECT DISTINCT ts_ms - ts_ms % 86400000 FROM written
+    ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END
+$$;
+-- A transition table takes one event a trigger; an upsert fires both.
+CREATE TRIGGER gpu_hours_inserted AFTER INSERT ON gpu_samples_1h
+    REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION headroom_mark_hour_days();
+CREATE TRIGGER gpu_hours_updated AFTER UPDATE ON gpu_samples_1h
+    REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION headroom_mark_hour_days();
+CREATE TRIGGER process_hours_inserted AFTER INSERT ON process_samples_1h
+    REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION headroom_mark_hour_days();
+CREATE TRIGGER process_hours_updated AFTER UPDATE ON process_samples_1h
+    REFERENCING NEW TABLE AS written FOR EACH STATEMENT EXECUTE FUNCTION headroom_mark_hour_days();
 INSERT INTO hour_packing_pending (day_ms)
 SELECT DISTINCT day FROM (
     SELECT substring(pg_get_expr(c.relpartbound, c.oid) FROM 'FROM \(''(-?\d+)''\)')::int8 AS lower,

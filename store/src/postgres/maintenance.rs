@@ -692,7 +692,6 @@ async fn roll_up_hours(pool: &PgPool) -> Result<u64, StoreError> {
             .execute(&mut *tx)
             .await?;
         }
-        rollup_packing::mark_days(&mut tx, &hours).await?;
         tx.commit().await?;
         total += hours.len() as u64;
     }

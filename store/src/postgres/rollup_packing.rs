@@ -226,7 +226,8 @@ pub(super) async fn pack_hour(pool: &PgPool, hour: i64) -> Result<Option<u64>, S
 const DAY_PACKED_AFTER_MS: i64 = DAY_MS;
 
 /// Packs the hour rollups of the days marked in `hour_packing_pending` (by
-/// the hour rollup pass) that are final, oldest first, until `deadline`.
+/// triggers on the hour tables) that are final, oldest first, until
+/// `deadline`.
 /// Returns the hour rows packed. A day whose rollups are not final stays
 /// marked; so does one given loose hours meanwhile.
 pub(super) async fn pack_closed_days(
@@ -435,8 +436,8 @@ pub(super) async fn unpack_for_raw_rollup(
 
 /// Before the hours of `[from, to)` are rolled up again: unpacks every
 /// series' day that holds one of them, as the hour is redone for the whole
-/// fleet, and marks those days to be packed again. Nothing to unpack for
-/// the hours of the last two days, which are never packed yet.
+/// fleet (which marks those days to be packed again). Nothing to unpack
+/// for the hours of the last two days, which are never packed yet.
 pub(super) async fn unpack_for_hour_rollup(
     tx: &mut Transaction<'_, Postgres>,
     from: i64,
@@ -454,23 +455,5 @@ pub(super) async fn unpack_for_hour_rollup(
             .execute(&mut **tx)
             .await?;
     }
-    Ok(())
-}
-
-/// Marks the days of `hours` to be packed once they are final; in the
-/// transaction that rolled those hours up.
-pub(super) async fn mark_days(
-    tx: &mut Transaction<'_, Postgres>,
-    hours: &[i64],
-) -> Result<(), StoreError> {
-    let mut days: Vec<i64> = hours.iter().map(|h| bucket_start(*h, DAY_MS)).collect();
-    days.sort_unstable();
-    days.dedup();
-    sqlx::query(
-        "INSERT INTO hour_packing_pending (day_ms) SELECT UNNEST($1::int8[]) ON CONFLICT DO NOTHING",
-    )
-    .bind(&days)
-    .execute(&mut **tx)
-    .await?;
     Ok(())
 }

@@ -393,3 +393,58 @@ async fn a_closed_days_hours_pack_into_a_row_per_series_and_a_redone_hour_joins_
     assert_eq!(marked, 0, "no day left marked");
     db.drop_database().await;
 }
+
+/// An hour redone loose beside its packed day, as a leader older than day
+/// packing redoes one during a rolling upgrade: the hour tables' trigger
+/// marks the day, and the next pass packs it with the loose hour in place
+/// of its packed copy, rather than charting both.
+#[tokio::test]
+async fn an_hour_redone_loose_beside_its_packed_day_replaces_its_packed_copy() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let store = PostgresStore::connect(&db.url, StorageConfig::default())
+        .await
+        .unwrap();
+    let (_, now, base) = two_hours_written_from(&store, |now| {
+        bucket_start(now, DAY_MS) - 3 * DAY_MS + 5 * HOUR_MS
+    })
+    .await;
+    let day = bucket_start(base, DAY_MS);
+    assert_eq!(store.maintain(now).await.unwrap().hour_rows_packed, 6);
+    let read = || async {
+        store
+            .device_series(GPU1, day, day + DAY_MS - 1, 24)
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let before = read().await;
+    assert_eq!(before.len(), 2);
+    sqlx::query(
+        "INSERT INTO gpu_samples_1h (device_id, ts_ms, last_ts_ms, samples, used_min, used_max,
+             used_avg, used_last, reserved, total, utilization, pcie_tx, pcie_rx)
+         SELECT id, $1, $1 + 3599000, 999, $2, $2, $2, $2, 0, 0, NULL, NULL, NULL
+         FROM devices WHERE uuid = $3",
+    )
+    .bind(base)
+    .bind((75 * GIB) as i64)
+    .bind(GPU1)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(hour_rows(&store, day, day + DAY_MS).await, (1, 6));
+
+    let report = store.maintain(now + 1000).await.unwrap();
+    assert_eq!(
+        report.hour_rows_packed, 2,
+        "GPU1's day, packed whole: {report:?}"
+    );
+    assert_eq!(hour_rows(&store, day, day + DAY_MS).await, (0, 6));
+    let after = read().await;
+    assert_eq!(after.len(), 2, "one point an hour: {after:?}");
+    assert_eq!(after[0].samples, 999);
+    assert_eq!(after[0].memory_used_max_bytes, (75 * GIB) as i64);
+    assert_eq!(after[1], before[1]);
+    db.drop_database().await;
+}
