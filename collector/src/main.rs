@@ -78,6 +78,9 @@ enum Command {
         /// one (prefer the environment: flags show in `ps`).
         #[arg(long, env = "HEADROOM_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        /// How many of the fullest GPUs and MIG instances to list (1-1000).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        fullest: u16,
     },
     /// Run the whole system on this machine: the collector on SQLite and one
     /// simulated agent per node of a scenario, streaming over gRPC on loopback.
@@ -167,7 +170,11 @@ fn main() -> ExitCode {
                 serve(config, rules).await
             }
             Command::Backtest(args) => backtest::run(args),
-            Command::Status { url, token } => status::run(&url, token.as_deref()).await,
+            Command::Status {
+                url,
+                token,
+                fullest,
+            } => status::run(&url, token.as_deref(), fullest).await,
             #[cfg(feature = "demo")]
             Command::Demo(args) => demo::run(args).await,
             #[cfg(not(feature = "demo"))]

@@ -14,26 +14,34 @@ fn gib(v: &Value) -> String {
         .map_or("—".to_owned(), |b| format!("{:.1} GiB", b as f64 / GIB))
 }
 
-/// The table, fullest GPU first: headroom is what runs out.
-pub fn render(devices: &Value, alerts: &Value) -> String {
-    let mut rows: Vec<&Value> = devices
-        .as_array()
-        .map(|d| d.iter().collect())
-        .unwrap_or_default();
-    rows.sort_by(|a, b| {
-        let h = |d: &Value| {
-            d["latest"]["headroom_pct"]
-                .as_f64()
-                .unwrap_or(f64::INFINITY)
-        };
-        h(a).total_cmp(&h(b))
-    });
+/// The fleet's totals, then its fullest devices as `/api/v1/fleet` lists
+/// them (least headroom first: headroom is what runs out), then the
+/// firing alerts.
+pub fn render(fleet: &Value, alerts: &Value) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<16} {:<10} {:<24} {:>10} {:>10} {:>10} {:>18}",
+        "{} nodes, {} GPUs ({} MIG instances): {} of {} used; {} GPUs below 10 % headroom at their peak{}",
+        fleet["nodes"],
+        fleet["gpus"],
+        fleet["mig_instances"],
+        gib(&fleet["memory_used_bytes"]),
+        gib(&fleet["memory_total_bytes"]),
+        fleet["gpus_low_headroom"],
+        match fleet["gpus_without_data"].as_i64() {
+            Some(n) if n > 0 => format!("; {n} without data yet"),
+            _ => String::new(),
+        }
+    );
+    let _ = writeln!(
+        out,
+        "\n{:<16} {:<10} {:<24} {:>10} {:>10} {:>10} {:>18}",
         "NODE", "DEVICE", "MODEL", "USED", "PEAK", "TOTAL", "HEADROOM"
     );
+    let rows = fleet["fullest"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
     for d in rows {
         let device = match d["mig_profile"].as_str() {
             Some(profile) => format!("{} {}", d["index"], profile),
@@ -55,6 +63,16 @@ pub fn render(devices: &Value, alerts: &Value) -> String {
             gib(&latest["memory_used_max_bytes"]),
             gib(&d["memory_total_bytes"]),
             headroom
+        );
+    }
+    let with_data = fleet["gpus"].as_i64().unwrap_or(0)
+        + fleet["mig_instances"].as_i64().unwrap_or(0)
+        - fleet["gpus_without_data"].as_i64().unwrap_or(0);
+    if (rows.len() as i64) < with_data {
+        let _ = writeln!(
+            out,
+            "({} of the fleet's {with_data} devices with data; --fullest N lists more)",
+            rows.len()
         );
     }
     let firing: Vec<&Value> = alerts
@@ -102,15 +120,21 @@ async fn get(client: &reqwest::Client, url: &str, token: Option<&str>) -> anyhow
         .with_context(|| format!("{url} did not answer JSON"))
 }
 
-/// `token`: a viewer or admin token, for a collector with `[http_auth]`.
-pub async fn run(base: &str, token: Option<&str>) -> anyhow::Result<()> {
+/// `token`: a viewer or admin token, for a collector with `[http_auth]`;
+/// `fullest`: how many of the fullest devices to list.
+pub async fn run(base: &str, token: Option<&str>, fullest: u16) -> anyhow::Result<()> {
     let base = base.trim_end_matches('/');
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()?;
-    let devices = get(&client, &format!("{base}/api/v1/gpus"), token).await?;
+    let fleet = get(
+        &client,
+        &format!("{base}/api/v1/fleet?fullest={fullest}"),
+        token,
+    )
+    .await?;
     let alerts = get(&client, &format!("{base}/api/v1/alerts"), token).await?;
-    print!("{}", render(&devices, &alerts));
+    print!("{}", render(&fleet, &alerts));
     Ok(())
 }
 
@@ -119,30 +143,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fullest_gpu_comes_first_and_firing_alerts_follow() {
-        let devices = serde_json::json!([
-            {"node": "n1", "index": 0, "name": "H100", "memory_total_bytes": 85899345920i64, "mig_profile": null,
-             "latest": {"memory_used_bytes": 10737418240i64, "memory_used_max_bytes": 10737418240i64,
-                        "headroom_bytes": 75161927680i64, "headroom_pct": 87.5}},
-            {"node": "n2", "index": 3, "name": "A100", "memory_total_bytes": 85899345920i64, "mig_profile": null,
-             "latest": {"memory_used_bytes": 83751862272i64, "memory_used_max_bytes": 84825604096i64,
-                        "headroom_bytes": 2147483648i64, "headroom_pct": 2.5}},
-            {"node": "n2", "index": 4, "name": "A100", "memory_total_bytes": 42949672960i64, "mig_profile": "3g.40gb",
-             "latest": null}
-        ]);
+    fn totals_then_the_fullest_devices_then_firing_alerts() {
+        let fleet = serde_json::json!({
+            "nodes": 2, "gpus": 3, "mig_instances": 1, "gpus_without_data": 1,
+            "memory_used_bytes": 94489280512i64, "memory_total_bytes": 257698037760i64,
+            "gpus_low_headroom": 1,
+            "fullest": [
+                {"node": "n2", "index": 3, "name": "A100", "memory_total_bytes": 85899345920i64, "mig_profile": null,
+                 "latest": {"memory_used_bytes": 83751862272i64, "memory_used_max_bytes": 84825604096i64,
+                            "headroom_bytes": 2147483648i64, "headroom_pct": 2.5}},
+                {"node": "n1", "index": 4, "name": "H100", "memory_total_bytes": 42949672960i64, "mig_profile": "3g.40gb",
+                 "latest": {"memory_used_bytes": 10737418240i64, "memory_used_max_bytes": 10737418240i64,
+                            "headroom_bytes": 32212254720i64, "headroom_pct": 75.0}}
+            ]
+        });
         let alerts = serde_json::json!([
             {"state": "firing", "severity": "critical", "rule": "watermark", "summary": "GPU 3 on n2 at 97.5 %", "acknowledged_by": "alice"},
             {"state": "pending", "severity": "warning", "rule": "unattributed", "summary": "x"}
         ]);
-        let text = render(&devices, &alerts);
+        let text = render(&fleet, &alerts);
         let lines: Vec<&str> = text.lines().collect();
-        assert!(
-            lines[1].starts_with("n2") && lines[1].contains("2.0 GiB   2.5 %"),
+        assert_eq!(
+            lines[0],
+            "2 nodes, 3 GPUs (1 MIG instances): 88.0 GiB of 240.0 GiB used; 1 GPUs below 10 % headroom at their peak; 1 without data yet",
             "{text}"
         );
-        assert!(lines[2].starts_with("n1"), "{text}");
+        assert!(lines[2].starts_with("NODE"), "{text}");
         assert!(
-            lines[3].contains("4 3g.40gb") && lines[3].contains("no data"),
+            lines[3].starts_with("n2") && lines[3].contains("2.0 GiB   2.5 %"),
+            "{text}"
+        );
+        assert!(
+            lines[4].starts_with("n1") && lines[4].contains("4 3g.40gb"),
+            "{text}"
+        );
+        assert!(
+            text.contains("(2 of the fleet's 3 devices with data; --fullest N lists more)"),
             "{text}"
         );
         assert!(text.contains("Firing alerts: 1"), "{text}");

@@ -97,14 +97,45 @@ async fn status_prints_the_fullest_gpu_first() {
         String::from_utf8_lossy(&out.stderr)
     );
     let lines: Vec<&str> = text.lines().collect();
-    assert!(lines[0].starts_with("NODE"), "{text}");
     assert!(
-        lines[1].starts_with("node-a")
-            && lines[1].contains("76.0 GiB")
-            && lines[1].contains("5.0 %"),
+        lines[0].starts_with(
+            "1 nodes, 2 GPUs (0 MIG instances): 86.0 GiB of 160.0 GiB used; 1 GPUs below 10 %"
+        ),
         "{text}"
     );
-    assert!(lines[2].contains("10.0 GiB"), "{text}");
+    assert!(lines[2].starts_with("NODE"), "{text}");
+    assert!(
+        lines[3].starts_with("node-a")
+            && lines[3].contains("76.0 GiB")
+            && lines[3].contains("5.0 %"),
+        "{text}"
+    );
+    assert!(lines[4].contains("10.0 GiB"), "{text}");
+
+    // The fullest only, where asked: the rest are named, not listed.
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_headroom-collector"))
+            .args([
+                "status",
+                "--fullest",
+                "1",
+                "--url",
+                &format!("http://{http_addr}"),
+            ])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("76.0 GiB") && !text.contains("10.0 GiB"),
+        "{text}"
+    );
+    assert!(
+        text.contains("(1 of the fleet's 2 devices with data"),
+        "{text}"
+    );
 
     // A collector that is not there is named in the error.
     let _ = stop.send(());

@@ -159,6 +159,15 @@ impl LatestSample {
             pcie_rx_bytes_per_s,
         }
     }
+
+    /// Whether memory in use at the interval's peak, with what is reserved,
+    /// reached 90 % of the total: what the fleet history counts as a GPU
+    /// below 10 % headroom.
+    pub fn low_headroom_at_peak(&self) -> bool {
+        self.memory_total_bytes > 0
+            && (self.memory_used_max_bytes + self.memory_reserved_bytes) * 10
+                >= self.memory_total_bytes * LOW_HEADROOM_USED_TENTHS
+    }
 }
 
 /// One bucket of a device's series. With one sample per bucket, `memory_used`

@@ -1087,6 +1087,8 @@ async fn fleet_overview_at_scale(nodes: usize, runs: usize, rewrites: Rewrites) 
     // The first call finds no read to share and waits for one.
     let (first_ms, _, _) = time_get(&collector.api("/api/v1/gpus"), &client, 1).await;
     let (http50, http99, bytes) = time_get(&collector.api("/api/v1/gpus"), &client, runs).await;
+    let (summary50, summary99, summary_bytes) =
+        time_get(&collector.api("/api/v1/fleet"), &client, runs).await;
     let rewritten = writer.stop().await;
     assert_kept_figures_are_current(store.as_ref(), &mut conn, &rewritten).await;
     println!(
@@ -1127,6 +1129,9 @@ async fn fleet_overview_at_scale(nodes: usize, runs: usize, rewrites: Rewrites) 
     );
     println!(
         "| `GET /api/v1/gpus` ({bytes} B; the first, with no read to share: {first_ms:.1} ms) | {http50:.1} ms | {http99:.1} ms |"
+    );
+    println!(
+        "| `GET /api/v1/fleet`, by node and the 100 fullest ({summary_bytes} B) | {summary50:.1} ms | {summary99:.1} ms |"
     );
     collector.stop().await;
     store.close().await;

@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
+use super::fleet_summary::{FULLEST_DEFAULT, FULLEST_MAX};
 use super::text::check_id;
 use headroom_store::{
     AllocatorSeries, AllocatorSeriesQuery, EventView, FleetHistoryPoint, NodeView, ProcessSeries,
@@ -99,6 +100,34 @@ pub async fn gpus(State(state): State<AppState>) -> Response {
             "storage unavailable".to_owned(),
         )
         .into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FleetQuery {
+    /// How many of the fullest devices to list (1..=1000, default 100).
+    fullest: Option<usize>,
+}
+
+/// The fleet summed, by node, and its fullest devices: the overview that
+/// stays small at any fleet size, from the same shared read as `gpus`.
+pub async fn fleet(
+    State(state): State<AppState>,
+    query: Result<Query<FleetQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query?;
+    let fullest = query.fullest.unwrap_or(FULLEST_DEFAULT);
+    if !(1..=FULLEST_MAX).contains(&fullest) {
+        return Err(ApiError::BadRequest(format!(
+            "`fullest` ({fullest}) must be between 1 and {FULLEST_MAX}"
+        )));
+    }
+    match state.fleet.summary_json(fullest).await {
+        Some(json) => Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response()),
+        None => Err(ApiError::Rejected(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage unavailable".to_owned(),
+        )),
     }
 }
 

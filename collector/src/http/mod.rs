@@ -5,6 +5,7 @@ mod api;
 pub mod auth;
 mod device_summary;
 mod errors;
+mod fleet_summary;
 pub mod hosts;
 mod jobs;
 pub mod listener;
@@ -116,6 +117,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/api/v1/nodes", get(api::nodes))
         .route("/api/v1/gpus", get(api::gpus))
+        .route("/api/v1/fleet", get(api::fleet))
         .route("/api/v1/gpus/{uuid}/series", get(api::series))
         .route("/api/v1/fleet/history", get(api::fleet_history))
         .route("/assets/{file}", get(asset))

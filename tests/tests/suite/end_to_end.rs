@@ -173,6 +173,38 @@ async fn simulated_agent_to_postgres_collector_api_returns_scenario_values() {
     assert_eq!(nodes[0]["mig_instance_count"], 1);
     assert_eq!(nodes[0]["driver_version"], "550.54.15");
 
+    // The overview that stays small at any fleet size: the same read summed.
+    let fleet = collector.get_json("/api/v1/fleet?fullest=2").await;
+    assert_eq!(
+        (fleet["nodes"].clone(), fleet["gpus"].clone()),
+        (1.into(), 3.into())
+    );
+    assert_eq!(fleet["mig_instances"], 1);
+    let physical_total: i64 = gpus
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["kind"] == "gpu")
+        .map(|d| d["memory_total_bytes"].as_i64().unwrap())
+        .sum();
+    assert_eq!(fleet["memory_total_bytes"], physical_total);
+    assert_eq!(
+        fleet["memory_used_bytes"],
+        (13 + 5) * GIB,
+        "GPU 0 and the MIG instance's GPU; the instance is part of it"
+    );
+    assert_eq!(fleet["by_node"][0]["node"], "e2e-node");
+    assert_eq!(fleet["by_node"][0]["gpus"], 3);
+    let fullest = fleet["fullest"].as_array().unwrap();
+    assert_eq!(fullest.len(), 2, "as many as asked for");
+    assert_eq!(fullest[0]["uuid"], gpu0["uuid"], "the least headroom first");
+    let refused = reqwest::get(collector.api("/api/v1/fleet?fullest=0"))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), reqwest::StatusCode::BAD_REQUEST);
+    let error = refused.text().await.unwrap();
+    assert!(error.contains("`fullest`"), "{error}");
+
     let procs = collector.get_json("/api/v1/processes").await;
     let alice = device(&procs, |p| p["pid"] == 4242);
     assert_eq!(alice["user"], "alice");
