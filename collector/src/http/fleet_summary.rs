@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use axum::body::Bytes;
 use serde::Serialize;
 
 use headroom_store::alerts::ActiveAlertCounts;
@@ -70,6 +71,14 @@ impl NodeSummary {
             gpus_low_headroom: 0,
         }
     }
+}
+
+/// A read's summary and its answer with [`FULLEST_DEFAULT`] devices, the
+/// one most callers ask for, made once.
+#[derive(Debug)]
+pub struct SummaryMade {
+    pub summary: FleetSummary,
+    pub default_json: Bytes,
 }
 
 /// The answer's shape: the summary, the read's alert counts and as many

@@ -35,7 +35,7 @@ use tokio::time::Instant;
 use super::AppState;
 use super::auth::Identity;
 use super::device_summary::{DeviceAlerts, Owner, alerts_by_device, owners_by_device};
-use super::fleet_summary::FleetSummary;
+use super::fleet_summary::{FULLEST_DEFAULT, FleetSummary, SummaryMade};
 use crate::metrics::{CollectorMetrics, HttpRefusal};
 use headroom_common::Clock;
 use headroom_store::alerts::{ActiveAlertCounts, AlertFilter};
@@ -70,7 +70,7 @@ enum Fleet {
         /// `devices` as `GET /api/v1/gpus` answers, made by its first caller.
         overview_json: OnceCell<Bytes>,
         /// What `GET /api/v1/fleet` answers from, made by its first caller.
-        summary: OnceCell<Arc<FleetSummary>>,
+        summary: OnceCell<Arc<SummaryMade>>,
     },
     /// The store could not answer.
     Unavailable,
@@ -158,7 +158,7 @@ impl FleetFeed {
     /// a period old), so a caller waits for a read only when none is recent.
     /// What it answers is never more than that old, and at fleet scale its
     /// time does not grow with a store read.
-    async fn recent(self: &Arc<Self>) -> Arc<Fleet> {
+    async fn recent(self: &Arc<Self>, answer: Answer) -> Arc<Fleet> {
         if let Some(fleet) = self.read_within(PERIOD) {
             return fleet;
         }
@@ -168,8 +168,16 @@ impl FleetFeed {
         if !self.refreshing.swap(true, Ordering::AcqRel) {
             let feed = self.clone();
             tokio::spawn(async move {
-                // The JSON too, so no caller waits for its encoding either.
-                overview_json_of(feed.current().await).await;
+                // The answer too, so no caller waits for its making either.
+                let fleet = feed.current().await;
+                match answer {
+                    Answer::Devices => {
+                        overview_json_of(fleet).await;
+                    }
+                    Answer::Summary => {
+                        summary_of(fleet).await;
+                    }
+                }
                 feed.refreshing.store(false, Ordering::Release);
             });
         }
@@ -179,40 +187,21 @@ impl FleetFeed {
     /// `GET /api/v1/gpus`'s body: every device with its newest sample, as
     /// JSON; `None` while the store cannot answer.
     pub async fn overview_json(self: &Arc<Self>) -> Option<Bytes> {
-        overview_json_of(self.recent().await).await
+        overview_json_of(self.recent(Answer::Devices).await).await
     }
 
     /// `GET /api/v1/fleet`'s body: the fleet summed, by node, and its
     /// `fullest` devices, as JSON; `None` while the store cannot answer.
     pub async fn summary_json(self: &Arc<Self>, fullest: usize) -> Option<Bytes> {
-        let fleet = self.recent().await;
-        let Fleet::Read {
-            summary, alerts, ..
-        } = fleet.as_ref()
-        else {
+        let fleet = self.recent(Answer::Summary).await;
+        let made = summary_of(fleet.clone()).await?;
+        if fullest == FULLEST_DEFAULT {
+            return Some(made.default_json.clone());
+        }
+        let Fleet::Read { alerts, .. } = fleet.as_ref() else {
             return None;
         };
-        let made = summary
-            .get_or_try_init(|| {
-                let fleet = fleet.clone();
-                // Off the runtime's workers: at 100,000 GPUs it makes every
-                // device's view, some 10 ms.
-                async move {
-                    tokio::task::spawn_blocking(move || match fleet.as_ref() {
-                        Fleet::Read { nodes, devices, .. } => {
-                            Some(Arc::new(FleetSummary::of(nodes, devices)))
-                        }
-                        Fleet::Unavailable => None,
-                    })
-                    .await
-                    .ok()
-                    .flatten()
-                    .ok_or(())
-                }
-            })
-            .await
-            .ok()?;
-        match made.to_json(alerts.as_ref(), fullest) {
+        match made.summary.to_json(alerts.as_ref(), fullest) {
             Ok(json) => Some(Bytes::from(json)),
             Err(error) => {
                 tracing::error!(%error, "could not encode the fleet summary");
@@ -316,6 +305,60 @@ async fn overview_json_of(fleet: Arc<Fleet>) -> Option<Bytes> {
         Ok(json) => Some(json.clone()),
         Err(error) => {
             tracing::error!(%error, "could not encode the fleet overview");
+            None
+        }
+    }
+}
+
+/// What an overview caller asks for, made ahead by the read it starts.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    /// `GET /api/v1/gpus`.
+    Devices,
+    /// `GET /api/v1/fleet`.
+    Summary,
+}
+
+/// `fleet` summed for `GET /api/v1/fleet`, and its answer with the default
+/// number of fullest devices, made by the first caller off the runtime's
+/// workers (at 100,000 GPUs it makes every device's view, some 10 ms) and
+/// shared by the rest.
+async fn summary_of(fleet: Arc<Fleet>) -> Option<Arc<SummaryMade>> {
+    let Fleet::Read { summary, .. } = fleet.as_ref() else {
+        return None;
+    };
+    let made = summary
+        .get_or_try_init(|| {
+            let fleet = fleet.clone();
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    let Fleet::Read {
+                        nodes,
+                        devices,
+                        alerts,
+                        ..
+                    } = fleet.as_ref()
+                    else {
+                        return Err("the store could not answer".to_owned());
+                    };
+                    let summary = FleetSummary::of(nodes, devices);
+                    let default_json = summary
+                        .to_json(alerts.as_ref(), FULLEST_DEFAULT)
+                        .map_err(|e| e.to_string())?;
+                    Ok(Arc::new(SummaryMade {
+                        summary,
+                        default_json: Bytes::from(default_json),
+                    }))
+                })
+                .await
+                .map_err(|e| e.to_string())?
+            }
+        })
+        .await;
+    match made {
+        Ok(made) => Some(made.clone()),
+        Err(error) => {
+            tracing::error!(%error, "could not sum the fleet");
             None
         }
     }
