@@ -8,16 +8,20 @@ use anyhow::Context;
 use serde_json::Value;
 
 const GIB: f64 = (1u64 << 30) as f64;
+/// `GET /api/v1/fleet`'s count of fullest devices when none is asked for,
+/// and the most it lists.
+const FULLEST_DEFAULT: usize = 100;
+const FULLEST_MAX: usize = 1_000;
 
 fn gib(v: &Value) -> String {
     v.as_i64()
         .map_or("—".to_owned(), |b| format!("{:.1} GiB", b as f64 / GIB))
 }
 
-/// The fleet's totals, then its fullest devices as `/api/v1/fleet` lists
-/// them (least headroom first: headroom is what runs out), then the
-/// firing alerts.
-pub fn render(fleet: &Value, alerts: &Value) -> String {
+/// The fleet's totals, then the first `listed` of its fullest devices as
+/// `/api/v1/fleet` lists them (least headroom first: headroom is what runs
+/// out), then the firing alerts.
+pub fn render(fleet: &Value, alerts: &Value, listed: usize) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -42,6 +46,7 @@ pub fn render(fleet: &Value, alerts: &Value) -> String {
         .as_array()
         .map(Vec::as_slice)
         .unwrap_or_default();
+    let rows = &rows[..listed.min(rows.len())];
     for d in rows {
         let device = match d["mig_profile"].as_str() {
             Some(profile) => format!("{} {}", d["index"], profile),
@@ -65,13 +70,16 @@ pub fn render(fleet: &Value, alerts: &Value) -> String {
             headroom
         );
     }
-    let with_data = fleet["gpus"].as_i64().unwrap_or(0)
-        + fleet["mig_instances"].as_i64().unwrap_or(0)
-        - fleet["gpus_without_data"].as_i64().unwrap_or(0);
-    if (rows.len() as i64) < with_data {
+    let with_data = fleet["devices_with_data"].as_u64().unwrap_or(0);
+    if (rows.len() as u64) < with_data {
+        let more = if rows.len() < FULLEST_MAX {
+            "; --fullest N lists more"
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
-            "({} of the fleet's {with_data} devices with data; --fullest N lists more)",
+            "({} of the fleet's {with_data} devices with data{more})",
             rows.len()
         );
     }
@@ -127,14 +135,16 @@ pub async fn run(base: &str, token: Option<&str>, fullest: u16) -> anyhow::Resul
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()?;
-    let fleet = get(
-        &client,
-        &format!("{base}/api/v1/fleet?fullest={fullest}"),
-        token,
-    )
-    .await?;
+    // Up to the API's default the answer the collector made once per read
+    // is asked for, and cut here.
+    let url = if usize::from(fullest) <= FULLEST_DEFAULT {
+        format!("{base}/api/v1/fleet")
+    } else {
+        format!("{base}/api/v1/fleet?fullest={fullest}")
+    };
+    let fleet = get(&client, &url, token).await?;
     let alerts = get(&client, &format!("{base}/api/v1/alerts"), token).await?;
-    print!("{}", render(&fleet, &alerts));
+    print!("{}", render(&fleet, &alerts, usize::from(fullest)));
     Ok(())
 }
 
@@ -145,7 +155,7 @@ mod tests {
     #[test]
     fn totals_then_the_fullest_devices_then_firing_alerts() {
         let fleet = serde_json::json!({
-            "nodes": 2, "gpus": 3, "mig_instances": 1, "gpus_without_data": 1,
+            "nodes": 2, "gpus": 3, "mig_instances": 1, "gpus_without_data": 1, "devices_with_data": 3,
             "memory_used_bytes": 94489280512i64, "memory_total_bytes": 257698037760i64,
             "gpus_low_headroom": 1,
             "fullest": [
@@ -161,7 +171,7 @@ mod tests {
             {"state": "firing", "severity": "critical", "rule": "watermark", "summary": "GPU 3 on n2 at 97.5 %", "acknowledged_by": "alice"},
             {"state": "pending", "severity": "warning", "rule": "unattributed", "summary": "x"}
         ]);
-        let text = render(&fleet, &alerts);
+        let text = render(&fleet, &alerts, 20);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
@@ -180,6 +190,12 @@ mod tests {
         assert!(
             text.contains("(2 of the fleet's 3 devices with data; --fullest N lists more)"),
             "{text}"
+        );
+        let one = render(&fleet, &alerts, 1);
+        assert!(!one.contains("n1 "), "cut to the count asked for: {one}");
+        assert!(
+            one.contains("(1 of the fleet's 3 devices with data; --fullest N"),
+            "{one}"
         );
         assert!(text.contains("Firing alerts: 1"), "{text}");
         assert!(

@@ -110,7 +110,8 @@ pub struct FleetQuery {
 }
 
 /// The fleet summed, by node, and its fullest devices: the overview that
-/// stays small at any fleet size, from the same shared read as `gpus`.
+/// grows with the nodes rather than the devices, from the same shared read
+/// as `gpus`.
 pub async fn fleet(
     State(state): State<AppState>,
     query: Result<Query<FleetQuery>, QueryRejection>,

@@ -1,6 +1,7 @@
-//! `GET /api/v1/fleet`: the fleet overview at any size. At 100,000 GPUs the
-//! list of every device (`/api/v1/gpus`) is 64 MB; what an operator reads
-//! first is each node's headroom and the devices closest to running out.
+//! `GET /api/v1/fleet`: the fleet overview that grows with the nodes, not
+//! the devices. At 100,000 GPUs the list of every device (`/api/v1/gpus`)
+//! is 64 MB; what an operator reads first is the fleet's totals, each
+//! node's headroom and the devices closest to running out.
 //! Made once per fleet read, from the read the live stream shares, and
 //! shared by every caller.
 
@@ -27,7 +28,10 @@ pub struct FleetSummary {
     pub mig_instances: usize,
     /// Physical GPUs that have not reported a sample yet.
     pub gpus_without_data: usize,
-    /// Summed over physical GPUs (an instance's memory is its GPU's).
+    /// GPUs and MIG instances with a sample: those `fullest` can list.
+    pub devices_with_data: usize,
+    /// Summed over physical GPUs (an instance's memory is its GPU's); the
+    /// total counts every GPU, reporting or not.
     pub memory_used_bytes: i64,
     pub memory_total_bytes: i64,
     /// Physical GPUs whose peak, with what is reserved, reached 90 % of the
@@ -105,6 +109,7 @@ impl FleetSummary {
             gpus: 0,
             mig_instances: 0,
             gpus_without_data: 0,
+            devices_with_data: 0,
             memory_used_bytes: 0,
             memory_total_bytes: 0,
             gpus_low_headroom: 0,
@@ -152,6 +157,7 @@ impl FleetSummary {
             }
         }
         summary.gpus_low_headroom = low.len();
+        summary.devices_with_data = with_data.len();
         summary.nodes = by_node.len();
         summary.by_node = by_node.into_values().collect();
         summary.by_node.sort_by(|a, b| {
@@ -270,6 +276,7 @@ mod tests {
         let s = FleetSummary::of(&nodes, &devices);
         assert_eq!((s.nodes, s.gpus, s.mig_instances), (4, 5, 1));
         assert_eq!(s.gpus_without_data, 1);
+        assert_eq!(s.devices_with_data, 5, "b1 has no sample yet");
         assert_eq!(s.memory_total_bytes, 5 * 80 * GIB);
         assert_eq!(
             s.memory_used_bytes,

@@ -198,10 +198,20 @@ impl FleetFeed {
         if fullest == FULLEST_DEFAULT {
             return Some(made.default_json.clone());
         }
-        let Fleet::Read { alerts, .. } = fleet.as_ref() else {
-            return None;
-        };
-        match made.summary.to_json(alerts.as_ref(), fullest) {
+        // Another count is encoded for its caller, off the runtime's
+        // workers: every node's entry is in it (2.5 MB at 12,500 nodes).
+        let encoded = tokio::task::spawn_blocking(move || {
+            let Fleet::Read { alerts, .. } = fleet.as_ref() else {
+                return Err("the store could not answer".to_owned());
+            };
+            made.summary
+                .to_json(alerts.as_ref(), fullest)
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|encoded| encoded);
+        match encoded {
             Ok(json) => Some(Bytes::from(json)),
             Err(error) => {
                 tracing::error!(%error, "could not encode the fleet summary");

@@ -243,8 +243,13 @@ pub(super) async fn run(
         let compacted = super::compaction::compact_closed_hours(pool, now_ms, deadline).await?;
         report.chunks_compacted = compacted.chunks_folded;
         report.minute_rows_packed = compacted.minute_rows_packed;
-        report.hour_rows_packed =
-            rollup_packing::pack_closed_days(pool, marks.hour_ms, deadline).await?;
+        report.hour_rows_packed = rollup_packing::pack_closed_days(
+            pool,
+            marks.hour_ms,
+            now_ms - storage.hour_retention_ms(),
+            deadline,
+        )
+        .await?;
     }
     report.watermarks = Some(watermarks(pool).await?);
     Ok(report)
@@ -644,12 +649,21 @@ async fn roll_up_minutes(pool: &PgPool) -> Result<u64, StoreError> {
 
 /// Rolls pending hours up from the 1 min tables, then moves the hour
 /// watermark to the hour the minute watermark is in.
+///
+/// An hour the minute watermark has not passed yet stays pending: nothing
+/// reads it from the hour tables (charts and the fleet history read its
+/// minutes up to the hour watermark), and redone each pass for the whole
+/// fleet it cost a read of every series' minutes so far, 9 million rows a
+/// pass on average at 100,000 GPUs with two processes each.
 async fn roll_up_hours(pool: &PgPool) -> Result<u64, StoreError> {
-    let mut total = 0;
-    for buckets in pending_buckets(pool, HOUR_MS)
+    let minute_mark = watermarks(pool).await?.minute_ms;
+    let closed: Vec<i64> = pending_buckets(pool, HOUR_MS)
         .await?
-        .chunks(BUCKETS_PER_TRANSACTION)
-    {
+        .into_iter()
+        .filter(|hour| hour + HOUR_MS <= minute_mark)
+        .collect();
+    let mut total = 0;
+    for buckets in closed.chunks(BUCKETS_PER_TRANSACTION) {
         let mut tx = pool.begin().await?;
         let hours = take_pending(&mut tx, HOUR_MS, buckets).await?;
         if hours.is_empty() {

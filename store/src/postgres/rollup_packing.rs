@@ -233,8 +233,15 @@ const DAY_PACKED_AFTER_MS: i64 = DAY_MS;
 pub(super) async fn pack_closed_days(
     pool: &PgPool,
     hour_watermark_ms: i64,
+    oldest_kept_ms: i64,
     deadline: Instant,
 ) -> Result<u64, StoreError> {
+    // Days past the hour rollups' retention (marked by the upgrade) are
+    // dropped with their partitions, not packed.
+    sqlx::query("DELETE FROM hour_packing_pending WHERE day_ms < $1")
+        .bind(bucket_start(oldest_kept_ms, DAY_MS))
+        .execute(pool)
+        .await?;
     let days: Vec<i64> = sqlx::query_scalar(
         "SELECT day_ms FROM hour_packing_pending WHERE day_ms <= $1 ORDER BY day_ms LIMIT 32",
     )
