@@ -389,10 +389,7 @@ pub(super) async fn unpack_for_late_minutes(
     if late.iter().all(|(_, series_hours)| series_hours.is_empty()) {
         return Ok(());
     }
-    sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
-        .bind(MINUTE_PACKING_LOCK)
-        .execute(&mut **tx)
-        .await?;
+    share(tx, MINUTE_PACKING_LOCK).await?;
     for (tables, series_hours) in late {
         if series_hours.is_empty() {
             continue;
@@ -419,10 +416,7 @@ pub(super) async fn unpack_for_raw_rollup(
     from: i64,
     to: i64,
 ) -> Result<(), StoreError> {
-    sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
-        .bind(MINUTE_PACKING_LOCK)
-        .execute(&mut **tx)
-        .await?;
+    share(tx, MINUTE_PACKING_LOCK).await?;
     for (tables, raw) in [
         (&GPU_MINUTES, "gpu_samples"),
         (&PROCESS_MINUTES, "process_samples"),
@@ -450,10 +444,7 @@ pub(super) async fn unpack_for_hour_rollup(
     from: i64,
     to: i64,
 ) -> Result<(), StoreError> {
-    sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
-        .bind(HOUR_PACKING_LOCK)
-        .execute(&mut **tx)
-        .await?;
+    share(tx, HOUR_PACKING_LOCK).await?;
     for tables in [&GPU_HOURS, &PROCESS_HOURS] {
         sqlx::query(&tables.unpack_sql("WHERE p.day_ms > $1 - $3 AND p.day_ms < $2"))
             .bind(from)
@@ -462,5 +453,15 @@ pub(super) async fn unpack_for_hour_rollup(
             .execute(&mut **tx)
             .await?;
     }
+    Ok(())
+}
+
+/// Takes `lock` shared for the rest of the transaction: unpacking shares
+/// it, packing takes it alone.
+async fn share(tx: &mut Transaction<'_, Postgres>, lock: i64) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
+        .bind(lock)
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }

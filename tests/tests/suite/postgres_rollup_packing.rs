@@ -50,17 +50,21 @@ async fn packed_gpu_hours(store: &PostgresStore) -> (i64, i64) {
     .unwrap()
 }
 
-/// Two hours of GPU0, GPU1 and a process every 10 s, four hours ago,
-/// written by a flush a minute as a collector writes them.
-async fn two_hours_written(store: &PostgresStore) -> (NodeSession, i64, i64) {
-    two_hours_written_from(store, |now| bucket_start(now - 4 * HOUR_MS, HOUR_MS)).await
+fn four_hours_ago(now: i64) -> i64 {
+    bucket_start(now - 4 * HOUR_MS, HOUR_MS)
 }
 
-/// The same two hours from the hour `start(now)`.
-async fn two_hours_written_from(
-    store: &PostgresStore,
+/// A fresh database (`None` without Postgres) holding two hours of GPU0,
+/// GPU1 and a process every 10 s from the hour `start(now)`, written by a
+/// flush a minute as a collector writes them; with the node's session, the
+/// time written at and the first hour.
+async fn written(
     start: impl Fn(i64) -> i64,
-) -> (NodeSession, i64, i64) {
+) -> Option<(postgres::TestDatabase, PostgresStore, NodeSession, i64, i64)> {
+    let db = postgres::fresh_database().await?;
+    let store = PostgresStore::connect(&db.url, StorageConfig::default())
+        .await
+        .unwrap();
     let reg = validate::registration(&fixtures::register(NODE, BOOT), &Limits::default()).unwrap();
     let session = store.register(&reg, now_ms()).await.unwrap();
     let now = now_ms();
@@ -80,18 +84,14 @@ async fn two_hours_written_from(
         store.write_batches(minute).await.unwrap();
         store.flush(true).await.unwrap();
     }
-    (session, now, base)
+    Some((db, store, session, now, base))
 }
 
 #[tokio::test]
 async fn closed_hours_minutes_pack_into_a_row_per_series_and_a_late_sample_joins_them() {
-    let Some(db) = postgres::fresh_database().await else {
+    let Some((db, store, session, now, base)) = written(four_hours_ago).await else {
         return;
     };
-    let store = PostgresStore::connect(&db.url, StorageConfig::default())
-        .await
-        .unwrap();
-    let (session, now, base) = two_hours_written(&store).await;
     let end = base + 2 * HOUR_MS;
     let minute_charts = || async {
         (
@@ -189,13 +189,9 @@ async fn closed_hours_minutes_pack_into_a_row_per_series_and_a_late_sample_joins
 /// the hour's key.
 #[tokio::test]
 async fn a_loose_minute_beside_its_packed_hour_is_merged_when_the_hour_is_packed_again() {
-    let Some(db) = postgres::fresh_database().await else {
+    let Some((db, store, _, now, base)) = written(four_hours_ago).await else {
         return;
     };
-    let store = PostgresStore::connect(&db.url, StorageConfig::default())
-        .await
-        .unwrap();
-    let (_, now, base) = two_hours_written(&store).await;
     store.maintain(now).await.unwrap();
     let minute = base + 10 * MINUTE_MS;
     let read = || async {
@@ -244,13 +240,9 @@ async fn a_loose_minute_beside_its_packed_hour_is_merged_when_the_hour_is_packed
 /// default compresses a row only until it fits in 2 kB: about 1.8 kB.)
 #[tokio::test]
 async fn a_process_packed_hour_is_compressed_whole_in_its_row() {
-    let Some(db) = postgres::fresh_database().await else {
+    let Some((db, store, _, now, _)) = written(four_hours_ago).await else {
         return;
     };
-    let store = PostgresStore::connect(&db.url, StorageConfig::default())
-        .await
-        .unwrap();
-    let (_, now, _) = two_hours_written(&store).await;
     store.maintain(now).await.unwrap();
     let (rows, largest): (i64, i32) = sqlx::query_as(
         "SELECT count(*), max(pg_column_size(p.*)) FROM process_samples_1m_packed p",
@@ -297,16 +289,11 @@ async fn hour_rows(store: &PostgresStore, from: i64, to: i64) -> (i64, i64) {
 /// same pass packs it again.
 #[tokio::test]
 async fn a_closed_days_hours_pack_into_a_row_per_series_and_a_redone_hour_joins_them() {
-    let Some(db) = postgres::fresh_database().await else {
+    let Some((db, store, session, now, base)) =
+        written(|now| bucket_start(now, DAY_MS) - 2 * DAY_MS + 10 * HOUR_MS).await
+    else {
         return;
     };
-    let store = PostgresStore::connect(&db.url, StorageConfig::default())
-        .await
-        .unwrap();
-    let (session, now, base) = two_hours_written_from(&store, |now| {
-        bucket_start(now, DAY_MS) - 2 * DAY_MS + 10 * HOUR_MS
-    })
-    .await;
     let day = bucket_start(base, DAY_MS);
     let day_charts = || async {
         let fleet = store
@@ -400,16 +387,11 @@ async fn a_closed_days_hours_pack_into_a_row_per_series_and_a_redone_hour_joins_
 /// of its packed copy, rather than charting both.
 #[tokio::test]
 async fn an_hour_redone_loose_beside_its_packed_day_replaces_its_packed_copy() {
-    let Some(db) = postgres::fresh_database().await else {
+    let Some((db, store, _, now, base)) =
+        written(|now| bucket_start(now, DAY_MS) - 3 * DAY_MS + 5 * HOUR_MS).await
+    else {
         return;
     };
-    let store = PostgresStore::connect(&db.url, StorageConfig::default())
-        .await
-        .unwrap();
-    let (_, now, base) = two_hours_written_from(&store, |now| {
-        bucket_start(now, DAY_MS) - 3 * DAY_MS + 5 * HOUR_MS
-    })
-    .await;
     let day = bucket_start(base, DAY_MS);
     assert_eq!(store.maintain(now).await.unwrap().hour_rows_packed, 6);
     let read = || async {
