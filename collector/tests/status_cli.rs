@@ -15,6 +15,21 @@ fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
+/// `headroom-collector status ARGS`, run off the runtime's workers (the
+/// collector it asks serves on them).
+async fn status(args: &[&str]) -> std::process::Output {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_headroom-collector"))
+            .arg("status")
+            .args(args)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_prints_the_fullest_gpu_first() {
     let dir = tempfile::tempdir().unwrap();
@@ -82,14 +97,8 @@ async fn status_prints_the_fullest_gpu_first() {
         },
     ));
 
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_headroom-collector"))
-            .args(["status", "--url", &format!("http://{http_addr}")])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let url = format!("http://{http_addr}");
+    let out = status(&["--url", &url]).await;
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -113,20 +122,7 @@ async fn status_prints_the_fullest_gpu_first() {
     assert!(lines[4].contains("10.0 GiB"), "{text}");
 
     // The fullest only, where asked: the rest are named, not listed.
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_headroom-collector"))
-            .args([
-                "status",
-                "--fullest",
-                "1",
-                "--url",
-                &format!("http://{http_addr}"),
-            ])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let out = status(&["--fullest", "1", "--url", &url]).await;
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("76.0 GiB") && !text.contains("10.0 GiB"),
@@ -140,10 +136,7 @@ async fn status_prints_the_fullest_gpu_first() {
     // A collector that is not there is named in the error.
     let _ = stop.send(());
     server.await.unwrap().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_headroom-collector"))
-        .args(["status", "--url", &format!("http://{http_addr}")])
-        .output()
-        .unwrap();
+    let out = status(&["--url", &url]).await;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the collector"));
 }

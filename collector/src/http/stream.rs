@@ -200,7 +200,7 @@ impl FleetFeed {
         }
         // Another count is encoded for its caller, off the runtime's
         // workers: every node's entry is in it (2.5 MB at 12,500 nodes).
-        let encoded = tokio::task::spawn_blocking(move || {
+        let encoded = off_workers(move || {
             let Fleet::Read { alerts, .. } = fleet.as_ref() else {
                 return Err("the store could not answer".to_owned());
             };
@@ -208,9 +208,7 @@ impl FleetFeed {
                 .to_json(alerts.as_ref(), fullest)
                 .map_err(|e| e.to_string())
         })
-        .await
-        .map_err(|e| e.to_string())
-        .and_then(|encoded| encoded);
+        .await;
         match encoded {
             Ok(json) => Some(Bytes::from(json)),
             Err(error) => {
@@ -300,15 +298,11 @@ async fn overview_json_of(fleet: Arc<Fleet>) -> Option<Bytes> {
     let json = overview_json
         .get_or_try_init(|| {
             let devices = devices.clone();
-            async move {
-                tokio::task::spawn_blocking(move || {
-                    serde_json::to_vec(&devices)
-                        .map(Bytes::from)
-                        .map_err(|e| e.to_string())
-                })
-                .await
-                .map_err(|e| e.to_string())?
-            }
+            off_workers(move || {
+                serde_json::to_vec(&devices)
+                    .map(Bytes::from)
+                    .map_err(|e| e.to_string())
+            })
         })
         .await;
     match json {
@@ -318,6 +312,17 @@ async fn overview_json_of(fleet: Arc<Fleet>) -> Option<Bytes> {
             None
         }
     }
+}
+
+/// Runs `make` off the runtime's workers, where a fleet-sized encoding
+/// would stall every other request on its worker; a panic in it comes back
+/// as an error, as its own errors do.
+async fn off_workers<T: Send + 'static>(
+    make: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(make)
+        .await
+        .map_err(|e| e.to_string())?
 }
 
 /// What an overview caller asks for, made ahead by the read it starts.
@@ -340,29 +345,25 @@ async fn summary_of(fleet: Arc<Fleet>) -> Option<Arc<SummaryMade>> {
     let made = summary
         .get_or_try_init(|| {
             let fleet = fleet.clone();
-            async move {
-                tokio::task::spawn_blocking(move || {
-                    let Fleet::Read {
-                        nodes,
-                        devices,
-                        alerts,
-                        ..
-                    } = fleet.as_ref()
-                    else {
-                        return Err("the store could not answer".to_owned());
-                    };
-                    let summary = FleetSummary::of(nodes, devices);
-                    let default_json = summary
-                        .to_json(alerts.as_ref(), FULLEST_DEFAULT)
-                        .map_err(|e| e.to_string())?;
-                    Ok(Arc::new(SummaryMade {
-                        summary,
-                        default_json: Bytes::from(default_json),
-                    }))
-                })
-                .await
-                .map_err(|e| e.to_string())?
-            }
+            off_workers(move || {
+                let Fleet::Read {
+                    nodes,
+                    devices,
+                    alerts,
+                    ..
+                } = fleet.as_ref()
+                else {
+                    return Err("the store could not answer".to_owned());
+                };
+                let summary = FleetSummary::of(nodes, devices);
+                let default_json = summary
+                    .to_json(alerts.as_ref(), FULLEST_DEFAULT)
+                    .map_err(|e| e.to_string())?;
+                Ok(Arc::new(SummaryMade {
+                    summary,
+                    default_json: Bytes::from(default_json),
+                }))
+            })
         })
         .await;
     match made {
