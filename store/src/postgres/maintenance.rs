@@ -669,9 +669,8 @@ async fn roll_up_hours(pool: &PgPool) -> Result<u64, StoreError> {
         if hours.is_empty() {
             continue;
         }
+        rollup_packing::before_hour_rollup(&mut tx).await?;
         for (from, to) in contiguous_runs(&hours, HOUR_MS) {
-            // Redone for every series, so over every series' packed day.
-            rollup_packing::unpack_for_hour_rollup(&mut tx, from, to).await?;
             // Averages of averages, weighted by how many samples each holds.
             sqlx::query(&format!(
                 "INSERT INTO gpu_samples_1h ({GPU_ROLLUP_COLUMNS})

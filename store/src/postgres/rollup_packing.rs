@@ -11,10 +11,13 @@
 //! A bucket is written loose, and merged or redone in place while its span
 //! is open. A late minute (a spool replayed after an outage) whose hour is
 //! packed unpacks that series' hour first, so that its merge finds the
-//! minute it belongs to; an hour rolled up again unpacks its day, as the
-//! whole fleet's hour is redone. The next pass packs the span again. The
-//! two never race: packing holds the span's lock exclusively, unpacking
-//! shares it.
+//! minute it belongs to. An hour rolled up again inside a packed day is
+//! written loose beside its packed copy, which readers then skip (migration
+//! 0025): the whole fleet's hour is redone, and unpacking every series' day
+//! for it cost 24 rows written per series. The next pass packs the span
+//! again, folding loose hours into the day's row. The two never race:
+//! packing holds the span's lock exclusively, writers of late buckets share
+//! it.
 
 use std::time::Instant;
 
@@ -51,7 +54,8 @@ enum OnConflict {
     /// any.
     Merge(Option<&'static str>),
     /// The loose hour wins: an hour is always redone whole, from every
-    /// minute, so a loose one is newer than its packed copy.
+    /// minute, so a loose one is newer than its packed copy. Packing folds
+    /// it into the span's row without unpacking that row first.
     KeepLoose,
 }
 
@@ -153,8 +157,12 @@ impl PackedRollups {
 
     /// Moves the loose buckets of the span `$1` (`$2` long, of buckets
     /// `$3` long) of the series `$4` into a packed row per series; returns
-    /// the rows moved. (A statement in WITH runs in full whether or not the
-    /// query reads it.)
+    /// the rows moved. Where the loose bucket wins ([`OnConflict::KeepLoose`])
+    /// a series' packed row is folded in within the statement: its buckets
+    /// that no loose one replaces are packed with the loose ones. (A
+    /// statement in WITH runs in full whether or not the query reads it,
+    /// and the grouping reads every bucket, so every old row is deleted
+    /// before the new one is written.)
     fn pack_sql(&self) -> String {
         let Self {
             loose,
@@ -171,16 +179,47 @@ impl PackedRollups {
             .map(|f| format!("array_agg({f} ORDER BY ts_ms)"))
             .collect::<Vec<_>>()
             .join(", ");
+        let (folded, buckets) = match self.on_conflict {
+            OnConflict::Merge(_) => (String::new(), "gone".to_string()),
+            OnConflict::KeepLoose => {
+                let of = |table: &str| {
+                    self.figures
+                        .iter()
+                        .map(|f| format!("{table}.{f}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                let (of_bucket, of_was) = (of("m"), of("w"));
+                (
+                    format!(
+                        ", was AS (
+                             DELETE FROM {packed} p WHERE p.{span} = $1 AND p.{key} IN (SELECT {key} FROM gone)
+                             RETURNING p.*)"
+                    ),
+                    format!(
+                        "(SELECT {key}, ts_ms, last_ts_ms, samples, {figures} FROM gone
+                          UNION ALL
+                          SELECT w.{key}, w.{span} + m.{slot} * $3, w.{span} + m.{slot} * $3 + m.last_offset_ms,
+                              m.samples, {of_bucket}
+                          FROM was w,
+                              LATERAL unnest(w.{slot}, w.last_offset_ms, w.samples, {of_was})
+                                  AS m({slot}, last_offset_ms, samples, {figures})
+                          WHERE NOT EXISTS (SELECT 1 FROM gone g
+                              WHERE g.{key} = w.{key} AND g.ts_ms = w.{span} + m.{slot} * $3)) AS buckets"
+                    ),
+                )
+            }
+        };
         format!(
             "WITH gone AS (
                  DELETE FROM {loose} WHERE {key} = ANY($4::int8[]) AND ts_ms >= $1 AND ts_ms < $1 + $2
-                 RETURNING *),
+                 RETURNING *){folded},
              packed AS (
                  INSERT INTO {packed} ({span}, {key}, {slot}, last_offset_ms, samples, {figures})
                  SELECT $1, {key}, array_agg(((ts_ms - $1) / $3)::int2 ORDER BY ts_ms),
                      array_agg((last_ts_ms - ts_ms)::int4 ORDER BY ts_ms),
                      array_agg(samples ORDER BY ts_ms), {arrays}
-                 FROM gone GROUP BY {key})
+                 FROM {buckets} GROUP BY {key})
              SELECT count(*) FROM gone"
         )
     }
@@ -222,7 +261,8 @@ pub(super) async fn pack_hour(pool: &PgPool, hour: i64) -> Result<Option<u64>, S
 
 /// A day's hour rollups are packed once the day after it has ended too:
 /// the day before is where a spool replayed after an outage lands, and an
-/// hour redone in a packed day unpacks the whole fleet's day.
+/// hour redone in a packed day has every series' row of that day rewritten
+/// by the next pass.
 const DAY_PACKED_AFTER_MS: i64 = DAY_MS;
 
 /// Packs the hour rollups of the days marked in `hour_packing_pending` (by
@@ -345,24 +385,27 @@ async fn pack_series(
     if !is_final {
         return Ok(None);
     }
-    // A series' span packed and loose at once (buckets written by a
-    // collector older than packing, during a rolling upgrade) is unpacked
-    // first, its buckets made one with the loose ones, then packed whole.
-    let PackedRollups {
-        loose,
-        key,
-        span_column,
-        ..
-    } = tables;
-    sqlx::query(&tables.unpack_sql(&format!(
-        "WHERE p.{span_column} = $1 AND p.{key} = ANY($3::int8[]) AND EXISTS (SELECT 1 FROM {loose} r
-             WHERE r.{key} = p.{key} AND r.ts_ms >= $1 AND r.ts_ms < $1 + $2)"
-    )))
-    .bind(start)
-    .bind(span.span_ms)
-    .bind(series)
-    .execute(&mut *tx)
-    .await?;
+    // A series' span of minutes packed and loose at once (minutes written
+    // by a collector older than packing, during a rolling upgrade) is
+    // unpacked first, its minutes merged with the loose ones, then packed
+    // whole. Hours need no unpacking: the packing statement folds them.
+    if let OnConflict::Merge(_) = tables.on_conflict {
+        let PackedRollups {
+            loose,
+            key,
+            span_column,
+            ..
+        } = tables;
+        sqlx::query(&tables.unpack_sql(&format!(
+            "WHERE p.{span_column} = $1 AND p.{key} = ANY($3::int8[]) AND EXISTS (SELECT 1 FROM {loose} r
+                 WHERE r.{key} = p.{key} AND r.ts_ms >= $1 AND r.ts_ms < $1 + $2)"
+        )))
+        .bind(start)
+        .bind(span.span_ms)
+        .bind(series)
+        .execute(&mut *tx)
+        .await?;
+    }
     let rows: i64 = sqlx::query_scalar(&tables.pack_sql())
         .bind(start)
         .bind(span.span_ms)
@@ -435,25 +478,15 @@ pub(super) async fn unpack_for_raw_rollup(
     Ok(())
 }
 
-/// Before the hours of `[from, to)` are rolled up again: unpacks every
-/// series' day that holds one of them, as the hour is redone for the whole
-/// fleet (which marks those days to be packed again). Nothing to unpack
-/// for the hours of the last two days, which are never packed yet.
-pub(super) async fn unpack_for_hour_rollup(
+/// Before hours are rolled up again: holds off packing their days until
+/// the transaction ends. Hours redone inside a packed day are written loose
+/// beside it and read in place of their packed copies until the next pass
+/// folds them in; a pass that unmarked the day while they were being
+/// written would leave them loose for good.
+pub(super) async fn before_hour_rollup(
     tx: &mut Transaction<'_, Postgres>,
-    from: i64,
-    to: i64,
 ) -> Result<(), StoreError> {
-    share(tx, HOUR_PACKING_LOCK).await?;
-    for tables in [&GPU_HOURS, &PROCESS_HOURS] {
-        sqlx::query(&tables.unpack_sql("WHERE p.day_ms > $1 - $3 AND p.day_ms < $2"))
-            .bind(from)
-            .bind(to)
-            .bind(DAY_MS)
-            .execute(&mut **tx)
-            .await?;
-    }
-    Ok(())
+    share(tx, HOUR_PACKING_LOCK).await
 }
 
 /// Takes `lock` shared for the rest of the transaction: unpacking shares

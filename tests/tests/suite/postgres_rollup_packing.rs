@@ -1,8 +1,9 @@
 //! Rollups of closed spans on Postgres: minutes of closed hours moved into
 //! one row per series and hour, hours of closed days into one per series
-//! and day; charted, rolled up and summed for the fleet as before, and
-//! unpacked again for a late sample, which the next pass packs with the
-//! rest. (That every chart of a compacted hour reads the same on both
+//! and day; charted, rolled up and summed for the fleet as before. A late
+//! sample unpacks its series' hour of minutes; the hour it redoes for the
+//! whole fleet is written beside its packed day and read in its place.
+//! The next pass packs both with the rest. (That every chart of a compacted hour reads the same on both
 //! backends is in the conformance suite.)
 
 use headroom_collector::ingest::validate::{self, Limits};
@@ -285,8 +286,9 @@ async fn hour_rows(store: &PostgresStore, from: i64, to: i64) -> (i64, i64) {
 /// Hour rollups are kept two years: once the day after theirs has ended,
 /// a day's hours move into one row per series and day, charted and summed
 /// for the fleet from there. A late sample (a spool replayed days later)
-/// redoes its hour for the whole fleet, which unpacks the day first; the
-/// same pass packs it again.
+/// redoes its hour for the whole fleet beside the packed day, without
+/// unpacking it; the same pass folds the redone hour into every series'
+/// row.
 #[tokio::test]
 async fn a_closed_days_hours_pack_into_a_row_per_series_and_a_redone_hour_joins_them() {
     let Some((db, store, session, now, base)) =
@@ -354,8 +356,8 @@ async fn a_closed_days_hours_pack_into_a_row_per_series_and_a_redone_hour_joins_
     store.flush(true).await.unwrap();
     let report = store.maintain(now + 1000).await.unwrap();
     assert_eq!(
-        report.hour_rows_packed, 6,
-        "the day unpacked for the redone hour and packed again: {report:?}"
+        report.hour_rows_packed, 3,
+        "the redone hour's 3 rows folded into their days, the other hours never unpacked: {report:?}"
     );
     assert_eq!(hour_rows(&store, day, day + DAY_MS).await, (0, 6));
     let (after, after_processes, after_fleet) = day_charts().await;
@@ -383,8 +385,8 @@ async fn a_closed_days_hours_pack_into_a_row_per_series_and_a_redone_hour_joins_
 
 /// An hour redone loose beside its packed day, as a leader older than day
 /// packing redoes one during a rolling upgrade: the hour tables' trigger
-/// marks the day, and the next pass packs it with the loose hour in place
-/// of its packed copy, rather than charting both.
+/// marks the day. Charts read the loose hour in place of its packed copy,
+/// rather than both, and the next pass folds it into the day's row.
 #[tokio::test]
 async fn an_hour_redone_loose_beside_its_packed_day_replaces_its_packed_copy() {
     let Some((db, store, _, now, base)) =
@@ -416,17 +418,18 @@ async fn an_hour_redone_loose_beside_its_packed_day_replaces_its_packed_copy() {
     .await
     .unwrap();
     assert_eq!(hour_rows(&store, day, day + DAY_MS).await, (1, 6));
+    let beside = read().await;
+    assert_eq!(beside.len(), 2, "one point an hour: {beside:?}");
+    assert_eq!(beside[0].samples, 999, "the loose hour alone: {beside:?}");
+    assert_eq!(beside[0].memory_used_max_bytes, (75 * GIB) as i64);
+    assert_eq!(beside[1], before[1]);
 
     let report = store.maintain(now + 1000).await.unwrap();
     assert_eq!(
-        report.hour_rows_packed, 2,
-        "GPU1's day, packed whole: {report:?}"
+        report.hour_rows_packed, 1,
+        "the loose hour folded into GPU1's day: {report:?}"
     );
     assert_eq!(hour_rows(&store, day, day + DAY_MS).await, (0, 6));
-    let after = read().await;
-    assert_eq!(after.len(), 2, "one point an hour: {after:?}");
-    assert_eq!(after[0].samples, 999);
-    assert_eq!(after[0].memory_used_max_bytes, (75 * GIB) as i64);
-    assert_eq!(after[1], before[1]);
+    assert_eq!(read().await, beside, "the day reads the same packed");
     db.drop_database().await;
 }
