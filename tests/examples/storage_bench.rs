@@ -81,7 +81,12 @@
 //!    one every 5 s, so that the rows rewritten are the reading store's own
 //!    checkpoints; it checks that the overview holds each node's last
 //!    batch.
+//! 8. A late hour in a packed day (`late-hour`, alone): see
+//!    [`late_hour`].
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: fail loudly
+
+#[path = "storage_bench/late_hour.rs"]
+mod late_hour;
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -961,6 +966,7 @@ async fn main() {
     let peers_phase = asked("peers");
     let overview_phase = asked("overview");
     let own_overview_phase = asked("overview-own");
+    let late_hour_phase = asked("late-hour");
     if ![
         ingest_phase,
         storage_phase,
@@ -969,11 +975,12 @@ async fn main() {
         peers_phase,
         overview_phase,
         own_overview_phase,
+        late_hour_phase,
     ]
     .contains(&true)
     {
         eprintln!(
-            "PHASES is a comma-separated list of `ingest`, `storage`, `fleet`, `sqlite`, `peers`, `overview` and `overview-own`, not {phases:?}"
+            "PHASES is a comma-separated list of `ingest`, `storage`, `fleet`, `sqlite`, `peers`, `overview`, `overview-own` and `late-hour`, not {phases:?}"
         );
         std::process::exit(2);
     }
@@ -998,6 +1005,9 @@ async fn main() {
     }
     if own_overview_phase {
         fleet_overview_at_scale(agents, arg(3, 30), Rewrites::ByItself).await;
+    }
+    if late_hour_phase {
+        late_hour::late_hour_in_packed_day(agents).await;
     }
 }
 
