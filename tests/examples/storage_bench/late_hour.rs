@@ -3,8 +3,9 @@
 //! three days back already packed (a row per series and day) and one hour
 //! of it as packed minute rollups. That hour is then marked to be rolled up
 //! again, as a sample from a spool replayed days late marks it, and
-//! maintenance runs until the day is packed again: its passes, wall time,
-//! Postgres CPU, the WAL they wrote and the hour rows they packed. It checks
+//! maintenance runs until the day is packed again: each pass's time and
+//! what it did, then the passes' wall time, Postgres CPU, WAL written and
+//! hour rows packed. It checks
 //! that the day's packed rows then hold the hour as redone from its minutes
 //! and that nothing is left loose or marked.
 
@@ -120,10 +121,16 @@ pub async fn late_hour_in_packed_day(nodes: usize) {
     let cpu = || postmaster.and_then(headroom_tests::cpu::postgres_seconds);
     let (wal_before, cpu_before) = (wal(&mut conn).await, cpu());
     let started = Instant::now();
-    let (mut passes, mut hour_rows_packed) = (0, 0);
+    let (mut passes, mut hour_rows_packed) = (Vec::new(), 0);
     loop {
+        let pass_started = Instant::now();
         let report = store.maintain(now_ms()).await.unwrap();
-        passes += 1;
+        passes.push(format!(
+            "{:.1} s ({} rolled up, {} packed)",
+            pass_started.elapsed().as_secs_f64(),
+            report.hours_rolled_up,
+            report.hour_rows_packed
+        ));
         hour_rows_packed += report.hour_rows_packed;
         if report.hours_rolled_up + report.hour_rows_packed == 0 {
             break;
@@ -166,7 +173,8 @@ pub async fn late_hour_in_packed_day(nodes: usize) {
     println!("| passes | until packed again | Postgres CPU | WAL written | hour rows packed |");
     println!("|---|---|---|---|---|");
     println!(
-        "| {passes} | {wall_s:.1} s | {} | {wal_mb:.0} MB | {hour_rows_packed} |",
+        "| {} | {wall_s:.1} s | {} | {wal_mb:.0} MB | {hour_rows_packed} |",
+        passes.join(" · "),
         postgres_s.map_or("not readable here".to_owned(), |s| format!("{s:.1} s")),
     );
     drop(store);
