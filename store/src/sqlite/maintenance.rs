@@ -94,18 +94,27 @@ async fn advance_minutes(pool: &SqlitePool, now_ms: i64) -> Result<(), StoreErro
 
 /// Rolls up pending buckets of `step_ms` (minutes from raw samples, hours
 /// from minutes), a pass's worth per transaction; a rolled-up minute marks
-/// its hour pending.
+/// its hour pending. An hour is rolled up once the minute watermark has
+/// passed its end: nothing reads the running hour from the hour table
+/// (charts read it from its minutes), so redoing it each pass was wasted.
 async fn roll_up(pool: &SqlitePool, step_ms: i64) -> Result<u64, StoreError> {
+    let ended_by = if step_ms == HOUR_MS {
+        watermarks(pool).await?.minute_ms
+    } else {
+        i64::MAX
+    };
     let mut total = 0;
     loop {
         let mut tx = pool.begin().await?;
         let buckets: Vec<i64> = sqlx::query_scalar(
             "DELETE FROM rollup_pending WHERE step_ms = ?1 AND bucket_ms IN (
-                 SELECT bucket_ms FROM rollup_pending WHERE step_ms = ?1 ORDER BY bucket_ms LIMIT ?2)
+                 SELECT bucket_ms FROM rollup_pending WHERE step_ms = ?1 AND bucket_ms <= ?3 - ?1
+                 ORDER BY bucket_ms LIMIT ?2)
              RETURNING bucket_ms",
         )
         .bind(step_ms)
         .bind(BUCKETS_PER_PASS)
+        .bind(ended_by)
         .fetch_all(&mut *tx)
         .await?;
         if buckets.is_empty() {

@@ -851,6 +851,41 @@ async fn late_samples_are_rolled_up_again(store: Arc<dyn Store>) {
     assert_eq!(after[0].memory_used_bytes, (30 * GIB) as i64);
 }
 
+/// An hour is rolled up once it has ended, not redone each pass while it
+/// runs: charts read the running hour from its minutes, and redoing it for
+/// the whole fleet every pass read every series' minutes of it so far.
+/// (The passes are given a clock two hours ahead, so that the hour runs
+/// for as long as the test needs.)
+async fn an_hour_is_rolled_up_once_it_has_ended(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let hour = rollup::bucket_start(now_ms(), HOUR_MS) + 2 * HOUR_MS;
+    let during = hour + 30 * MINUTE_MS;
+    settle(&*store, during).await.unwrap();
+    let sample = rows_at(&session, &gpu0_batch(1, hour + 10 * MINUTE_MS, 10), during);
+    store.write_batch(&sample).await.unwrap();
+    let running = settle(&*store, during + MINUTE_MS).await.unwrap();
+    assert_eq!(running.hours_rolled_up, 0, "the hour runs: {running:?}");
+    let chart = || store.device_series(GPU0, hour, hour + HOUR_MS - 1, 1);
+    let from_minutes = chart().await.unwrap().unwrap();
+    assert_eq!(
+        from_minutes.len(),
+        1,
+        "read from its minutes: {from_minutes:?}"
+    );
+    assert_eq!(from_minutes[0].memory_used_max_bytes, (11 * GIB) as i64);
+
+    let ended = settle(&*store, hour + HOUR_MS + 5 * MINUTE_MS)
+        .await
+        .unwrap();
+    assert_eq!(ended.hours_rolled_up, 1, "the hour ended: {ended:?}");
+    assert!(store.watermarks().await.unwrap().hour_ms > hour);
+    assert_eq!(
+        chart().await.unwrap().unwrap(),
+        from_minutes,
+        "read from the hour"
+    );
+}
+
 /// A batch of GPU samples only, `(uuid, used GiB)` each: GPUs of 80 GiB, MIG
 /// instances of 40 GiB, every one with max = used + 1 GiB and 0.5 GiB
 /// reserved.
@@ -1443,6 +1478,7 @@ conformance!(
     silences_match_until_they_expire,
     rollups_keep_min_max_avg_and_last,
     late_samples_are_rolled_up_again,
+    an_hour_is_rolled_up_once_it_has_ended,
     fleet_history_sums_the_rollups_and_counts_alerts,
     cold_days_chart_the_same_once_packed,
     closed_hours_are_compacted_and_chart_the_same,
