@@ -42,8 +42,7 @@ struct PackedRollups {
     span_column: &'static str,
     slot_column: &'static str,
     step_ms: i64,
-    /// How a bucket unpacked beside a loose one of the same time becomes
-    /// one.
+    /// How a packed bucket and a loose one of the same time become one.
     on_conflict: OnConflict,
 }
 
@@ -141,6 +140,8 @@ impl PackedRollups {
         let on_conflict = match self.on_conflict {
             OnConflict::Merge(Some(more)) => format!("DO UPDATE SET {MERGED_MEMORY}, {more}"),
             OnConflict::Merge(None) => format!("DO UPDATE SET {MERGED_MEMORY}"),
+            // Hours are folded by packing, never unpacked; were one, the
+            // loose hour would still win.
             OnConflict::KeepLoose => "DO NOTHING".to_string(),
         };
         format!(
@@ -160,9 +161,10 @@ impl PackedRollups {
     /// the rows moved. Where the loose bucket wins ([`OnConflict::KeepLoose`])
     /// a series' packed row is folded in within the statement: its buckets
     /// that no loose one replaces are packed with the loose ones. (A
-    /// statement in WITH runs in full whether or not the query reads it,
-    /// and the grouping reads every bucket, so every old row is deleted
-    /// before the new one is written.)
+    /// statement in WITH runs in full whether or not the query reads it.
+    /// The ordered `array_agg`s make the grouping sort every bucket before
+    /// it yields a row, so each old packed row is deleted before its
+    /// replacement is inserted: keep them ordered.)
     fn pack_sql(&self) -> String {
         let Self {
             loose,
@@ -193,7 +195,7 @@ impl PackedRollups {
                 (
                     format!(
                         ", was AS (
-                             DELETE FROM {packed} p WHERE p.{span} = $1 AND p.{key} IN (SELECT {key} FROM gone)
+                             DELETE FROM {packed} p WHERE p.{span} = $1 AND p.{key} = ANY($4::int8[])
                              RETURNING p.*)"
                     ),
                     format!(
