@@ -299,10 +299,15 @@ async fn minute_watermark_for_share(
     )
 }
 
+/// Past this many series hours late in one flush (a fleet replaying its
+/// spools after a collector's outage), their hours are marked whole: redone
+/// for every series they cost no more, and the marks stay few.
+const SERIES_HOURS_MARKED_PER_FLUSH: usize = 10_000;
+
 /// Minutes before the minute watermark `done_until` (a spool replayed
-/// after an outage) get their fleet row summed again here, and their hours
-/// marked for the next pass to roll up again; newer minutes are summed when
-/// the pass reaches them.
+/// after an outage) get their fleet row summed again here, and the hours
+/// of their series marked for the next pass to roll up again (for those
+/// series alone); newer minutes are summed when the pass reaches them.
 async fn redo_late_buckets(
     tx: &mut Transaction<'_, Postgres>,
     encoded: &Encoded,
@@ -315,13 +320,33 @@ async fn redo_late_buckets(
     for (from, to) in contiguous_runs(&late, MINUTE_MS) {
         roll_up_fleet(tx, MINUTE_MS, from, to).await?;
     }
-    let mut hours: Vec<i64> = late.iter().map(|m| bucket_start(*m, HOUR_MS)).collect();
-    hours.sort_unstable();
-    hours.dedup();
-    sqlx::query("INSERT INTO rollup_pending (step_ms, bucket_ms) SELECT $1, UNNEST($2::int8[])")
+    let (gpus, processes) = encoded.late_series_hours(done_until);
+    if gpus.len() + processes.len() > SERIES_HOURS_MARKED_PER_FLUSH {
+        let mut hours: Vec<i64> = late.iter().map(|m| bucket_start(*m, HOUR_MS)).collect();
+        hours.sort_unstable();
+        hours.dedup();
+        sqlx::query(
+            "INSERT INTO rollup_pending (step_ms, bucket_ms) SELECT $1, UNNEST($2::int8[])",
+        )
         .bind(HOUR_MS)
         .bind(&hours)
         .execute(&mut **tx)
         .await?;
+        return Ok(());
+    }
+    let (gpu_series, gpu_hours): (Vec<i64>, Vec<i64>) = gpus.into_iter().unzip();
+    let (process_series, process_hours): (Vec<i64>, Vec<i64>) = processes.into_iter().unzip();
+    sqlx::query(
+        "INSERT INTO hour_redo_series (hour_ms, process, series_id)
+         SELECT hour_ms, false, series_id FROM UNNEST($1::int8[], $2::int8[]) AS v(series_id, hour_ms)
+         UNION ALL
+         SELECT hour_ms, true, series_id FROM UNNEST($3::int8[], $4::int8[]) AS v(series_id, hour_ms)",
+    )
+    .bind(gpu_series)
+    .bind(gpu_hours)
+    .bind(process_series)
+    .bind(process_hours)
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }

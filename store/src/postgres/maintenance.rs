@@ -669,45 +669,19 @@ async fn roll_up_hours(pool: &PgPool) -> Result<u64, StoreError> {
         if hours.is_empty() {
             continue;
         }
+        // Redone whole, so for every series marked in them too.
+        sqlx::query("DELETE FROM hour_redo_series WHERE hour_ms = ANY($1)")
+            .bind(&hours)
+            .execute(&mut *tx)
+            .await?;
         rollup_packing::before_hour_rollup(&mut tx).await?;
         for (from, to) in contiguous_runs(&hours, HOUR_MS) {
-            // Averages of averages, weighted by how many samples each holds.
-            sqlx::query(&format!(
-                "INSERT INTO gpu_samples_1h ({GPU_ROLLUP_COLUMNS})
-                 SELECT device_id, ts_ms - ts_ms % $3, max(last_ts_ms), sum(samples), min(used_min), max(used_max),
-                     round(sum(used_avg::numeric * samples) / sum(samples))::int8,
-                     (max(ARRAY[last_ts_ms, used_last]))[2], max(reserved), max(total),
-                     (sum(utilization * samples) / NULLIF(sum(samples) FILTER (WHERE utilization IS NOT NULL), 0))::real,
-                     round(sum(pcie_tx::numeric * samples) / NULLIF(sum(samples) FILTER (WHERE pcie_tx IS NOT NULL), 0))::int8,
-                     round(sum(pcie_rx::numeric * samples) / NULLIF(sum(samples) FILTER (WHERE pcie_rx IS NOT NULL), 0))::int8
-                 FROM gpu_minutes($1, $2)
-                 GROUP BY device_id, ts_ms - ts_ms % $3
-                 {GPU_ROLLUP_UPDATE}"
-            ))
-            .bind(from)
-            .bind(to)
-            .bind(HOUR_MS)
-            .execute(&mut *tx)
-            .await?;
-            roll_up_fleet(&mut tx, HOUR_MS, from, to).await?;
-            sqlx::query(&format!(
-                "INSERT INTO process_samples_1h ({PROCESS_ROLLUP_COLUMNS})
-                 SELECT process_id, ts_ms - ts_ms % $3, max(last_ts_ms), sum(samples), min(used_min), max(used_max),
-                     round(sum(used_avg::numeric * samples) / sum(samples))::int8,
-                     (max(ARRAY[last_ts_ms, used_last]))[2]
-                 FROM process_minutes($1, $2)
-                 GROUP BY process_id, ts_ms - ts_ms % $3
-                 {PROCESS_ROLLUP_UPDATE}"
-            ))
-            .bind(from)
-            .bind(to)
-            .bind(HOUR_MS)
-            .execute(&mut *tx)
-            .await?;
+            roll_up_hour_rows(&mut tx, from, to, None).await?;
         }
         tx.commit().await?;
         total += hours.len() as u64;
     }
+    total += redo_hours_of_series(pool, minute_mark).await?;
     // Hours before the one the minute watermark is in hold all their minutes,
     // unless a late minute is still pending (then that hour is redone on the
     // next pass and briefly reads a little stale).
@@ -721,6 +695,96 @@ async fn roll_up_hours(pool: &PgPool) -> Result<u64, StoreError> {
     .execute(pool)
     .await?;
     Ok(total)
+}
+
+/// Hours the flushes marked for some series only (minutes merged before
+/// the minute watermark, from a spool replayed after an outage), once they
+/// have ended: each is redone for those series, and the fleet's hour summed
+/// again. A late sample costs its own series' hours, not the fleet's.
+async fn redo_hours_of_series(pool: &PgPool, minute_mark: i64) -> Result<u64, StoreError> {
+    let hours: Vec<i64> = sqlx::query_scalar(
+        "SELECT DISTINCT hour_ms FROM hour_redo_series WHERE hour_ms + $1 <= $2 ORDER BY hour_ms",
+    )
+    .bind(HOUR_MS)
+    .bind(minute_mark)
+    .fetch_all(pool)
+    .await?;
+    let mut total = 0;
+    for batch in hours.chunks(BUCKETS_PER_TRANSACTION) {
+        let mut tx = pool.begin().await?;
+        let marks: Vec<(i64, bool, i64)> = sqlx::query_as(
+            "DELETE FROM hour_redo_series WHERE hour_ms = ANY($1) RETURNING hour_ms, process, series_id",
+        )
+        .bind(batch)
+        .fetch_all(&mut *tx)
+        .await?;
+        rollup_packing::before_hour_rollup(&mut tx).await?;
+        let mut by_hour: std::collections::BTreeMap<i64, (Vec<i64>, Vec<i64>)> =
+            std::collections::BTreeMap::new();
+        for (hour, process, series) in marks {
+            let (gpus, processes) = by_hour.entry(hour).or_default();
+            if process {
+                processes.push(series);
+            } else {
+                gpus.push(series);
+            }
+        }
+        for (hour, (gpus, processes)) in &by_hour {
+            roll_up_hour_rows(&mut tx, *hour, hour + HOUR_MS, Some((gpus, processes))).await?;
+        }
+        tx.commit().await?;
+        total += by_hour.len() as u64;
+    }
+    Ok(total)
+}
+
+/// Rolls the hours of `[from, to)` up from their minutes, for every series
+/// or for the GPUs and processes given, and sums the fleet's hours again.
+async fn roll_up_hour_rows(
+    tx: &mut Transaction<'_, Postgres>,
+    from: i64,
+    to: i64,
+    series: Option<(&[i64], &[i64])>,
+) -> Result<(), StoreError> {
+    let (only_gpus, only_processes) = match series {
+        Some(_) => (
+            "WHERE device_id = ANY($4::int8[])",
+            "WHERE process_id = ANY($4::int8[])",
+        ),
+        None => ("", ""),
+    };
+    // Averages of averages, weighted by how many samples each holds.
+    let gpu_rows = format!(
+        "INSERT INTO gpu_samples_1h ({GPU_ROLLUP_COLUMNS})
+         SELECT device_id, ts_ms - ts_ms % $3, max(last_ts_ms), sum(samples), min(used_min), max(used_max),
+             round(sum(used_avg::numeric * samples) / sum(samples))::int8,
+             (max(ARRAY[last_ts_ms, used_last]))[2], max(reserved), max(total),
+             (sum(utilization * samples) / NULLIF(sum(samples) FILTER (WHERE utilization IS NOT NULL), 0))::real,
+             round(sum(pcie_tx::numeric * samples) / NULLIF(sum(samples) FILTER (WHERE pcie_tx IS NOT NULL), 0))::int8,
+             round(sum(pcie_rx::numeric * samples) / NULLIF(sum(samples) FILTER (WHERE pcie_rx IS NOT NULL), 0))::int8
+         FROM gpu_minutes($1, $2) {only_gpus}
+         GROUP BY device_id, ts_ms - ts_ms % $3
+         {GPU_ROLLUP_UPDATE}"
+    );
+    let process_rows = format!(
+        "INSERT INTO process_samples_1h ({PROCESS_ROLLUP_COLUMNS})
+         SELECT process_id, ts_ms - ts_ms % $3, max(last_ts_ms), sum(samples), min(used_min), max(used_max),
+             round(sum(used_avg::numeric * samples) / sum(samples))::int8,
+             (max(ARRAY[last_ts_ms, used_last]))[2]
+         FROM process_minutes($1, $2) {only_processes}
+         GROUP BY process_id, ts_ms - ts_ms % $3
+         {PROCESS_ROLLUP_UPDATE}"
+    );
+    let mut gpu_query = sqlx::query(&gpu_rows).bind(from).bind(to).bind(HOUR_MS);
+    let mut process_query = sqlx::query(&process_rows).bind(from).bind(to).bind(HOUR_MS);
+    if let Some((gpus, processes)) = series {
+        gpu_query = gpu_query.bind(gpus);
+        process_query = process_query.bind(processes);
+    }
+    gpu_query.execute(&mut **tx).await?;
+    roll_up_fleet(tx, HOUR_MS, from, to).await?;
+    process_query.execute(&mut **tx).await?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -376,7 +376,8 @@ async fn pack_series(
     let is_final: bool = sqlx::query_scalar(
         "SELECT COALESCE((SELECT done_until_ms FROM rollup_progress WHERE step_ms = $3), 0) >= $1 + $2
              AND NOT EXISTS (SELECT 1 FROM rollup_pending
-                 WHERE step_ms IN ($3, $4) AND bucket_ms >= $1 AND bucket_ms < $1 + $2)",
+                 WHERE step_ms IN ($3, $4) AND bucket_ms >= $1 AND bucket_ms < $1 + $2)
+             AND NOT EXISTS (SELECT 1 FROM hour_redo_series WHERE hour_ms >= $1 AND hour_ms < $1 + $2)",
     )
     .bind(start)
     .bind(span.span_ms)

@@ -2,15 +2,18 @@
 //! GPUs, each with two processes, put straight into the tables with a day
 //! three days back already packed (a row per series and day) and one hour
 //! of it as packed minute rollups. That hour is then marked to be rolled up
-//! again, as a sample from a spool replayed days late marks it, and
+//! again, twice: for one node's series (8 GPUs, 16 processes), as a flush
+//! of that node's spool replayed days late marks it, then whole, as every
+//! late flush marked it before and a fleet's replay still does. Each time
 //! maintenance runs until the day is packed again: each pass's time and
 //! what it did, then the passes' wall time, Postgres CPU, WAL written and
-//! hour rows packed. It checks
-//! that the day's packed rows then hold the hour as redone from its minutes
-//! and that nothing is left loose or marked.
+//! hour rows packed. It checks that the day's packed rows then hold the
+//! hour as redone from its minutes, for the series marked, and that nothing
+//! is left loose or marked.
 
 use std::time::Instant;
 
+use headroom_store::Store;
 use headroom_store::rollup::{DAY_MS, HOUR_MS, MINUTE_MS, StorageConfig, bucket_start};
 use headroom_tests::fixtures::now_ms;
 use headroom_tests::postgres;
@@ -111,15 +114,50 @@ pub async fn late_hour_in_packed_day(nodes: usize) {
         setup_started.elapsed().as_secs_f64(),
     );
 
+    let postmaster = postmaster_of(&mut conn).await;
+    println!(
+        "| hour 5 marked | passes | until packed again | Postgres CPU | WAL written | hour rows packed |"
+    );
+    println!("|---|---|---|---|---|---|");
+    // One node's spool replayed late, as a flush marks it: its 8 GPUs and
+    // their 16 processes.
+    sqlx::query(
+        "INSERT INTO hour_redo_series (hour_ms, process, series_id)
+         SELECT $1, false, id FROM devices WHERE node_id = (SELECT min(id) FROM nodes)
+         UNION ALL
+         SELECT $1, true, p FROM generate_series(1, $2) p",
+    )
+    .bind(hour)
+    .bind((GPUS_PER_NODE * PROCESSES_PER_GPU) as i64)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    redo_until_packed(&*store, &mut conn, postmaster, "for one node's series").await;
+    check_the_day(&mut conn, day, hour, gpus, GPUS_PER_NODE).await;
+    // The whole hour, as every late flush marked it before, and as a
+    // fleet's replay after a collector's outage still marks it.
     sqlx::query("INSERT INTO rollup_pending (step_ms, bucket_ms) VALUES ($1, $2)")
         .bind(HOUR_MS)
         .bind(hour)
         .execute(&mut conn)
         .await
         .unwrap();
-    let postmaster = postmaster_of(&mut conn).await;
+    redo_until_packed(&*store, &mut conn, postmaster, "whole").await;
+    check_the_day(&mut conn, day, hour, gpus, gpus).await;
+    drop(store);
+    db.drop_database().await;
+}
+
+/// Runs maintenance until the marked hour is rolled up again and its day
+/// packed, and prints a row of what it took.
+async fn redo_until_packed(
+    store: &dyn Store,
+    conn: &mut PgConnection,
+    postmaster: Option<u32>,
+    marked: &str,
+) {
     let cpu = || postmaster.and_then(headroom_tests::cpu::postgres_seconds);
-    let (wal_before, cpu_before) = (wal(&mut conn).await, cpu());
+    let (wal_before, cpu_before) = (wal(conn).await, cpu());
     let started = Instant::now();
     let (mut passes, mut hour_rows_packed) = (Vec::new(), 0);
     loop {
@@ -138,47 +176,44 @@ pub async fn late_hour_in_packed_day(nodes: usize) {
     }
     let wall_s = started.elapsed().as_secs_f64();
     let postgres_s = cpu().zip(cpu_before).map(|(after, before)| after - before);
-    let wal_mb = (wal(&mut conn).await - wal_before) as f64 / 1e6;
-
-    // The day holds the hour as redone from its minutes, once, and nothing
-    // is left loose or marked.
-    let (loose, marked, redone, hours): (i64, i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM gpu_samples_1h) + (SELECT count(*) FROM process_samples_1h),
-             (SELECT count(*) FROM hour_packing_pending),
-             (SELECT count(*) FROM gpu_samples_1h_packed p, unnest(p.hour, p.samples) AS h(hour, samples)
-                  WHERE p.day_ms = $1 AND h.hour = 5 AND h.samples = 3600),
-             (SELECT sum(cardinality(hour)) FROM gpu_samples_1h_packed WHERE day_ms = $1)::int8",
-    )
-    .bind(day)
-    .fetch_one(&mut conn)
-    .await
-    .unwrap();
-    assert_eq!(loose, 0, "no hour left loose");
-    assert_eq!(marked, 0, "no day left marked");
-    assert_eq!(
-        redone, gpus as i64,
-        "every GPU's hour 5 redone from its 60 minutes of 60 samples"
+    let wal_mb = (wal(conn).await - wal_before) as f64 / 1e6;
+    println!(
+        "| {marked} | {} | {wall_s:.1} s | {} | {wal_mb:.0} MB | {hour_rows_packed} |",
+        passes.join(" · "),
+        postgres_s.map_or("not readable here".to_owned(), |s| format!("{s:.1} s")),
     );
-    assert_eq!(hours, 24 * gpus as i64, "every GPU's day still 24 hours");
-    let fleet_devices: i32 = sqlx::query_scalar("SELECT devices FROM fleet_1h WHERE ts_ms = $1")
+}
+
+/// The day holds hour 5 as redone from its minutes (3,600 samples where
+/// the day had 3,000) for the `redone` GPUs so far, once, every GPU's day
+/// still 24 hours, the fleet's hour summed over every GPU once, and
+/// nothing left loose or marked.
+async fn check_the_day(conn: &mut PgConnection, day: i64, hour: i64, gpus: usize, redone: usize) {
+    let (loose, marked, redone_now, hours, fleet_devices): (i64, i64, i64, i64, i32) =
+        sqlx::query_as(
+            "SELECT (SELECT count(*) FROM gpu_samples_1h) + (SELECT count(*) FROM process_samples_1h),
+                 (SELECT count(*) FROM hour_packing_pending) + (SELECT count(*) FROM hour_redo_series),
+                 (SELECT count(*) FROM gpu_samples_1h_packed p, unnest(p.hour, p.samples) AS h(hour, samples)
+                      WHERE p.day_ms = $1 AND h.hour = 5 AND h.samples = 3600),
+                 (SELECT sum(cardinality(hour)) FROM gpu_samples_1h_packed WHERE day_ms = $1)::int8,
+                 (SELECT devices FROM fleet_1h WHERE ts_ms = $2)",
+        )
+        .bind(day)
         .bind(hour)
-        .fetch_one(&mut conn)
+        .fetch_one(conn)
         .await
         .unwrap();
+    assert_eq!(loose, 0, "no hour left loose");
+    assert_eq!(marked, 0, "no day or series left marked");
+    assert_eq!(
+        redone_now, redone as i64,
+        "hour 5 redone for the GPUs marked"
+    );
+    assert_eq!(hours, 24 * gpus as i64, "every GPU's day still 24 hours");
     assert_eq!(
         fleet_devices, gpus as i32,
         "the fleet's hour summed over every GPU once"
     );
-
-    println!("| passes | until packed again | Postgres CPU | WAL written | hour rows packed |");
-    println!("|---|---|---|---|---|");
-    println!(
-        "| {} | {wall_s:.1} s | {} | {wal_mb:.0} MB | {hour_rows_packed} |",
-        passes.join(" · "),
-        postgres_s.map_or("not readable here".to_owned(), |s| format!("{s:.1} s")),
-    );
-    drop(store);
-    db.drop_database().await;
 }
 
 /// Bytes of WAL the server has written so far.

@@ -1,8 +1,8 @@
 //! Rollups of closed spans on Postgres: minutes of closed hours moved into
 //! one row per series and hour, hours of closed days into one per series
 //! and day; charted, rolled up and summed for the fleet as before. A late
-//! sample unpacks its series' hour of minutes; the hour it redoes for the
-//! whole fleet is written beside its packed day and read in its place.
+//! sample unpacks its series' hour of minutes; the hour it redoes for its
+//! series is written beside its packed day and read in its place.
 //! The next pass packs both with the rest. (That every chart of a compacted hour reads the same on both
 //! backends is in the conformance suite.)
 
@@ -286,9 +286,9 @@ async fn hour_rows(store: &PostgresStore, from: i64, to: i64) -> (i64, i64) {
 /// Hour rollups are kept two years: once the day after theirs has ended,
 /// a day's hours move into one row per series and day, charted and summed
 /// for the fleet from there. A late sample (a spool replayed days later)
-/// redoes its hour for the whole fleet beside the packed day, without
-/// unpacking it; the same pass folds the redone hour into every series'
-/// row.
+/// redoes its GPU's hour beside the packed day, without unpacking it, and
+/// sums the fleet's hour again; the same pass folds the redone hour into
+/// that GPU's row, the other series' rows untouched.
 #[tokio::test]
 async fn a_closed_days_hours_pack_into_a_row_per_series_and_a_redone_hour_joins_them() {
     let Some((db, store, session, now, base)) =
@@ -356,8 +356,8 @@ async fn a_closed_days_hours_pack_into_a_row_per_series_and_a_redone_hour_joins_
     store.flush(true).await.unwrap();
     let report = store.maintain(now + 1000).await.unwrap();
     assert_eq!(
-        report.hour_rows_packed, 3,
-        "the redone hour's 3 rows folded into their days, the other hours never unpacked: {report:?}"
+        report.hour_rows_packed, 1,
+        "GPU0's redone hour folded into its day, nothing unpacked or redone for the others: {report:?}"
     );
     assert_eq!(hour_rows(&store, day, day + DAY_MS).await, (0, 6));
     let (after, after_processes, after_fleet) = day_charts().await;
