@@ -703,7 +703,7 @@ async fn roll_up_hours(pool: &PgPool) -> Result<u64, StoreError> {
 /// again. A late sample costs its own series' hours, not the fleet's.
 async fn redo_hours_of_series(pool: &PgPool, minute_mark: i64) -> Result<u64, StoreError> {
     let hours: Vec<i64> = sqlx::query_scalar(
-        "SELECT DISTINCT hour_ms FROM hour_redo_series WHERE hour_ms + $1 <= $2 ORDER BY hour_ms",
+        "SELECT DISTINCT hour_ms FROM hour_redo_series WHERE hour_ms <= $2 - $1 ORDER BY hour_ms",
     )
     .bind(HOUR_MS)
     .bind(minute_mark)
@@ -712,8 +712,12 @@ async fn redo_hours_of_series(pool: &PgPool, minute_mark: i64) -> Result<u64, St
     let mut total = 0;
     for batch in hours.chunks(BUCKETS_PER_TRANSACTION) {
         let mut tx = pool.begin().await?;
+        // As take_pending: every mark committed when the statement began,
+        // skipping marks another transaction holds.
         let marks: Vec<(i64, bool, i64)> = sqlx::query_as(
-            "DELETE FROM hour_redo_series WHERE hour_ms = ANY($1) RETURNING hour_ms, process, series_id",
+            "DELETE FROM hour_redo_series WHERE ctid IN (
+                 SELECT ctid FROM hour_redo_series WHERE hour_ms = ANY($1) FOR UPDATE SKIP LOCKED)
+             RETURNING hour_ms, process, series_id",
         )
         .bind(batch)
         .fetch_all(&mut *tx)
@@ -728,6 +732,13 @@ async fn redo_hours_of_series(pool: &PgPool, minute_mark: i64) -> Result<u64, St
             } else {
                 gpus.push(series);
             }
+        }
+        // Each flush of a replay marks its series again.
+        for (gpus, processes) in by_hour.values_mut() {
+            gpus.sort_unstable();
+            gpus.dedup();
+            processes.sort_unstable();
+            processes.dedup();
         }
         for (hour, (gpus, processes)) in &by_hour {
             roll_up_hour_rows(&mut tx, *hour, hour + HOUR_MS, Some((gpus, processes))).await?;
@@ -777,13 +788,21 @@ async fn roll_up_hour_rows(
     );
     let mut gpu_query = sqlx::query(&gpu_rows).bind(from).bind(to).bind(HOUR_MS);
     let mut process_query = sqlx::query(&process_rows).bind(from).bind(to).bind(HOUR_MS);
+    let (mut any_gpu, mut any_process) = (true, true);
     if let Some((gpus, processes)) = series {
         gpu_query = gpu_query.bind(gpus);
         process_query = process_query.bind(processes);
+        (any_gpu, any_process) = (!gpus.is_empty(), !processes.is_empty());
     }
-    gpu_query.execute(&mut **tx).await?;
-    roll_up_fleet(tx, HOUR_MS, from, to).await?;
-    process_query.execute(&mut **tx).await?;
+    // The fleet's rows sum GPUs only: an hour redone for processes alone
+    // leaves them as they are.
+    if any_gpu {
+        gpu_query.execute(&mut **tx).await?;
+        roll_up_fleet(tx, HOUR_MS, from, to).await?;
+    }
+    if any_process {
+        process_query.execute(&mut **tx).await?;
+    }
     Ok(())
 }
 

@@ -116,6 +116,15 @@ const PROCESS_HOURS: PackedRollups = PackedRollups {
 };
 
 impl PackedRollups {
+    /// The figures' columns of `table`, a list for a SELECT.
+    fn figures_of(&self, table: &str) -> String {
+        self.figures
+            .iter()
+            .map(|f| format!("{table}.{f}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// Deletes the packed rows that `packed_rows` (a `WHERE` clause over
     /// `p`) picks and puts their buckets back as loose rows.
     fn unpack_sql(&self, packed_rows: &str) -> String {
@@ -129,14 +138,7 @@ impl PackedRollups {
             ..
         } = self;
         let figures = self.figures.join(", ");
-        let of = |table: &str| {
-            self.figures
-                .iter()
-                .map(|f| format!("{table}.{f}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let (of_bucket, of_gone) = (of("m"), of("g"));
+        let (of_bucket, of_gone) = (self.figures_of("m"), self.figures_of("g"));
         let on_conflict = match self.on_conflict {
             OnConflict::Merge(Some(more)) => format!("DO UPDATE SET {MERGED_MEMORY}, {more}"),
             OnConflict::Merge(None) => format!("DO UPDATE SET {MERGED_MEMORY}"),
@@ -184,14 +186,7 @@ impl PackedRollups {
         let (folded, buckets) = match self.on_conflict {
             OnConflict::Merge(_) => (String::new(), "gone".to_string()),
             OnConflict::KeepLoose => {
-                let of = |table: &str| {
-                    self.figures
-                        .iter()
-                        .map(|f| format!("{table}.{f}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                };
-                let (of_bucket, of_was) = (of("m"), of("w"));
+                let (of_bucket, of_was) = (self.figures_of("m"), self.figures_of("w"));
                 (
                     format!(
                         ", was AS (

@@ -1,6 +1,6 @@
-//! 8. A late hour in a packed day (`late-hour`, alone): AGENTS nodes of 8
-//! GPUs, each with two processes, put straight into the tables with a day
-//! three days back already packed (a row per series and day) and one hour
+//! The storage bench's phase 8, a late hour in a packed day (`late-hour`,
+//! alone): AGENTS nodes of 8 GPUs, each with two processes, put straight
+//! into the tables with a day three days back already packed (a row per series and day) and one hour
 //! of it as packed minute rollups. That hour is then marked to be rolled up
 //! again, twice: for one node's series (8 GPUs, 16 processes), as a flush
 //! of that node's spool replayed days late marks it, then whole, as every
