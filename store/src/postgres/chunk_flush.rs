@@ -300,8 +300,8 @@ async fn minute_watermark_for_share(
 }
 
 /// Past this many series hours late in one flush (a fleet replaying its
-/// spools after a collector's outage), their hours are marked whole: redone
-/// for every series they cost no more, and the marks stay few.
+/// spools after a collector's outage), their hours are marked whole, so
+/// that the marks stay few (where the cut should sit is not measured).
 const SERIES_HOURS_MARKED_PER_FLUSH: usize = 10_000;
 
 /// Minutes before the minute watermark `done_until` (a spool replayed

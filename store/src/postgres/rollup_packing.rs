@@ -11,13 +11,13 @@
 //! A bucket is written loose, and merged or redone in place while its span
 //! is open. A late minute (a spool replayed after an outage) whose hour is
 //! packed unpacks that series' hour first, so that its merge finds the
-//! minute it belongs to. An hour rolled up again inside a packed day is
-//! written loose beside its packed copy, which readers then skip (migration
-//! 0025): the whole fleet's hour is redone, and unpacking every series' day
-//! for it cost 24 rows written per series. The next pass packs the span
-//! again, folding loose hours into the day's row. The two never race:
-//! packing holds the span's lock exclusively, writers of late buckets share
-//! it.
+//! minute it belongs to. An hour rolled up again inside a packed day (for
+//! the series a late flush marked, or for the whole fleet) is written loose
+//! beside its packed copy, which readers then skip (migration 0025), rather
+//! than unpacking the day (24 rows written a series). The next pass packs
+//! the span again, folding loose hours into the day's row. The two never
+//! race: packing holds the span's lock exclusively, writers of late buckets
+//! share it.
 
 use std::time::Instant;
 
