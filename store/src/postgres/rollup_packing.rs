@@ -258,8 +258,8 @@ pub(super) async fn pack_hour(pool: &PgPool, hour: i64) -> Result<Option<u64>, S
 
 /// A day's hour rollups are packed once the day after it has ended too:
 /// the day before is where a spool replayed after an outage lands, and an
-/// hour redone in a packed day has every series' row of that day rewritten
-/// by the next pass.
+/// hour redone in a packed day has the day's row of each series it was
+/// redone for rewritten by the next pass.
 const DAY_PACKED_AFTER_MS: i64 = DAY_MS;
 
 /// Packs the hour rollups of the days marked in `hour_packing_pending` (by
