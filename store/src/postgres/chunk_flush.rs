@@ -19,7 +19,7 @@ use super::maintenance::roll_up_fleet;
 use super::packing::insert_chunks;
 use super::rollup_packing::unpack_for_late_minutes;
 use crate::StoreError;
-use crate::flush_encoding::{Encoded, encode_off_runtime};
+use crate::flush_encoding::{Encoded, SeriesHours, encode_off_runtime};
 use crate::model::{GpuSampleRow, ProcessPoint};
 use crate::open_chunks::{GpuMinute, ProcessMinute, Samples, StreamKey};
 use crate::rollup::{HOUR_MS, MINUTE_MS, bucket_start, contiguous_runs};
@@ -65,13 +65,14 @@ pub(super) async fn write_open_chunks(
     insert_chunks::<GpuSampleRow>(&mut tx, &encoded.gpu_chunks).await?;
     insert_chunks::<ProcessPoint>(&mut tx, &encoded.process_chunks).await?;
     let minute_watermark = minute_watermark_for_share(&mut tx).await?;
-    if let Some(done_until) = minute_watermark {
-        unpack_for_late_minutes(&mut tx, &encoded, done_until).await?;
+    let late_series = minute_watermark.map(|done_until| encoded.late_series_hours(done_until));
+    if let Some((gpus, processes)) = &late_series {
+        unpack_for_late_minutes(&mut tx, (gpus, processes)).await?;
     }
     merge_gpu_minutes(&mut tx, &encoded.gpu_minutes).await?;
     merge_process_minutes(&mut tx, &encoded.process_minutes).await?;
-    if let Some(done_until) = minute_watermark {
-        redo_late_buckets(&mut tx, &encoded, done_until).await?;
+    if let (Some(done_until), Some(late_series)) = (minute_watermark, late_series) {
+        redo_late_buckets(&mut tx, &encoded, done_until, late_series).await?;
     }
     mark_for_compaction(&mut tx, &encoded).await?;
     let mut marks: Vec<(StreamKey, u64)> = kept
@@ -306,12 +307,14 @@ const SERIES_HOURS_MARKED_PER_FLUSH: usize = 10_000;
 
 /// Minutes before the minute watermark `done_until` (a spool replayed
 /// after an outage) get their fleet row summed again here, and the hours
-/// of their series marked for the next pass to roll up again (for those
-/// series alone); newer minutes are summed when the pass reaches them.
+/// of their series (`gpus`, `processes`: `Encoded::late_series_hours`)
+/// marked for the next pass to roll up again, for those series alone;
+/// newer minutes are summed when the pass reaches them.
 async fn redo_late_buckets(
     tx: &mut Transaction<'_, Postgres>,
     encoded: &Encoded,
     done_until: i64,
+    (gpus, processes): (SeriesHours, SeriesHours),
 ) -> Result<(), StoreError> {
     let late = encoded.minutes_before(done_until);
     if late.is_empty() {
@@ -320,7 +323,6 @@ async fn redo_late_buckets(
     for (from, to) in contiguous_runs(&late, MINUTE_MS) {
         roll_up_fleet(tx, MINUTE_MS, from, to).await?;
     }
-    let (gpus, processes) = encoded.late_series_hours(done_until);
     if gpus.len() + processes.len() > SERIES_HOURS_MARKED_PER_FLUSH {
         let mut hours: Vec<i64> = late.iter().map(|m| bucket_start(*m, HOUR_MS)).collect();
         hours.sort_unstable();

@@ -27,7 +27,7 @@ use sqlx::{Postgres, Transaction};
 use super::chunk_flush::{GPU_FIGURES_MERGED, MERGED_MEMORY};
 use super::maintenance::{HOUR_PACKING_LOCK, MINUTE_PACKING_LOCK, ensure_partitions_of};
 use crate::StoreError;
-use crate::flush_encoding::Encoded;
+use crate::flush_encoding::SeriesHours;
 use crate::rollup::{DAY_MS, HOUR_MS, MINUTE_MS, bucket_start};
 
 /// One resolution of one kind of series' rollups: where they sit loose and
@@ -415,17 +415,16 @@ async fn pack_series(
     Ok(Some(u64::try_from(rows).unwrap_or(0)))
 }
 
-/// Before a flush merges minutes older than the minute watermark
-/// `done_until`: unpacks the hours of those series that were packed. Newer
+/// Before a flush merges minutes older than the minute watermark (the GPU
+/// and process series hours they fall in, `Encoded::late_series_hours`):
+/// unpacks the hours of those series that were packed. Newer
 /// minutes need nothing: an hour is packed only once the hour watermark,
 /// which trails the minute watermark, passed it, and the flush holds the
 /// minute watermark where it is until it commits.
 pub(super) async fn unpack_for_late_minutes(
     tx: &mut Transaction<'_, Postgres>,
-    encoded: &Encoded,
-    done_until: i64,
+    (gpu, process): (&SeriesHours, &SeriesHours),
 ) -> Result<(), StoreError> {
-    let (gpu, process) = encoded.late_series_hours(done_until);
     let late = [(&GPU_MINUTES, gpu), (&PROCESS_MINUTES, process)];
     if late.iter().all(|(_, series_hours)| series_hours.is_empty()) {
         return Ok(());
@@ -436,7 +435,7 @@ pub(super) async fn unpack_for_late_minutes(
             continue;
         }
         let key = tables.key;
-        let (series, hours): (Vec<i64>, Vec<i64>) = series_hours.into_iter().unzip();
+        let (series, hours): (Vec<i64>, Vec<i64>) = series_hours.iter().copied().unzip();
         sqlx::query(&tables.unpack_sql(&format!(
             "USING UNNEST($1::int8[], $2::int8[]) AS v(series, hour_ms)
              WHERE p.{key} = v.series AND p.hour_ms = v.hour_ms"
