@@ -184,6 +184,32 @@ async fn closed_hours_minutes_pack_into_a_row_per_series_and_a_late_sample_joins
     db.drop_database().await;
 }
 
+/// A loose rollup row of GPU1 in `table` for the bucket at `ts`, `step_ms`
+/// long: `samples` samples at 75 GiB, as a collector older than packing
+/// writes one during a rolling upgrade.
+async fn write_loose_gpu1_rollup(
+    store: &PostgresStore,
+    table: &str,
+    ts: i64,
+    step_ms: i64,
+    samples: i32,
+) {
+    sqlx::query(&format!(
+        "INSERT INTO {table} (device_id, ts_ms, last_ts_ms, samples, used_min, used_max,
+             used_avg, used_last, reserved, total, utilization, pcie_tx, pcie_rx)
+         SELECT id, $1, $1 + $2 - 1000, $3, $4, $4, $4, $4, 0, 0, NULL, NULL, NULL
+         FROM devices WHERE uuid = $5"
+    ))
+    .bind(ts)
+    .bind(step_ms)
+    .bind(samples)
+    .bind((75 * GIB) as i64)
+    .bind(GPU1)
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
+
 /// A minute merged loose into a packed hour, as a collector older than
 /// packing merges one during a rolling upgrade: the next pass merges it
 /// with the packed minute and packs the hour whole, rather than failing on
@@ -204,17 +230,7 @@ async fn a_loose_minute_beside_its_packed_hour_is_merged_when_the_hour_is_packed
     };
     let before = read().await;
     assert_eq!(before[0].samples, 6);
-    sqlx::query(
-        "INSERT INTO gpu_samples_1m (device_id, ts_ms, last_ts_ms, samples, used_min, used_max,
-             used_avg, used_last, reserved, total, utilization, pcie_tx, pcie_rx)
-         SELECT id, $1, $1 + 59000, 1, $2, $2, $2, $2, 0, 0, NULL, NULL, NULL FROM devices WHERE uuid = $3",
-    )
-    .bind(minute)
-    .bind((75 * GIB) as i64)
-    .bind(GPU1)
-    .execute(store.pool())
-    .await
-    .unwrap();
+    write_loose_gpu1_rollup(&store, "gpu_samples_1m", minute, MINUTE_MS, 1).await;
     sqlx::query("INSERT INTO compact_pending (hour_ms) VALUES ($1)")
         .bind(base)
         .execute(store.pool())
@@ -405,18 +421,7 @@ async fn an_hour_redone_loose_beside_its_packed_day_replaces_its_packed_copy() {
     };
     let before = read().await;
     assert_eq!(before.len(), 2);
-    sqlx::query(
-        "INSERT INTO gpu_samples_1h (device_id, ts_ms, last_ts_ms, samples, used_min, used_max,
-             used_avg, used_last, reserved, total, utilization, pcie_tx, pcie_rx)
-         SELECT id, $1, $1 + 3599000, 999, $2, $2, $2, $2, 0, 0, NULL, NULL, NULL
-         FROM devices WHERE uuid = $3",
-    )
-    .bind(base)
-    .bind((75 * GIB) as i64)
-    .bind(GPU1)
-    .execute(store.pool())
-    .await
-    .unwrap();
+    write_loose_gpu1_rollup(&store, "gpu_samples_1h", base, HOUR_MS, 999).await;
     assert_eq!(hour_rows(&store, day, day + DAY_MS).await, (1, 6));
     let beside = read().await;
     assert_eq!(beside.len(), 2, "one point an hour: {beside:?}");
