@@ -2,6 +2,7 @@
 // Headroom's dashboard: one page, four views chosen by the URL, so every
 // view (and a GPU with its time range) has a link a Slack alert can carry:
 //   /?show=grid|tiles       fleet overview, live over server-sent events
+//   /?node=NAME             one node's devices, whatever the fleet's size
 //   /?gpu=UUID&from=&to=    one GPU or MIG instance
 //   /?view=processes        memory by user, pod and job; leak suspects
 //   /?view=alerts           firing, pending, resolved; acknowledge, silence
@@ -18,7 +19,11 @@ const level = (frac) => frac >= 0.95 ? "crit" : frac >= 0.9 ? "warn" : "ok";
 const LEVEL_TEXT = { ok: "OK", warn: "HIGH", crit: "CRITICAL", none: "NO DATA" };
 
 // What the page knows, shared by the views; tests read it through window.__headroom.
-const state = { nodes: [], gpus: new Map(), alerts: { pending: 0, firing: 0 }, deviceAlerts: {}, owners: {}, processes: [], updates: 0, charts: [], connected: false };
+// `scope` is what the stream sends: `devices` (every one), `node` (the
+// devices of the node the page names) or `nodes` (a fleet too large to
+// send device by device: a row per node in `nodeRows`, and the devices at
+// risk in `gpus`).
+const state = { scope: "devices", nodeRows: new Map(), devicesInFleet: 0, nodes: [], gpus: new Map(), alerts: { pending: 0, firing: 0 }, deviceAlerts: {}, owners: {}, processes: [], updates: 0, charts: [], connected: false };
 window.__headroom = state;
 
 async function getJson(url, options) {
@@ -38,9 +43,14 @@ function setStatus(text) { document.getElementById("status").textContent = text;
 // ---------------------------------------------------------------- live data
 
 let stream = null;
+let streamNode = "";
+// The fleet's stream, or one node's when the page names one (`/?node=`).
 function connectStream() {
-  if (stream) return;
-  stream = new EventSource("/api/v1/stream");
+  const node = params().get("node") || "";
+  if (stream && node === streamNode) return;
+  if (stream) stream.close();
+  streamNode = node;
+  stream = new EventSource(node ? `/api/v1/stream?node=${encodeURIComponent(node)}` : "/api/v1/stream");
   stream.addEventListener("snapshot", (e) => { applyFleet(JSON.parse(e.data), true); });
   stream.addEventListener("update", (e) => { applyFleet(JSON.parse(e.data), false); });
   stream.addEventListener("unavailable", (e) => { setStatus(`figures may be stale: ${e.data}`); });
@@ -64,14 +74,27 @@ function applyFleet(msg, snapshot) {
     const now = Date.now();
     for (const d of msg.gpus || []) if (d.latest) remember(state.sampleToScreenMs, now - d.latest.timestamp_ms);
   }
-  if (snapshot) state.gpus = new Map();
-  for (const d of msg.gpus || []) state.gpus.set(d.uuid, d);
-  for (const uuid of msg.removed || []) state.gpus.delete(uuid);
-  if (msg.nodes) state.nodes = msg.nodes;
-  if (msg.device_alerts) state.deviceAlerts = msg.device_alerts;
-  if (snapshot) state.owners = {};
-  for (const [uuid, owners] of Object.entries(msg.owners || {})) {
-    if (owners.length) state.owners[uuid] = owners; else delete state.owners[uuid];
+  state.scope = msg.scope || "devices";
+  if (state.scope === "nodes") {
+    if (snapshot) state.nodeRows = new Map();
+    for (const r of msg.node_rows || []) state.nodeRows.set(r.node, r);
+    for (const name of msg.removed_nodes || []) state.nodeRows.delete(name);
+    state.devicesInFleet = msg.devices;
+    // The devices at risk, their alerts and owners: whole in every message.
+    state.gpus = new Map((msg.gpus || []).map((d) => [d.uuid, d]));
+    state.nodes = [];
+    state.deviceAlerts = msg.device_alerts || {};
+    state.owners = msg.owners || {};
+  } else {
+    if (snapshot) { state.gpus = new Map(); state.nodeRows = new Map(); }
+    for (const d of msg.gpus || []) state.gpus.set(d.uuid, d);
+    for (const uuid of msg.removed || []) state.gpus.delete(uuid);
+    if (msg.nodes) state.nodes = msg.nodes;
+    if (msg.device_alerts) state.deviceAlerts = msg.device_alerts;
+    if (snapshot) state.owners = {};
+    for (const [uuid, owners] of Object.entries(msg.owners || {})) {
+      if (owners.length) state.owners[uuid] = owners; else delete state.owners[uuid];
+    }
   }
   if (msg.alerts) {
     const changed = msg.alerts.pending !== state.alerts.pending || msg.alerts.firing !== state.alerts.firing;
@@ -86,11 +109,21 @@ function applyFleet(msg, snapshot) {
 }
 
 function renderSummary() {
-  const devices = [...state.gpus.values()];
-  const gpus = devices.filter((d) => d.kind === "gpu").length;
-  const low = devices.filter((d) => d.latest && d.latest.headroom_pct < 10).length;
+  let nodes = state.nodes.length, gpus = 0, migs = 0, low = 0;
+  if (state.scope === "nodes") {
+    nodes = state.nodeRows.size;
+    for (const r of state.nodeRows.values()) { gpus += r.gpus; migs += r.mig_instances; low += r.low; }
+  } else {
+    for (const d of state.gpus.values()) {
+      if (d.kind === "gpu") gpus += 1; else migs += 1;
+      if (d.latest && d.latest.headroom_pct < 10) low += 1;
+    }
+  }
+  const where = state.scope === "node"
+    ? `<span>node <b>${esc(streamNode)}</b> (<a href="/">whole fleet</a>)</span>`
+    : `<span><b>${nodes}</b> nodes</span>`;
   document.getElementById("summary").innerHTML =
-    `<span><b>${state.nodes.length}</b> nodes</span><span><b>${gpus}</b> GPUs</span><span><b>${devices.length - gpus}</b> MIG instances</span>` +
+    `${where}<span><b>${gpus}</b> GPUs</span><span><b>${migs}</b> MIG instances</span>` +
     `<span><b>${low}</b> below 10 % headroom</span>`;
   const a = state.alerts;
   document.getElementById("alert-count").innerHTML = a.firing || a.pending
@@ -139,11 +172,17 @@ function route() {
 const TILES_UP_TO = 64;
 const fleetFilter = { node: "", user: "", job: "", pod: "", sort: "name", mode: "auto" };
 let fleetRenderPending = false;
+let nodeFromUrl = false;
 
 async function showFleet(view, p, gen) {
-  document.title = "Headroom — fleet";
+  document.title = p.get("node") ? `Headroom — ${p.get("node")}` : "Headroom — fleet";
   // `/?show=grid` or `/?show=tiles`: a link that opens the fleet in that view.
   if (["auto", "grid", "tiles"].includes(p.get("show"))) fleetFilter.mode = p.get("show");
+  // `/?node=NAME`: that node's devices, streamed alone; leaving it leaves
+  // its filter too.
+  if (p.get("node")) { fleetFilter.node = p.get("node"); nodeFromUrl = true; }
+  else if (nodeFromUrl) { fleetFilter.node = ""; nodeFromUrl = false; }
+  connectStream();
   view.innerHTML = `
     <div class="controls">
       <label>show <select id="f-mode"><option value="auto">grid, tiles when few</option><option value="grid">grid of cells</option><option value="tiles">tiles</option></select></label>
@@ -165,6 +204,12 @@ async function showFleet(view, p, gen) {
     el.value = fleetFilter[key];
     el.addEventListener("input", async () => {
       fleetFilter[key] = el.value.trim();
+      // Another node than the page's: back to the whole fleet's stream.
+      if (key === "node") nodeFromUrl = false;
+      if (key === "node" && params().get("node") && fleetFilter.node !== params().get("node")) {
+        history.replaceState(null, "", "/");
+        connectStream();
+      }
       // The process list is needed only to filter by user, job or pod:
       // fetched then, not on every load of a large fleet.
       if (["user", "job", "pod"].includes(key)) await refreshProcesses();
@@ -306,11 +351,14 @@ function rankAtRisk(devices, deviceAlerts) {
 window.__headroomRankAtRisk = rankAtRisk;
 const AT_RISK_ROWS = 6;
 
-function renderAtRisk(devices) {
+// `counts`, where the devices are only those at risk of a larger fleet:
+// how many are at risk and how many there are in all.
+function renderAtRisk(devices, counts = null) {
   const box = document.getElementById("at-risk-list");
   if (!box) return;
   const ranked = rankAtRisk(devices.filter((d) => d.latest || state.deviceAlerts[d.uuid]), state.deviceAlerts);
-  const atRisk = ranked.filter((r) => r.tier < 4).length;
+  const atRisk = counts ? counts.atRisk : ranked.filter((r) => r.tier < 4).length;
+  const inAll = counts ? counts.devices : devices.length;
   const rows = ranked.slice(0, AT_RISK_ROWS).map(({ d, a, tier }) => {
     const why = alertNotes(a).map((note) => noteHtml(note));
     if (!why.length) why.push(tier === 3 ? "below 10 % headroom" : "least headroom");
@@ -319,7 +367,7 @@ function renderAtRisk(devices) {
       <td class="num">${s ? `${fmtBytes(s.headroom_bytes)} (${s.headroom_pct.toFixed(0)} %)` : "—"}</td><td>${clipped(ownersText(d.uuid) || "—")}</td></tr>`;
   });
   const html = rows.length ? `<table class="at-risk"><thead><tr><th>device</th><th>why</th><th class="num">headroom</th><th>used by</th></tr></thead><tbody>${rows.join("")}</tbody></table>
-    <p class="muted small">${atRisk} of ${devices.length} devices at risk (alert firing or pending, OOM forecast, or below 10 % headroom)${atRisk > AT_RISK_ROWS ? ` · <a href="/?view=alerts">all alerts</a> · sort the tiles by headroom to see more` : ""}</p>`
+    <p class="muted small">${atRisk} of ${inAll} devices at risk (alert firing or pending, OOM forecast, or below 10 % headroom)${atRisk > AT_RISK_ROWS ? ` · <a href="/?view=alerts">all alerts</a> · sort the tiles by headroom to see more` : ""}</p>`
     : `<p class="muted">no device</p>`;
   if (box.dataset.sig !== html) { box.innerHTML = html; box.dataset.sig = html; }
 }
@@ -337,6 +385,7 @@ function byNodeOrder(list) {
 function renderFleet() {
   const box = document.getElementById("fleet");
   if (!box) return;
+  if (state.scope === "nodes") return renderNodeCells(box);
   const byProcess = devicesMatchingProcesses();
   const nodeFilter = fleetFilter.node;
   const devices = [...state.gpus.values()].filter((d) =>
@@ -410,12 +459,80 @@ function renderFleet() {
   document.getElementById("f-count").textContent = `${devices.length} of ${state.gpus.size} devices`;
 }
 
+// Nodes that a process matching the user/job/pod filters runs on.
+function nodesMatchingProcesses() {
+  const { user, job, pod } = fleetFilter;
+  if (!user && !job && !pod) return null;
+  return new Set(state.processes.filter((p) => (!user || p.user.includes(user)) && (!job || p.slurm_job_id.includes(job)) &&
+    (!pod || p.pod_uid.includes(pod))).map((p) => p.node));
+}
+
+// A node's cell: its worst device's level, in colour, pattern and words;
+// the words change only when what the cell shows does.
+function nodeCellParts(r) {
+  const parts = [r.node, LEVEL_TEXT[r.level]];
+  if (r.headroom_pct != null) parts.push(`least headroom ${r.headroom_pct} %`);
+  if (r.used_pct != null) parts.push(`${r.used_pct} % used`);
+  parts.push(`${r.gpus} GPUs${r.mig_instances ? `, ${r.mig_instances} MIG instances` : ""}`);
+  if (r.firing) parts.push(`${r.firing} with an alert firing`);
+  if (r.pending) parts.push(`${r.pending} with an alert pending or an OOM forecast`);
+  if (r.low) parts.push(`${r.low} below 10 % headroom`);
+  if (r.silent_since_ms) parts.push(`silent since ${fmtTime(r.silent_since_ms)}`);
+  const cls = `cell lvl-${r.level}${r.firing ? " firing" : r.pending ? " pending" : ""}${r.silent_since_ms ? " silent" : ""}`;
+  return { cls, label: parts.join(" · ") };
+}
+
+// A fleet too large to send device by device: one cell per node, the
+// at-risk list from the devices at risk the stream sends; a node's cell
+// opens its devices (`/?node=`).
+function renderNodeCells(box) {
+  const byProcess = nodesMatchingProcesses();
+  const filter = fleetFilter.node;
+  const rows = [...state.nodeRows.values()].filter((r) => (!filter || r.node.includes(filter)) && (!byProcess || byProcess.has(r.node)));
+  let atRisk = 0;
+  for (const r of state.nodeRows.values()) atRisk += r.at_risk;
+  renderAtRisk([...state.gpus.values()], { atRisk, devices: state.devicesInFleet });
+  const headroom = (r) => r.headroom_pct ?? Infinity;
+  if (fleetFilter.sort === "headroom") rows.sort((a, b) => headroom(a) - headroom(b));
+  else if (fleetFilter.sort === "used") rows.sort((a, b) => (b.used_pct ?? -1) - (a.used_pct ?? -1));
+  const key = `nodes|${fleetFilter.sort}|${rows.map((r) => r.node).join(",")}`;
+  if (key !== fleetLayoutKey || !box.firstChild) {
+    fleetLayoutKey = key;
+    box.className = "grid-view";
+    box.setAttribute("aria-label", "nodes; arrow keys move, Enter opens");
+    box.innerHTML = rows.length
+      ? `${gridLegend("node")}<div class="cell-groups" role="group" aria-label="nodes; arrow keys move between nodes, Enter opens one's devices"><div class="node-cells">${
+        rows.map((r) => `<a class="cell" href="/?node=${encodeURIComponent(r.node)}" data-node="${esc(r.node)}" tabindex="-1"></a>`).join("")}</div></div>`
+      : `<p class="muted">no node matches</p>`;
+    const first = box.querySelector(".cell");
+    if (first) first.tabIndex = 0;
+    fitGrid(box);
+  }
+  const counts = { ok: 0, warn: 0, crit: 0, none: 0, firing: 0 };
+  for (const el of box.querySelectorAll(".cell")) {
+    const r = state.nodeRows.get(el.dataset.node);
+    if (!r) continue;
+    const { cls, label } = nodeCellParts(r);
+    counts[r.level] += 1;
+    if (r.firing) counts.firing += 1;
+    if (el.className !== cls) el.className = cls;
+    if (el.dataset.sig !== label) { el.setAttribute("aria-label", label); el.dataset.sig = label; }
+  }
+  const legend = box.querySelector(".legend");
+  if (legend) for (const [k, v] of Object.entries(counts)) { const c = legend.querySelector(`[data-count="${k}"]`); if (c) c.textContent = v; }
+  if (tipNode) showNodeTip(tipNode);
+  document.getElementById("f-count").textContent = `${rows.length} of ${state.nodeRows.size} nodes · ${state.devicesInFleet} devices: a cell per node`;
+}
+
 // The legend says what each colour and pattern means, with counts: the
 // grid's summary in words.
-function gridLegend() {
+function gridLegend(each = "device") {
   const item = (cls, text, key) => `<span><i class="${cls}" aria-hidden="true"></i> ${text} <b data-count="${key}">0</b></span>`;
+  const help = each === "node"
+    ? "a cell per node, at its fullest device's level; hover or focus for its figures, Enter opens its devices"
+    : "hover or focus a cell for its figures and owners; arrow keys move, Enter opens";
   return `<div class="legend" aria-live="off">${item("swatch lvl-ok", "OK", "ok")}${item("swatch lvl-warn", "HIGH (≥ 90 % at peak)", "warn")}${item("swatch lvl-crit", "CRITICAL (≥ 95 %)", "crit")}${item("swatch lvl-none", "no data", "none")}${item("swatch lvl-ok firing", "alert firing", "firing")}
-    <span class="muted">hover or focus a cell for its figures and owners; arrow keys move, Enter opens</span></div>`;
+    <span class="muted">${help}</span></div>`;
 }
 
 // The largest cell that lets the whole grid fit the window's height, so a
@@ -462,8 +579,25 @@ function showTip(uuid, anchor) {
     ${n ? `<div>${fmtBytes(n.s.memory_used_bytes)} of ${fmtBytes(n.total)} used · peak ${fmtBytes(n.s.memory_used_max_bytes)} · headroom <b>${fmtBytes(n.s.headroom_bytes)} (${n.s.headroom_pct.toFixed(0)} %)</b></div>` : `<div class="muted">no sample yet</div>`}
     ${alertNotes(a).map((note) => noteHtml(note, "div")).join("")}
     <div>${owners.length ? owners.map((o) => `${esc(ownerText(o))} ${fmtBytes(o.memory_bytes)}`).join("<br>") : `<span class="muted">no process</span>`}</div>`;
+  placeTip(tip, anchor || document.querySelector(`.cell[data-uuid="${CSS.escape(uuid)}"]`));
+}
+// A node's cell: its figures beside it.
+let tipNode = null;
+function showNodeTip(name, anchor) {
+  const tip = document.getElementById("cell-tip");
+  const r = state.nodeRows.get(name);
+  if (!tip || !r) return hideTip();
+  tipNode = name;
+  tip.innerHTML = `<b>${esc(r.node)}</b> <span class="muted">${r.gpus} GPUs${r.mig_instances ? `, ${r.mig_instances} MIG instances` : ""}</span>
+    <div>${LEVEL_TEXT[r.level]} · ${r.used_pct != null ? `${r.used_pct} % used · least headroom <b>${r.headroom_pct} %</b>` : "no sample yet"}</div>
+    ${r.firing ? `<div class="text-crit">${r.firing} with an alert firing</div>` : ""}${r.pending ? `<div class="text-warn">${r.pending} with an alert pending or an OOM forecast</div>` : ""}
+    ${r.low ? `<div>${r.low} below 10 % headroom</div>` : ""}${r.silent_since_ms ? `<div class="text-crit">silent since ${fmtTime(r.silent_since_ms)}</div>` : ""}`;
+  placeTip(tip, anchor || document.querySelector(`.cell[data-node="${CSS.escape(name)}"]`));
+}
+const showCellTip = (c) => c.dataset.node && !c.dataset.uuid ? showNodeTip(c.dataset.node, c) : showTip(c.dataset.uuid, c);
+
+function placeTip(tip, el) {
   tip.hidden = false;
-  const el = anchor || document.querySelector(`.cell[data-uuid="${CSS.escape(uuid)}"]`);
   if (!el) return;
   const r = el.getBoundingClientRect();
   const w = tip.offsetWidth, h = tip.offsetHeight;
@@ -472,8 +606,10 @@ function showTip(uuid, anchor) {
   tip.style.left = `${left + window.scrollX}px`;
   tip.style.top = `${(below ? r.bottom + 6 : r.top - h - 6) + window.scrollY}px`;
 }
+
 function hideTip() {
   tipUuid = null;
+  tipNode = null;
   const tip = document.getElementById("cell-tip");
   if (tip) tip.hidden = true;
 }
@@ -481,14 +617,14 @@ function hideTip() {
 // One tab stop for the grid; arrows move between cells in reading order
 // (left, right) and to the nearest cell of the row above or below.
 function wireGrid(box) {
-  box.addEventListener("mouseover", (e) => { const c = e.target.closest(".cell"); if (c) showTip(c.dataset.uuid, c); });
+  box.addEventListener("mouseover", (e) => { const c = e.target.closest(".cell"); if (c) showCellTip(c); });
   box.addEventListener("mouseout", (e) => { if (e.target.closest(".cell") && !e.relatedTarget?.closest?.(".cell")) hideTip(); });
   box.addEventListener("focusin", (e) => {
     const c = e.target.closest(".cell");
     if (!c) return;
     for (const other of box.querySelectorAll(".cell[tabindex='0']")) if (other !== c) other.tabIndex = -1;
     c.tabIndex = 0;
-    showTip(c.dataset.uuid, c);
+    showCellTip(c);
   });
   box.addEventListener("focusout", (e) => { if (!e.relatedTarget?.closest?.(".cell")) hideTip(); });
   box.addEventListener("keydown", (e) => {
@@ -586,9 +722,11 @@ async function showGpu(view, p, gen) {
   const { from, to } = rangeFromUrl(p);
   const live = !p.get("to");
   let d = state.gpus.get(uuid);
-  if (!d) {
-    const all = await getJson("/api/v1/gpus");
-    for (const g of all) state.gpus.set(g.uuid, g);
+  if (!d || state.scope === "nodes") {
+    // The device, its GPU and the GPU's instances, for the MIG layout;
+    // never the whole fleet's list, which a large fleet cannot afford.
+    const picked = await getJson(`/api/v1/gpus?uuid=${encodeURIComponent(uuid)}`);
+    for (const g of picked) state.gpus.set(g.uuid, g);
     d = state.gpus.get(uuid);
   }
   if (!isCurrent(gen)) return;
@@ -777,9 +915,10 @@ function renderMigLayout(d) {
 }
 
 async function renderGpuProcesses(uuid, gen, from, to) {
+  // Before the wait: a large fleet's stream replaces the devices it holds.
+  const inside = new Set([uuid, ...[...state.gpus.values()].filter((m) => m.parent_uuid === uuid).map((m) => m.uuid)]);
   await refreshProcesses();
   if (!isCurrent(gen)) return;
-  const inside = new Set([uuid, ...[...state.gpus.values()].filter((m) => m.parent_uuid === uuid).map((m) => m.uuid)]);
   const procs = state.processes.filter((p) => inside.has(p.device_uuid));
   document.getElementById("gpu-processes").innerHTML = processTable(procs, true);
   const reporting = procs.filter((p) => p.allocator).slice(0, 6);

@@ -364,7 +364,7 @@ mod tests {
             &path,
             "[http]\nallowed_hosts = [\"gpu-monitor.example.com\", \"*.corp.example\"]\n\
              max_connections = 64\nheader_read_timeout_s = 5\nidle_timeout_s = 30\n\
-             max_stream_clients = 8\n",
+             max_stream_clients = 8\nstream_devices_max = 100\n",
         )
         .unwrap();
         let config = CollectorConfig::load(Some(&path), Overrides::default()).unwrap();
@@ -376,6 +376,7 @@ mod tests {
                 header_read_timeout_s: 5,
                 idle_timeout_s: 30,
                 max_stream_clients: 8,
+                stream_devices_max: 100,
             }
         );
         for (text, names) in [

@@ -29,6 +29,11 @@ pub struct DemoArgs {
     /// without one.
     #[arg(long)]
     rules: Option<PathBuf>,
+    /// Above this many devices the dashboard shows a cell per node
+    /// (`[http] stream_devices_max`): to see a large fleet's view on a
+    /// small demo.
+    #[arg(long, default_value_t = headroom_collector::http::HttpServerConfig::default().stream_devices_max)]
+    stream_devices_max: u32,
 }
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
@@ -58,6 +63,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let collector = Collector::builder(store.clone())
         .rules(crate::load_rules(args.rules.as_deref())?)
+        .http_server(headroom_collector::http::HttpServerConfig {
+            stream_devices_max: args.stream_devices_max,
+            ..Default::default()
+        })
         .build()
         .await?;
     let collector = tokio::spawn(collector.serve(grpc, http, async move {

@@ -93,17 +93,35 @@ impl FleetDevices {
     /// overview's order, without making its view: what tells a client's
     /// update which devices changed.
     pub fn stamps(&self) -> impl ExactSizeIterator<Item = (&Arc<str>, Option<i64>)> + '_ {
-        self.devices.iter().enumerate().map(|(slot, device)| {
-            let stamp = match &self.figures {
-                None => device.latest.as_ref().map(|latest| latest.timestamp_ms),
-                Some(figures) => figures
-                    .rows
-                    .get(slot)
-                    .and_then(Option::as_ref)
-                    .map(|row| row.timestamp_ms),
-            };
-            (&device.uuid, stamp)
-        })
+        (0..self.len()).map(|slot| self.stamp_at(slot))
+    }
+
+    /// The uuid of the device in `slot` and the time of its newest sample.
+    pub fn stamp(&self, slot: usize) -> Option<(&Arc<str>, Option<i64>)> {
+        (slot < self.len()).then(|| self.stamp_at(slot))
+    }
+
+    fn stamp_at(&self, slot: usize) -> (&Arc<str>, Option<i64>) {
+        let device = &self.devices[slot];
+        let stamp = match &self.figures {
+            None => device.latest.as_ref().map(|latest| latest.timestamp_ms),
+            Some(figures) => figures
+                .rows
+                .get(slot)
+                .and_then(Option::as_ref)
+                .map(|row| row.timestamp_ms),
+        };
+        (&device.uuid, stamp)
+    }
+
+    /// The slots of `node`'s devices, in the overview's order.
+    pub fn slots_of_node(&self, node: &str) -> Vec<usize> {
+        self.devices
+            .iter()
+            .enumerate()
+            .filter(|(_, device)| &*device.node == node)
+            .map(|(slot, _)| slot)
+            .collect()
     }
 
     /// Each MIG instance's uuid with its GPU's.

@@ -1099,6 +1099,41 @@ async fn fleet_overview_at_scale(nodes: usize, runs: usize, rewrites: Rewrites) 
     let (http50, http99, bytes) = time_get(&collector.api("/api/v1/gpus"), &client, runs).await;
     let (summary50, summary99, summary_bytes) =
         time_get(&collector.api("/api/v1/fleet"), &client, runs).await;
+    // What a dashboard's live stream sends at this size: a row per node
+    // (the default limit), every device (a limit above the fleet), one
+    // node's devices; one stream at a time, while the rows change.
+    let every_device = RunningCollector::start_collector(
+        Collector::builder(store.clone())
+            .http_server(headroom_collector::http::HttpServerConfig {
+                stream_devices_max: u32::MAX,
+                ..Default::default()
+            })
+            .build()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let stream_seconds = 10;
+    let some_node = store.nodes().await.unwrap()[0].name.clone();
+    let streams = [
+        (
+            "a row per node and the devices at risk (the default, `stream_devices_max` = 5,000)",
+            collector.api("/api/v1/stream"),
+        ),
+        (
+            "every device (a limit above the fleet)",
+            every_device.api("/api/v1/stream"),
+        ),
+        (
+            "one node's devices (`?node=`)",
+            collector.api(&format!("/api/v1/stream?node={some_node}")),
+        ),
+    ];
+    let mut stream_rows = Vec::new();
+    for (what, url) in streams {
+        stream_rows.push((what, follow_stream(&client, &url, stream_seconds).await));
+    }
+    every_device.stop().await;
     let rewritten = writer.stop().await;
     assert_kept_figures_are_current(store.as_ref(), &mut conn, &rewritten).await;
     println!(
@@ -1143,9 +1178,83 @@ async fn fleet_overview_at_scale(nodes: usize, runs: usize, rewrites: Rewrites) 
     println!(
         "| `GET /api/v1/fleet`, by node and the 100 fullest ({summary_bytes} B) | {summary50:.1} ms | {summary99:.1} ms |"
     );
+    println!();
+    println!(
+        "The live stream at {gpus} GPUs, one client at a time, each followed for {stream_seconds} s:"
+    );
+    println!();
+    println!("| stream | snapshot | first event after | updates, per second |");
+    println!("|---|---|---|---|");
+    for (what, followed) in &stream_rows {
+        println!(
+            "| {what} | {} B | {:.0} ms | {:.0} B |",
+            followed.snapshot_bytes, followed.snapshot_ms, followed.update_bytes_per_s
+        );
+    }
     collector.stop().await;
     store.close().await;
     db.drop_database().await;
+}
+
+/// What following a live stream cost its client.
+struct Followed {
+    snapshot_bytes: usize,
+    snapshot_ms: f64,
+    update_bytes_per_s: f64,
+}
+
+/// Follows the server-sent events at `url` for `seconds` after the first
+/// (the snapshot), counting each event's bytes.
+async fn follow_stream(client: &reqwest::Client, url: &str, seconds: u64) -> Followed {
+    let started = Instant::now();
+    let mut response = client
+        .get(url)
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .unwrap();
+    let mut pending: Vec<u8> = Vec::new();
+    let mut snapshot: Option<(usize, f64, Instant)> = None;
+    let mut update_bytes = 0;
+    loop {
+        if let Some((_, _, at)) = snapshot
+            && at.elapsed() >= Duration::from_secs(seconds)
+        {
+            break;
+        }
+        let Ok(Ok(Some(chunk))) =
+            tokio::time::timeout(Duration::from_secs(seconds), response.chunk()).await
+        else {
+            panic!("the stream at {url} ended or stalled");
+        };
+        pending.extend_from_slice(&chunk);
+        while let Some(end) = pending.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = pending.drain(..end + 2).collect();
+            if event.starts_with(b":") {
+                continue; // a keep-alive
+            }
+            match snapshot {
+                None => {
+                    assert!(
+                        event.starts_with(b"event: snapshot"),
+                        "{url}: the first event is a snapshot"
+                    );
+                    snapshot = Some((
+                        event.len(),
+                        started.elapsed().as_secs_f64() * 1000.0,
+                        Instant::now(),
+                    ));
+                }
+                Some(_) => update_bytes += event.len(),
+            }
+        }
+    }
+    let (snapshot_bytes, snapshot_ms, at) = snapshot.unwrap();
+    Followed {
+        snapshot_bytes,
+        snapshot_ms,
+        update_bytes_per_s: update_bytes as f64 / at.elapsed().as_secs_f64(),
+    }
 }
 
 /// `nodes` nodes of 8 GPUs straight into the tables, each GPU with a

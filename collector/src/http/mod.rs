@@ -9,6 +9,7 @@ mod fleet_summary;
 pub mod hosts;
 mod jobs;
 pub mod listener;
+mod node_rows;
 pub mod peers;
 mod session;
 pub mod settings;
@@ -66,6 +67,7 @@ impl AppState {
                 store.clone(),
                 clock.clone(),
                 http.max_stream_clients,
+                http.stream_devices_max,
                 metrics.clone(),
             )),
             hosts: Arc::new(hosts::AllowedHosts::new(http, auth.mode(), metrics.clone())),

@@ -25,6 +25,12 @@ pub struct HttpServerConfig {
     /// Clients of the live stream (`/api/v1/stream`) at once; one more is
     /// answered `503` with `Retry-After`.
     pub max_stream_clients: u32,
+    /// Devices the live stream sends one by one. A fleet with more is sent
+    /// to a client that did not name a node as a row per node and the
+    /// devices at risk (a dashboard shows a cell per node); a client that
+    /// names one (`/api/v1/stream?node=NAME`) gets its devices whatever
+    /// the fleet's size.
+    pub stream_devices_max: u32,
 }
 
 impl Default for HttpServerConfig {
@@ -35,6 +41,7 @@ impl Default for HttpServerConfig {
             header_read_timeout_s: 10,
             idle_timeout_s: 60,
             max_stream_clients: 256,
+            stream_devices_max: 5_000,
         }
     }
 }

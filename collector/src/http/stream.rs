@@ -10,6 +10,11 @@
 //! most `[http] max_stream_clients` follow at once; one more is answered
 //! `503` with `Retry-After`.
 //!
+//! A fleet with more devices than `[http] stream_devices_max` is sent to a
+//! client that did not name a node as a row per node and the devices at
+//! risk ([`super::node_rows`]); `?node=NAME` follows one node's devices
+//! whatever the fleet's size.
+//!
 //! The same reads answer `GET /api/v1/gpus`, its JSON made once per read
 //! for every caller ([`FleetFeed::overview_json`]): at 100,000 GPUs that
 //! answer is 64 MB, and a client asking in a loop would otherwise cost a
@@ -23,12 +28,13 @@ use std::time::Duration;
 
 use axum::Extension;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, OnceCell, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
@@ -36,6 +42,7 @@ use super::AppState;
 use super::auth::Identity;
 use super::device_summary::{DeviceAlerts, Owner, alerts_by_device, owners_by_device};
 use super::fleet_summary::{FULLEST_DEFAULT, FleetSummary, SummaryMade};
+use super::node_rows::{FleetByNode, NodeRow};
 use crate::metrics::{CollectorMetrics, HttpRefusal};
 use headroom_common::Clock;
 use headroom_store::alerts::{ActiveAlertCounts, AlertFilter};
@@ -71,6 +78,11 @@ enum Fleet {
         overview_json: OnceCell<Bytes>,
         /// What `GET /api/v1/fleet` answers from, made by its first caller.
         summary: OnceCell<Arc<SummaryMade>>,
+        /// The fleet by node, for clients of a fleet over
+        /// `stream_devices_max`, made by the first.
+        by_node: OnceCell<Arc<FleetByNode>>,
+        /// The collector's clock when the read was made.
+        read_at_ms: i64,
     },
     /// The store could not answer.
     Unavailable,
@@ -86,6 +98,9 @@ pub struct FleetFeed {
     metrics: Arc<CollectorMetrics>,
     slots: Arc<Semaphore>,
     max_clients: u32,
+    /// Above this many devices, a client that names no node is sent the
+    /// fleet by node.
+    devices_max: usize,
     /// The last read and when it finished.
     latest: std::sync::Mutex<Option<(Instant, Arc<Fleet>)>>,
     /// Held while reading, so clients that ask meanwhile wait for that read
@@ -100,6 +115,7 @@ impl FleetFeed {
         store: Arc<dyn Store>,
         clock: Clock,
         max_clients: u32,
+        devices_max: u32,
         metrics: Arc<CollectorMetrics>,
     ) -> Self {
         Self {
@@ -108,6 +124,7 @@ impl FleetFeed {
             metrics,
             slots: Arc::new(Semaphore::new(max_clients.max(1) as usize)),
             max_clients,
+            devices_max: devices_max as usize,
             latest: std::sync::Mutex::new(None),
             reading: Mutex::new(()),
             refreshing: AtomicBool::new(false),
@@ -177,6 +194,7 @@ impl FleetFeed {
                     Answer::Summary => {
                         summary_of(fleet).await;
                     }
+                    Answer::Picked => {}
                 }
                 feed.refreshing.store(false, Ordering::Release);
             });
@@ -188,6 +206,34 @@ impl FleetFeed {
     /// JSON; `None` while the store cannot answer.
     pub async fn overview_json(self: &Arc<Self>) -> Option<Bytes> {
         overview_json_of(self.recent(Answer::Devices).await).await
+    }
+
+    /// `GET /api/v1/gpus?node=` and `?uuid=`: the devices picked from the
+    /// same read as the whole list, in the overview's order; `None` while
+    /// the store cannot answer.
+    pub async fn devices_picked(self: &Arc<Self>, pick: &DevicePick) -> Option<Vec<DeviceView>> {
+        let fleet = self.recent(Answer::Picked).await;
+        let Fleet::Read { devices, .. } = fleet.as_ref() else {
+            return None;
+        };
+        let views = |slots: Vec<usize>| slots.into_iter().filter_map(|s| devices.view(s));
+        Some(match pick {
+            DevicePick::Node(node) => views(devices.slots_of_node(node)).collect(),
+            DevicePick::Gpu(uuid) => {
+                let Some(device) = devices
+                    .stamps()
+                    .position(|(u, _)| **u == **uuid)
+                    .and_then(|slot| devices.view(slot))
+                else {
+                    return Some(Vec::new());
+                };
+                // A GPU's instances are on its node.
+                let gpu = device.parent_uuid.clone().unwrap_or(device.uuid.clone());
+                views(devices.slots_of_node(&device.node))
+                    .filter(|d| d.uuid == gpu || d.parent_uuid.as_ref() == Some(&gpu))
+                    .collect()
+            }
+        })
     }
 
     /// `GET /api/v1/fleet`'s body: the fleet summed, by node, and its
@@ -236,6 +282,8 @@ impl FleetFeed {
                     owners_read_at,
                     overview_json: OnceCell::new(),
                     summary: OnceCell::new(),
+                    by_node: OnceCell::new(),
+                    read_at_ms: self.clock.now_ms(),
                 }
             }
             (Err(error), _) | (_, Err(error)) => {
@@ -332,6 +380,17 @@ enum Answer {
     Devices,
     /// `GET /api/v1/fleet`.
     Summary,
+    /// `GET /api/v1/gpus?node=` or `?uuid=`: nothing to make ahead.
+    Picked,
+}
+
+/// Which devices `GET /api/v1/gpus` lists when asked for some.
+#[derive(Debug)]
+pub enum DevicePick {
+    /// A node's.
+    Node(String),
+    /// A device, its GPU and the GPU's MIG instances.
+    Gpu(String),
 }
 
 /// `fleet` summed for `GET /api/v1/fleet`, and its answer with the default
@@ -375,6 +434,45 @@ async fn summary_of(fleet: Arc<Fleet>) -> Option<Arc<SummaryMade>> {
     }
 }
 
+/// `fleet` by node, made by its first client in that scope off the
+/// runtime's workers (at 100,000 GPUs it makes every device's view) and
+/// shared by the rest.
+async fn by_node_of(fleet: Arc<Fleet>) -> Option<Arc<FleetByNode>> {
+    let Fleet::Read { by_node, .. } = fleet.as_ref() else {
+        return None;
+    };
+    let made = by_node
+        .get_or_try_init(|| {
+            let fleet = fleet.clone();
+            off_workers(move || {
+                let Fleet::Read {
+                    nodes,
+                    devices,
+                    device_alerts,
+                    read_at_ms,
+                    ..
+                } = fleet.as_ref()
+                else {
+                    return Err("the store could not answer".to_owned());
+                };
+                Ok(Arc::new(FleetByNode::of(
+                    nodes,
+                    devices,
+                    device_alerts,
+                    *read_at_ms,
+                )))
+            })
+        })
+        .await;
+    match made {
+        Ok(made) => Some(made.clone()),
+        Err(error) => {
+            tracing::error!(%error, "could not sum the fleet by node");
+            None
+        }
+    }
+}
+
 /// Active alerts read for the tiles and the at-risk list, at most; past
 /// it the rest show their memory level only (the alert counts stay exact).
 const MAX_ACTIVE_ALERTS: i64 = 10_000;
@@ -402,19 +500,57 @@ impl Drop for Seat {
     }
 }
 
+/// What a client is sent: chosen by what it asked for and the fleet's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Scope {
+    /// Every device, one by one.
+    Devices,
+    /// The devices of the node the client named.
+    Node,
+    /// A row per node and the devices at risk: a fleet over
+    /// `stream_devices_max`, to a client that named no node.
+    Nodes,
+}
+
 #[derive(Serialize)]
 struct FleetMessage<'a> {
+    scope: Scope,
+    /// Every node; the one named in the `node` scope.
     nodes: &'a [NodeView],
     gpus: Vec<DeviceView>,
     removed: Vec<&'a str>,
     alerts: Option<ActiveAlertCounts>,
-    /// Every device with an active alert, in every message: the set is
-    /// small and a resolved alert is its absence.
-    device_alerts: &'a BTreeMap<String, DeviceAlerts>,
+    /// Every device in scope with an active alert, in every message: the
+    /// set is small and a resolved alert is its absence.
+    device_alerts: BTreeMap<&'a str, &'a DeviceAlerts>,
     /// Owners of the devices whose owners changed since the last message
     /// (all of them in the snapshot); an empty list: no owner any more.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     owners: BTreeMap<String, &'a [Owner]>,
+}
+
+/// The `nodes` scope's message.
+#[derive(Serialize)]
+struct ByNodeMessage<'a> {
+    scope: Scope,
+    /// GPUs and MIG instances in the fleet.
+    devices: usize,
+    /// The rows that changed since the last message (all in the snapshot).
+    node_rows: Vec<&'a NodeRow>,
+    removed_nodes: Vec<&'a str>,
+    /// The devices at risk, all of them in every message: the at-risk
+    /// list is made from them, with their alerts and owners.
+    gpus: &'a [DeviceView],
+    alerts: Option<ActiveAlertCounts>,
+    device_alerts: BTreeMap<&'a str, &'a DeviceAlerts>,
+    owners: BTreeMap<&'a str, &'a [Owner]>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct StreamQuery {
+    /// Follow this node's devices alone, whatever the fleet's size.
+    node: Option<String>,
 }
 
 struct Follower {
@@ -423,12 +559,36 @@ struct Follower {
     /// The token the stream was opened with, checked on every event: a
     /// revoked token ends the stream instead of following the fleet forever.
     token_sha256: Option<String>,
-    /// The read this client was last sent.
+    /// The node the client asked to follow, if any.
+    node: Option<String>,
+    /// The scope of the last message; a message in another starts anew
+    /// with a snapshot.
+    sent_scope: Option<Scope>,
+    /// The read this client was last sent, in the `devices` and `node`
+    /// scopes.
     sent: Option<FleetDevices>,
+    /// In the `node` scope, the slots of that node's devices in `sent`.
+    sent_slots: Vec<usize>,
     /// The owners this client was last sent.
     sent_owners: Option<Arc<BTreeMap<String, Vec<Owner>>>>,
+    /// The rows this client was last sent, in the `nodes` scope.
+    sent_by_node: Option<Arc<FleetByNode>>,
     /// False until the first event went out: only that one is not paced.
     started: bool,
+}
+
+fn unavailable() -> Event {
+    // Named, so the page can say its figures are stale.
+    Event::default()
+        .event("unavailable")
+        .data("the collector cannot read its store; retrying")
+}
+
+fn event_of(kind: &str, message: &impl Serialize) -> Event {
+    Event::default()
+        .event(kind)
+        .json_data(message)
+        .unwrap_or_else(|_| Event::default().comment("encoding failed"))
 }
 
 impl Follower {
@@ -443,6 +603,42 @@ impl Follower {
 
     async fn next_event(&mut self) -> Event {
         let fleet = self.state.fleet.current().await;
+        let Fleet::Read { devices, .. } = fleet.as_ref() else {
+            return unavailable();
+        };
+        let scope = match &self.node {
+            Some(_) => Scope::Node,
+            None if devices.len() > self.state.fleet.devices_max => Scope::Nodes,
+            None => Scope::Devices,
+        };
+        if self.sent_scope != Some(scope) {
+            self.sent = None;
+            self.sent_slots.clear();
+            self.sent_owners = None;
+            self.sent_by_node = None;
+        }
+        let kind = if self.sent_scope == Some(scope) {
+            "update"
+        } else {
+            "snapshot"
+        };
+        let event = match scope {
+            Scope::Nodes => {
+                let Some(by_node) = by_node_of(fleet.clone()).await else {
+                    return unavailable();
+                };
+                let event = by_node_event(kind, &fleet, &by_node, self.sent_by_node.as_deref());
+                self.sent_by_node = Some(by_node);
+                event
+            }
+            Scope::Devices => self.devices_event(kind, &fleet),
+            Scope::Node => self.node_event(kind, &fleet),
+        };
+        self.sent_scope = Some(scope);
+        event
+    }
+
+    fn devices_event(&mut self, kind: &str, fleet: &Fleet) -> Event {
         let Fleet::Read {
             nodes,
             devices,
@@ -450,35 +646,167 @@ impl Follower {
             device_alerts,
             owners,
             ..
-        } = fleet.as_ref()
+        } = fleet
         else {
-            // Named, so the page can say its figures are stale.
-            return Event::default()
-                .event("unavailable")
-                .data("the collector cannot read its store; retrying");
-        };
-        let kind = if self.sent.is_some() {
-            "update"
-        } else {
-            "snapshot"
+            return unavailable();
         };
         let (changed, removed) = devices_changed(self.sent.as_ref(), devices);
-        let message = FleetMessage {
-            nodes,
-            gpus: changed,
-            removed,
-            alerts: *alerts,
-            device_alerts,
-            owners: owners_changed(self.sent_owners.as_deref(), owners),
-        };
-        let event = Event::default()
-            .event(kind)
-            .json_data(&message)
-            .unwrap_or_else(|_| Event::default().comment("encoding failed"));
+        let event = event_of(
+            kind,
+            &FleetMessage {
+                scope: Scope::Devices,
+                nodes,
+                gpus: changed,
+                removed,
+                alerts: *alerts,
+                device_alerts: device_alerts.iter().map(|(k, v)| (k.as_str(), v)).collect(),
+                owners: owners_changed(self.sent_owners.as_deref(), owners),
+            },
+        );
         self.sent = Some(devices.clone());
         self.sent_owners = Some(owners.clone());
         event
     }
+
+    fn node_event(&mut self, kind: &str, fleet: &Fleet) -> Event {
+        let Fleet::Read {
+            nodes,
+            devices,
+            alerts,
+            device_alerts,
+            owners,
+            ..
+        } = fleet
+        else {
+            return unavailable();
+        };
+        let name = self.node.as_deref().unwrap_or_default();
+        let slots = match &self.sent {
+            Some(sent) if sent.same_layout(devices) => self.sent_slots.clone(),
+            _ => devices.slots_of_node(name),
+        };
+        let uuids: HashSet<&str> = slots
+            .iter()
+            .filter_map(|&slot| devices.stamp(slot))
+            .map(|(uuid, _)| &**uuid)
+            .collect();
+        let (changed, removed) = node_devices_changed(
+            self.sent.as_ref().map(|s| (s, &self.sent_slots[..])),
+            devices,
+            &slots,
+        );
+        let mut owners_sent = owners_changed(self.sent_owners.as_deref(), owners);
+        owners_sent.retain(|uuid, _| uuids.contains(uuid.as_str()));
+        let node = nodes.iter().position(|n| n.name == name);
+        let event = event_of(
+            kind,
+            &FleetMessage {
+                scope: Scope::Node,
+                nodes: node.map_or(&[][..], |i| &nodes[i..=i]),
+                gpus: changed,
+                removed,
+                alerts: *alerts,
+                device_alerts: device_alerts
+                    .iter()
+                    .filter(|(uuid, _)| uuids.contains(uuid.as_str()))
+                    .map(|(k, v)| (k.as_str(), v))
+                    .collect(),
+                owners: owners_sent,
+            },
+        );
+        self.sent = Some(devices.clone());
+        self.sent_slots = slots;
+        self.sent_owners = Some(owners.clone());
+        event
+    }
+}
+
+/// The `nodes` scope's event: the rows that changed since `sent`, and the
+/// devices at risk with their alerts and owners.
+fn by_node_event(
+    kind: &str,
+    fleet: &Fleet,
+    by_node: &FleetByNode,
+    sent: Option<&FleetByNode>,
+) -> Event {
+    let Fleet::Read {
+        alerts,
+        device_alerts,
+        owners,
+        ..
+    } = fleet
+    else {
+        return unavailable();
+    };
+    let (node_rows, removed_nodes) = by_node.changed_since(sent);
+    let gpus = &by_node.at_risk;
+    event_of(
+        kind,
+        &ByNodeMessage {
+            scope: Scope::Nodes,
+            devices: by_node.devices,
+            node_rows,
+            removed_nodes,
+            gpus,
+            alerts: *alerts,
+            device_alerts: gpus
+                .iter()
+                .filter_map(|d| device_alerts.get_key_value(&*d.uuid))
+                .map(|(k, v)| (k.as_str(), v))
+                .collect(),
+            owners: gpus
+                .iter()
+                .filter_map(|d| owners.get_key_value(&*d.uuid))
+                .map(|(k, v)| (k.as_str(), v.as_slice()))
+                .collect(),
+        },
+    )
+}
+
+/// The views of one node's devices (in `slots` of `now`) whose newest
+/// sample differs from what the client was `sent` (the read and that
+/// node's slots in it), and the uuids of those that went.
+fn node_devices_changed<'a>(
+    sent: Option<(&'a FleetDevices, &[usize])>,
+    now: &FleetDevices,
+    slots: &[usize],
+) -> (Vec<DeviceView>, Vec<&'a str>) {
+    let Some((sent, sent_slots)) = sent else {
+        return (
+            slots.iter().filter_map(|&s| now.view(s)).collect(),
+            Vec::new(),
+        );
+    };
+    if now.same_layout(sent) {
+        let changed = slots
+            .iter()
+            .filter(|&&slot| now.stamp(slot).map(|(_, t)| t) != sent.stamp(slot).map(|(_, t)| t))
+            .filter_map(|&slot| now.view(slot))
+            .collect();
+        return (changed, Vec::new());
+    }
+    let before: HashMap<&str, Option<i64>> = sent_slots
+        .iter()
+        .filter_map(|&slot| sent.stamp(slot))
+        .map(|(uuid, stamp)| (&**uuid, stamp))
+        .collect();
+    let mut present: HashSet<&str> = HashSet::new();
+    let mut changed = Vec::new();
+    for &slot in slots {
+        let Some((uuid, stamp)) = now.stamp(slot) else {
+            continue;
+        };
+        present.insert(uuid);
+        if before.get(&**uuid) != Some(&stamp) {
+            changed.extend(now.view(slot));
+        }
+    }
+    let removed = before
+        .keys()
+        .copied()
+        .filter(|uuid| !present.contains(uuid))
+        .collect();
+    (changed, removed)
 }
 
 /// The views of the devices whose newest sample differs from what the
@@ -549,7 +877,20 @@ fn owners_changed<'a>(
 pub async fn fleet(
     State(state): State<AppState>,
     identity: Option<Extension<Identity>>,
+    query: Result<Query<StreamQuery>, QueryRejection>,
 ) -> Response {
+    let node = match query {
+        Ok(Query(query)) => query.node.filter(|node| !node.is_empty()),
+        Err(rejection) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                axum::Json(serde_json::json!({ "error": format!(
+                    "/api/v1/stream takes ?node=NAME or nothing: {}", rejection.body_text()
+                ) })),
+            )
+                .into_response();
+        }
+    };
     let Some(seat) = state.fleet.join() else {
         state.metrics.http_refused(HttpRefusal::StreamClients);
         let mut response = (
@@ -570,8 +911,12 @@ pub async fn fleet(
         state,
         _seat: seat,
         token_sha256: identity.and_then(|Extension(i)| i.token_sha256),
+        node,
+        sent_scope: None,
         sent: None,
+        sent_slots: Vec::new(),
         sent_owners: None,
+        sent_by_node: None,
         started: false,
     };
     let events = futures::stream::unfold(follower, |mut f| async move {

@@ -8,6 +8,9 @@
 //! A fleet of 2,000 GPUs (`tests/browser/fleet_grid.mjs`): one cell per
 //! device on one 1440x900 screen, the at-risk list against the API, owners,
 //! keyboard navigation, charts sharing a time axis.
+//! A fleet over `[http] stream_devices_max` (`tests/browser/fleet_nodes.mjs`):
+//! a cell per node, a node's devices streamed alone, a GPU page that loads
+//! without the fleet's list.
 //! A second run signs in (`[http_auth] mode = "tokens"`) as a viewer and an
 //! admin (`tests/browser/signin.mjs`). Screenshots land in
 //! `target/browser-artifacts/`.
@@ -93,13 +96,13 @@ fn dashboard_in_chromium_shows_the_fleet_a_gpu_chart_and_acknowledges_an_alert()
     drop(demo);
 }
 
-/// 250 nodes of 8 GPUs: seven training GPUs (a Slurm job per node) and
+/// `nodes` nodes of 8 GPUs: seven training GPUs (a Slurm job per node) and
 /// one serving GPU (a pod), every fortieth of which holds 77 of 80 GiB, so
 /// that the watermark fires on a few devices among 2,000.
-fn fleet_of_2000() -> String {
+fn fleet_of(nodes: usize) -> String {
     const USERS: [&str; 7] = ["alice", "bob", "carol", "dave", "erin", "frank", "grace"];
     let mut out = String::new();
-    for n in 0..250_usize {
+    for n in 0..nodes {
         let train_level = 30 + n % 30;
         let serve_level = if n % 40 == 3 { 77 } else { 20 + n % 50 };
         out += &format!(
@@ -126,7 +129,7 @@ fn the_fleet_view_of_2000_gpus_fits_one_screen_ranks_what_is_at_risk_and_names_o
     let _turn = browser_turn();
     let dir = tempfile::tempdir().unwrap();
     let scenario = dir.path().join("fleet.toml");
-    std::fs::write(&scenario, fleet_of_2000()).unwrap();
+    std::fs::write(&scenario, fleet_of(250)).unwrap();
     // The watermark fires on the first sample over the line.
     let rules = dir.path().join("rules.toml");
     std::fs::write(&rules, "[watermark]\nfor = \"0s\"\n").unwrap();
@@ -143,6 +146,37 @@ fn the_fleet_view_of_2000_gpus_fits_one_screen_ranks_what_is_at_risk_and_names_o
         "fleet_grid.mjs",
         &url,
         &["5-grid.png", "6-grid-tooltip.png", "7-node-tiles.png"],
+    );
+    drop(demo);
+}
+
+#[test]
+fn a_fleet_over_the_stream_limit_shows_a_cell_per_node_and_opens_a_nodes_devices() {
+    if !headroom_tests::browser::available("the browser test") {
+        return;
+    }
+    let _turn = browser_turn();
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("fleet.toml");
+    // 320 GPUs, over a limit of 100: what 100,000 GPUs are over 5,000.
+    std::fs::write(&scenario, fleet_of(40)).unwrap();
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(&rules, "[watermark]\nfor = \"0s\"\n").unwrap();
+    let (demo, url) = start_demo(
+        dir.path(),
+        &[
+            "--scenario".as_ref(),
+            scenario.as_os_str(),
+            "--rules".as_ref(),
+            rules.as_os_str(),
+            "--stream-devices-max".as_ref(),
+            "100".as_ref(),
+        ],
+    );
+    run_with_shots(
+        "fleet_nodes.mjs",
+        &url,
+        &["8-nodes.png", "9-node-devices.png"],
     );
     drop(demo);
 }

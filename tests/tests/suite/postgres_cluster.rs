@@ -1035,6 +1035,20 @@ async fn next_stream_change(
     pending: &mut String,
     kind: &str,
 ) -> serde_json::Value {
+    next_stream_event(stream, pending, kind, |message| {
+        message["gpus"].as_array().is_some_and(|g| !g.is_empty())
+            || message["removed"].as_array().is_some_and(|r| !r.is_empty())
+    })
+    .await
+}
+
+/// The next event of `kind` whose message passes `wanted`.
+async fn next_stream_event(
+    stream: &mut reqwest::Response,
+    pending: &mut String,
+    kind: &str,
+    wanted: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
     let header = format!("event: {kind}\n");
     tokio::time::timeout(Duration::from_secs(20), async {
         loop {
@@ -1045,9 +1059,7 @@ async fn next_stream_change(
                 };
                 let data = body.trim_end().strip_prefix("data: ").unwrap();
                 let message: serde_json::Value = serde_json::from_str(data).unwrap();
-                let changed = message["gpus"].as_array().is_some_and(|g| !g.is_empty())
-                    || message["removed"].as_array().is_some_and(|r| !r.is_empty());
-                if changed {
+                if wanted(&message) {
                     return message;
                 }
             }
@@ -1056,7 +1068,7 @@ async fn next_stream_change(
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("no {kind} with a change within 20 s"))
+    .unwrap_or_else(|_| panic!("no {kind} as awaited within 20 s"))
 }
 
 fn uuids(list: &serde_json::Value) -> Vec<&str> {
@@ -1068,6 +1080,162 @@ fn uuids(list: &serde_json::Value) -> Vec<&str> {
         .collect();
     uuids.sort_unstable();
     uuids
+}
+
+/// A node's rows by name, from a `nodes` scope message.
+fn node_rows(message: &serde_json::Value) -> std::collections::BTreeMap<&str, &serde_json::Value> {
+    message["node_rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| (row["node"].as_str().unwrap(), row))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_fleet_over_the_stream_limit_is_streamed_by_node_and_a_named_node_device_by_device() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let store = Arc::new(collector(&db).await);
+    let session = register(store.as_ref(), &fixtures::register(NODE, BOOT)).await;
+    let ts = now_ms() - 5_000;
+    store
+        .write_batch(&rows_at(&session, &fixtures::batch(1, ts), ts + 100))
+        .await
+        .unwrap();
+    // One node's five devices fit the limit; two nodes' ten do not.
+    let http = headroom_collector::http::HttpServerConfig {
+        stream_devices_max: 6,
+        ..Default::default()
+    };
+    let built = headroom_collector::Collector::builder(store.clone())
+        .http_server(http)
+        .build()
+        .await
+        .unwrap();
+    let running = RunningCollector::start_collector(built).await;
+    let mut fleet = reqwest::get(running.api("/api/v1/stream")).await.unwrap();
+    let mut fleet_pending = String::new();
+    let other_url = format!("/api/v1/stream?node={}", fixtures::OTHER_NODE);
+    let mut other = reqwest::get(running.api(&other_url)).await.unwrap();
+    let mut other_pending = String::new();
+
+    let snapshot = next_stream_change(&mut fleet, &mut fleet_pending, "snapshot").await;
+    assert_eq!(snapshot["scope"], "devices");
+    assert_eq!(uuids(&snapshot["gpus"]).len(), 5);
+    let nobody = next_stream_event(&mut other, &mut other_pending, "snapshot", |_| true).await;
+    assert_eq!(nobody["scope"], "node");
+    assert_eq!(nobody["nodes"], serde_json::json!([]), "not registered yet");
+
+    // The fleet grows past the limit: the fleet's client starts anew, by node.
+    let other_session = register(store.as_ref(), &fixtures::register_other_node()).await;
+    let by_node = next_stream_event(&mut fleet, &mut fleet_pending, "snapshot", |_| true).await;
+    assert_eq!(by_node["scope"], "nodes", "{by_node}");
+    assert_eq!(by_node["devices"], 10);
+    let rows = node_rows(&by_node);
+    assert_eq!(rows.len(), 2, "{by_node}");
+    let first = rows[NODE];
+    assert_eq!(
+        (&first["gpus"], &first["mig_instances"]),
+        (&serde_json::json!(3), &serde_json::json!(2))
+    );
+    assert_eq!(first["level"], "ok", "{first}");
+    assert!(
+        first["used_pct"].as_u64().is_some_and(|pct| pct > 0),
+        "{first}"
+    );
+    assert_eq!(rows[fixtures::OTHER_NODE]["level"], "none", "no sample yet");
+    assert_eq!(
+        uuids(&by_node["gpus"]),
+        [fixtures::GPU0, fixtures::GPU1],
+        "the devices at risk are those with the least headroom"
+    );
+
+    // The named node's client is sent its devices and its node, no other.
+    let theirs = next_stream_change(&mut other, &mut other_pending, "update").await;
+    let their_uuids = uuids(&theirs["gpus"]);
+    assert_eq!(their_uuids.len(), 5, "{theirs}");
+    assert!(
+        their_uuids.iter().all(|uuid| uuid.ends_with("-other")),
+        "{theirs}"
+    );
+    assert_eq!(theirs["nodes"].as_array().map(Vec::len), Some(1));
+    assert_eq!(theirs["nodes"][0]["name"], fixtures::OTHER_NODE);
+
+    // The other node reports: its row alone changes, and its client gets
+    // the sample, nearly full (75 of 80 GiB).
+    let mut reported = fixtures::batch(1, ts + 1_000);
+    reported.node = fixtures::OTHER_NODE.into();
+    reported.gpu_samples = vec![fixtures::gpu_sample(
+        &format!("{}-other", fixtures::GPU0),
+        ts + 1_000,
+        75 << 30,
+    )];
+    reported.process_samples.clear();
+    store
+        .write_batch(&rows_at(&other_session, &reported, ts + 1_100))
+        .await
+        .unwrap();
+    let update = next_stream_event(&mut fleet, &mut fleet_pending, "update", |m| {
+        node_rows(m).contains_key(fixtures::OTHER_NODE)
+    })
+    .await;
+    let rows = node_rows(&update);
+    // The first node's cell changes only if it fell silent meanwhile.
+    assert!(
+        rows.get(NODE)
+            .is_none_or(|row| !row["silent_since_ms"].is_null()),
+        "{update}"
+    );
+    assert!(
+        rows[fixtures::OTHER_NODE]["headroom_pct"]
+            .as_i64()
+            .is_some_and(|pct| pct < 10)
+    );
+    assert_eq!(rows[fixtures::OTHER_NODE]["low"], 1);
+    assert!(
+        uuids(&update["gpus"]).contains(&format!("{}-other", fixtures::GPU0).as_str()),
+        "the fullest device is among those at risk: {update}"
+    );
+    let theirs = next_stream_change(&mut other, &mut other_pending, "update").await;
+    assert_eq!(
+        theirs["gpus"][0]["latest"]["memory_used_bytes"],
+        75_i64 << 30
+    );
+
+    // The API lists a node's devices, or a GPU's, without the fleet's.
+    let client = reqwest::Client::new();
+    let get = |path: String| client.get(running.api(&path)).send();
+    let listed: serde_json::Value = get(format!("/api/v1/gpus?node={}", fixtures::OTHER_NODE))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(uuids(&listed), their_uuids);
+    let family: serde_json::Value = get(format!("/api/v1/gpus?uuid={}", fixtures::MIG_A))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut expected = vec![fixtures::GPU2, fixtures::MIG_A, fixtures::MIG_B];
+    expected.sort_unstable();
+    assert_eq!(
+        uuids(&family),
+        expected,
+        "the instance, its GPU and its sibling"
+    );
+    let unknown = get("/api/v1/gpus?uuid=GPU-nope".into()).await.unwrap();
+    assert_eq!(unknown.status(), reqwest::StatusCode::NOT_FOUND);
+    assert!(unknown.text().await.unwrap().contains("GPU-nope"));
+    let both = get(format!("/api/v1/gpus?uuid={}&node={NODE}", fixtures::GPU0))
+        .await
+        .unwrap();
+    assert_eq!(both.status(), reqwest::StatusCode::BAD_REQUEST);
+    running.stop().await;
+    store.close().await;
 }
 
 #[tokio::test]

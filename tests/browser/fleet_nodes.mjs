@@ -1,0 +1,128 @@
+// A fleet over `[http] stream_devices_max` in a real browser: Debian's
+// Chromium, driven by playwright-core. Usage: node fleet_nodes.mjs BASE_URL ARTIFACT_DIR
+// Checks, against the collector's own API: the fleet view shows one cell
+// per node (no device's), all on one 1440x900 screen, and the stream sends
+// rows, not devices; the node of a device with a firing alert says so; the
+// at-risk list starts with that device and counts the whole fleet; hover
+// and keyboard reach a node and open its devices as tiles, streamed for
+// that node alone; a GPU's page opened by its link loads that GPU without
+// the fleet's list; "whole fleet" goes back to the nodes. Saves screenshots
+// in ARTIFACT_DIR. Exits non-zero, naming the step, on the first failure.
+import { launchChromium } from "./chromium.mjs";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+
+const [base, artifacts] = process.argv.slice(2);
+if (!base || !artifacts) {
+  console.error("usage: node fleet_nodes.mjs BASE_URL ARTIFACT_DIR");
+  process.exit(2);
+}
+mkdirSync(artifacts, { recursive: true });
+
+const browser = await launchChromium();
+let step = "start";
+const page = await browser.newPage({ viewport: { width: 1440, height: 900 } });
+const errors = [];
+const requests = [];
+page.on("pageerror", (e) => errors.push(e.message));
+page.on("console", (m) => { if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) errors.push(m.text()); });
+page.on("response", (r) => { if (r.status() >= 400) errors.push(`HTTP ${r.status()} for ${r.url()}`); });
+page.on("request", (r) => requests.push(r.url()));
+const shot = (name) => page.screenshot({ path: join(artifacts, `${name}.png`) });
+const api = (path) => page.evaluate(async (p) => (await fetch(p)).json(), path);
+
+try {
+  step = "every device of the fleet has a sample";
+  await page.goto(base);
+  const deadline = Date.now() + 120000;
+  let gpus = [];
+  for (;;) {
+    gpus = await api("/api/v1/gpus");
+    if (gpus.length >= 320 && gpus.every((g) => g.latest)) break;
+    if (Date.now() > deadline) throw new Error(`${gpus.filter((g) => g.latest).length} of ${gpus.length} devices have a sample after 2 min`);
+    await page.waitForTimeout(1000);
+  }
+  const nodes = [...new Set(gpus.map((g) => g.node))].sort();
+
+  step = "a cell per node, none per device, all on one screen";
+  await page.goto(base);
+  await page.waitForFunction((n) => document.querySelectorAll(".cell[data-node][data-sig]").length === n, nodes.length, { timeout: 30000 });
+  const layout = await page.evaluate(() => {
+    const cells = [...document.querySelectorAll("#fleet .cell")];
+    const off = cells.filter((c) => { const r = c.getBoundingClientRect(); return r.top < 0 || r.left < 0 || r.bottom > innerHeight || r.right > innerWidth; });
+    return { nodes: cells.map((c) => c.dataset.node), devices: cells.filter((c) => c.dataset.uuid).length, off: off.length,
+      scope: window.__headroom.scope, held: window.__headroom.gpus.size, count: document.getElementById("f-count").textContent };
+  });
+  if (layout.scope !== "nodes") throw new Error(`the stream's scope is ${layout.scope}`);
+  if (layout.devices) throw new Error(`${layout.devices} device cells in the node view`);
+  if (nodes.some((n) => !layout.nodes.includes(n))) throw new Error(`cells for ${layout.nodes.length} of ${nodes.length} nodes`);
+  if (layout.off) throw new Error(`${layout.off} node cells outside the 1440x900 window`);
+  if (layout.held >= gpus.length / 4) throw new Error(`the page holds ${layout.held} devices: the stream sent more than those at risk`);
+  if (!layout.count.includes(`${gpus.length} devices`)) throw new Error(`the count says: ${layout.count}`);
+
+  step = "the node of a device with a firing alert says so";
+  const active = await api("/api/v1/alerts?state=active");
+  const firing = [...new Set(active.filter((a) => a.state === "firing" && a.labels.device_uuid).map((a) => a.labels.device_uuid))];
+  if (firing.length === 0) throw new Error("no firing alert on a device to look for");
+  const hot = gpus.find((g) => g.uuid === firing[0]);
+  await page.waitForFunction((n) => {
+    const c = document.querySelector(`.cell[data-node="${n}"]`);
+    return c && c.classList.contains("firing") && /with an alert firing/.test(c.getAttribute("aria-label")) && !/\bOK\b/.test(c.getAttribute("aria-label"));
+  }, hot.node, { timeout: 10000 });
+  await shot("8-nodes");
+
+  step = "the at-risk list starts with the alerting device and counts the whole fleet";
+  await page.waitForFunction((u) => document.querySelector("#at-risk-list tr[data-uuid]")?.dataset.uuid === u, hot.uuid, { timeout: 10000 });
+  const summary = await page.locator("#at-risk-list p").innerText();
+  if (!new RegExp(`^\\d+ of ${gpus.length} devices at risk`).test(summary)) throw new Error(`the list says: ${summary}`);
+
+  step = "hover shows a node's figures";
+  await page.hover(`.cell[data-node="${hot.node}"]`);
+  await page.waitForSelector("#cell-tip:not([hidden])", { timeout: 5000 });
+  const tip = await page.locator("#cell-tip").innerText();
+  if (!tip.includes(hot.node) || !/8 GPUs/.test(tip) || !/alert firing/.test(tip)) throw new Error(`tooltip says: ${tip}`);
+
+  step = "the keyboard reaches a node and opens its devices";
+  await page.mouse.move(0, 0);
+  await page.focus("#fleet .cell[tabindex='0']");
+  await page.keyboard.press("ArrowRight");
+  const target = await page.evaluate(() => document.activeElement.dataset.node);
+  if (target !== layout.nodes[1]) throw new Error(`after → focus is on ${target}, not the second node ${layout.nodes[1]}`);
+  const seenBefore = requests.length;
+  await page.keyboard.press("Enter");
+  await page.waitForFunction((n) => new URLSearchParams(location.search).get("node") === n, target, { timeout: 5000 });
+  await page.waitForFunction(() => window.__headroom.scope === "node" && document.querySelectorAll(".tile[data-sig]").length === 8, null, { timeout: 10000 });
+  const scoped = await page.evaluate(() => ({ held: [...window.__headroom.gpus.values()].map((d) => d.node), summary: document.getElementById("summary").innerText }));
+  if (scoped.held.length !== 8 || scoped.held.some((n) => n !== target)) throw new Error(`the node's page holds ${JSON.stringify(scoped.held)}`);
+  if (!scoped.summary.includes(target)) throw new Error(`the summary says: ${scoped.summary}`);
+  if (!requests.slice(seenBefore).some((u) => u.includes(`/api/v1/stream?node=${encodeURIComponent(target)}`))) throw new Error("no stream of the node's own was opened");
+  await shot("9-node-devices");
+
+  step = "a GPU's link loads that GPU, not the fleet's list";
+  const far = gpus.find((g) => g.node !== target && g.kind === "gpu");
+  const seenGpu = requests.length;
+  await page.goto(`${base}/?gpu=${encodeURIComponent(far.uuid)}`);
+  await page.waitForFunction(() => window.__headroom.charts.some((c) => c.headroomName === "memory"), null, { timeout: 15000 });
+  const title = await page.title();
+  if (!title.includes(far.node)) throw new Error(`the GPU page is titled ${title}`);
+  const asked = requests.slice(seenGpu).map((u) => new URL(u)).filter((u) => u.pathname === "/api/v1/gpus");
+  if (!asked.length || asked.some((u) => !u.search.includes("uuid="))) throw new Error(`the page asked for ${asked.map(String)}`);
+
+  step = "from a node's page, the whole fleet again";
+  await page.goto(`${base}/?node=${encodeURIComponent(target)}`);
+  await page.waitForFunction(() => document.querySelectorAll(".tile[data-sig]").length === 8, null, { timeout: 10000 });
+  await page.click("#summary a[href='/']");
+  await page.waitForFunction((n) => window.__headroom.scope === "nodes" && document.querySelectorAll(".cell[data-node][data-sig]").length === n, nodes.length, { timeout: 10000 });
+  const filter = await page.inputValue("#f-node");
+  if (filter) throw new Error(`the node filter still says ${filter}`);
+
+  if (errors.length) throw new Error(`errors in the page: ${errors.join(" | ")}`);
+  console.log(JSON.stringify({ ok: true, nodes: layout.nodes.length, devices: gpus.length, held: layout.held, firing: firing.length }));
+} catch (e) {
+  await shot("failure-nodes").catch(() => {});
+  console.error(`FAILED at "${step}": ${e.message}`);
+  if (errors.length) console.error(`page errors: ${errors.join(" | ")}`);
+  process.exitCode = 1;
+} finally {
+  await browser.close();
+}
