@@ -80,7 +80,10 @@
 //!    the store and send their batches through its write path, each node
 //!    one every 5 s, so that the rows rewritten are the reading store's own
 //!    checkpoints; it checks that the overview holds each node's last
-//!    batch.
+//!    batch. Each phase then follows the live stream for 10 s after its
+//!    snapshot, one client at a time: by node (the default limit), every
+//!    device (a collector with no limit) and one node's devices, with the
+//!    bytes of the snapshot and of the updates a second.
 //! 8. A late hour in a packed day (`late-hour`, alone): see
 //!    [`late_hour`].
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: fail loudly
