@@ -150,8 +150,13 @@ pub trait Store: AlertStore + TokenStore + Send + Sync + std::fmt::Debug + 'stat
         max_points: u32,
     ) -> Result<Vec<FleetHistoryPoint>, StoreError>;
 
-    /// Processes seen since `since_ms`, with their latest and peak memory.
-    async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError>;
+    /// Processes seen since `since_ms`, with their latest and peak memory;
+    /// on `node` alone when it names one.
+    async fn processes(
+        &self,
+        since_ms: i64,
+        node: Option<&str>,
+    ) -> Result<Vec<ProcessView>, StoreError>;
 
     /// What the allocator of process `pid` on device `uuid` reported in
     /// `[from_ms, to_ms]`, folded into at most `max_points` buckets that keep

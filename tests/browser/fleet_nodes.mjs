@@ -5,9 +5,10 @@
 // rows, not devices; the node of a device with a firing alert says so; the
 // at-risk list starts with that device and counts the whole fleet; hover
 // and keyboard reach a node and open its devices as tiles, streamed for
-// that node alone; a GPU's page opened by its link loads that GPU without
-// the fleet's list; "whole fleet" goes back to the nodes. Saves screenshots
-// in ARTIFACT_DIR. Exits non-zero, naming the step, on the first failure.
+// that node alone; a GPU's page opened by its link loads that GPU and its
+// node's processes without the fleet's lists; "whole fleet" goes back to
+// the nodes. Saves screenshots in ARTIFACT_DIR. Exits non-zero, naming the
+// step, on the first failure.
 import { launchChromium } from "./chromium.mjs";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
@@ -105,8 +106,12 @@ try {
   await page.waitForFunction(() => window.__headroom.charts.some((c) => c.headroomName === "memory"), null, { timeout: 15000 });
   const title = await page.title();
   if (!title.includes(far.node)) throw new Error(`the GPU page is titled ${title}`);
-  const asked = requests.slice(seenGpu).map((u) => new URL(u)).filter((u) => u.pathname === "/api/v1/gpus");
-  if (!asked.length || asked.some((u) => !u.search.includes("uuid="))) throw new Error(`the page asked for ${asked.map(String)}`);
+  await page.waitForSelector("#gpu-processes table.procs", { timeout: 10000 });
+  const asked = requests.slice(seenGpu).map((u) => new URL(u)).filter((u) => ["/api/v1/gpus", "/api/v1/processes"].includes(u.pathname));
+  const gpusAsked = asked.filter((u) => u.pathname === "/api/v1/gpus");
+  const processesAsked = asked.filter((u) => u.pathname === "/api/v1/processes");
+  if (!gpusAsked.length || gpusAsked.some((u) => !u.search.includes("uuid="))) throw new Error(`the page asked for ${asked.map(String)}`);
+  if (!processesAsked.length || processesAsked.some((u) => u.searchParams.get("node") !== far.node)) throw new Error(`the page asked for ${asked.map(String)}`);
 
   step = "from a node's page, the whole fleet again";
   await page.goto(`${base}/?node=${encodeURIComponent(target)}`);

@@ -44,7 +44,7 @@ pub struct Advice {
 
 pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<JobView>>, ApiError> {
     let since = state.clock.now_ms() - PROCESS_WINDOW_MS;
-    Ok(Json(jobs(&state.store.processes(since).await?)))
+    Ok(Json(jobs(&state.store.processes(since, None).await?)))
 }
 
 /// A job as its processes are gathered: the view, and who and where.

@@ -315,7 +315,7 @@ impl FleetFeed {
         }
         match self
             .store
-            .processes(self.clock.now_ms() - OWNER_WINDOW_MS)
+            .processes(self.clock.now_ms() - OWNER_WINDOW_MS, None)
             .await
         {
             Ok(processes) => (

@@ -859,7 +859,11 @@ impl Store for PostgresStore {
         Ok(fleet_points(rollups, alerts, from_ms, to_ms, width))
     }
 
-    async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError> {
+    async fn processes(
+        &self,
+        since_ms: i64,
+        node: Option<&str>,
+    ) -> Result<Vec<ProcessView>, StoreError> {
         // A steady process's row is a checkpoint: this collector may have
         // seen it since, though the row says otherwise. Only those rows go
         // by id (sending every process seen cost 200,000 ids at 100,000
@@ -869,10 +873,11 @@ impl Store for PostgresStore {
             "SELECT p.id AS process_id, n.name AS node, d.uuid AS device_uuid, d.gpu_index::int8 AS gpu_index,
                  {PROCESS_COLUMNS}
              FROM processes p JOIN devices d ON d.id = p.device_id JOIN nodes n ON n.id = d.node_id
-             WHERE p.last_seen_ms >= $1 OR p.id = ANY($2)"
+             WHERE (p.last_seen_ms >= $1 OR p.id = ANY($2)) AND ($3::text IS NULL OR n.name = $3)"
         ))
         .bind(since_ms)
         .bind(&seen)
+        .bind(node)
         .fetch_all(&self.pool)
         .await?;
         let mut rows: Vec<ProcessRow> = rows

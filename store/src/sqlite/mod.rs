@@ -653,14 +653,19 @@ impl Store for SqliteStore {
         Ok(Some(points))
     }
 
-    async fn processes(&self, since_ms: i64) -> Result<Vec<ProcessView>, StoreError> {
+    async fn processes(
+        &self,
+        since_ms: i64,
+        node: Option<&str>,
+    ) -> Result<Vec<ProcessView>, StoreError> {
         let rows = sqlx::query_as::<_, ProcessRow>(&format!(
             "SELECT n.name AS node, d.uuid AS device_uuid, d.gpu_index, {PROCESS_COLUMNS}
              FROM processes p JOIN devices d ON d.id = p.device_id JOIN nodes n ON n.id = d.node_id
-             WHERE p.last_seen_ms >= ?1
+             WHERE p.last_seen_ms >= ?1 AND (?2 IS NULL OR n.name = ?2)
              ORDER BY p.memory_last DESC, n.name, p.pid"
         ))
         .bind(since_ms)
+        .bind(node)
         .fetch_all(&self.reader)
         .await?;
         Ok(rows.into_iter().map(ProcessView::from).collect())

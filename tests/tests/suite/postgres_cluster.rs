@@ -372,7 +372,7 @@ async fn a_replayed_steady_process_is_seen_where_served_and_written_once_quiet()
     let last_seen = |store: &PostgresStore| {
         let store = store.clone();
         async move {
-            let listed = store.processes(start).await.unwrap();
+            let listed = store.processes(start, None).await.unwrap();
             listed.iter().find(|p| p.pid == 777).map(|p| p.last_seen_ms)
         }
     };
@@ -787,7 +787,7 @@ async fn a_process_whose_agent_hops_between_collectors_shows_its_current_memory(
     let memory = |store: &PostgresStore| {
         let store = store.clone();
         async move {
-            let listed = store.processes(0).await.unwrap();
+            let listed = store.processes(0, None).await.unwrap();
             let p = listed.iter().find(|p| p.pid == 777).unwrap();
             (p.memory_used_bytes, p.last_seen_ms)
         }
