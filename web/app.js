@@ -58,6 +58,11 @@ function connectStream() {
   stream.onerror = () => {
     state.connected = false;
     setStatus("live updates interrupted; reconnecting…");
+    // A refusal (503 at the client limit) closes it for good: try again.
+    if (stream.readyState === EventSource.CLOSED) {
+      stream = null;
+      setTimeout(connectStream, 5000);
+    }
     // A stream refused for its sign-in does not come back by itself.
     fetch("/api/v1/session").then(async (r) => { if (r.status === 401) showSignIn(await r.json().catch(() => ({}))); }).catch(() => {});
   };
@@ -70,7 +75,8 @@ state.renderMs = [];
 const remember = (list, value) => { list.push(value); if (list.length > 500) list.shift(); };
 
 function applyFleet(msg, snapshot) {
-  if (!snapshot) {
+  // The devices at risk of a `nodes` message are sent whether they changed or not.
+  if (!snapshot && msg.scope !== "nodes") {
     const now = Date.now();
     for (const d of msg.gpus || []) if (d.latest) remember(state.sampleToScreenMs, now - d.latest.timestamp_ms);
   }
@@ -207,25 +213,42 @@ async function showFleet(view, p, gen) {
       // Another node than the page's: back to the whole fleet's stream.
       if (key === "node") nodeFromUrl = false;
       if (key === "node" && params().get("node") && fleetFilter.node !== params().get("node")) {
-        history.replaceState(null, "", "/");
+        const rest = params();
+        rest.delete("node");
+        history.replaceState(null, "", rest.size ? `/?${rest}` : "/");
+        document.title = "Headroom — fleet";
         connectStream();
       }
       // The process list is needed only to filter by user, job or pod:
       // fetched then, not on every load of a large fleet.
-      if (["user", "job", "pod"].includes(key)) await refreshProcesses();
+      if (["user", "job", "pod"].includes(key)) await processesForFilters();
       scheduleFleetRender();
       if (key === "job") renderJobFilterComposition(gen);
     });
   }
   wireGrid(document.getElementById("fleet"));
-  if (fleetFilter.user || fleetFilter.job || fleetFilter.pod) await refreshProcesses();
+  if (fleetFilter.user || fleetFilter.job || fleetFilter.pod) await processesForFilters();
   if (!isCurrent(gen)) return;
   scheduleFleetRender();
   renderJobFilterComposition(gen);
   showFleetHistory(gen, 24 * 60 * MIN);
 }
 
+// The processes the user, job and pod filters match: the node's when the
+// page follows one, else the fleet's (200,000 at 100,000 GPUs), read again
+// at most every 5 s however fast a filter is typed.
+let filterProcessesRead = { node: null, at: 0 };
+async function processesForFilters() {
+  const node = streamNode;
+  if (filterProcessesRead.node === node && Date.now() - filterProcessesRead.at < 5000) return;
+  try {
+    state.processes = await getJson(node ? `/api/v1/processes?node=${encodeURIComponent(node)}` : "/api/v1/processes");
+    filterProcessesRead = { node, at: Date.now() };
+  } catch (_) { /* the fleet still shows */ }
+}
+
 async function refreshProcesses() {
+  filterProcessesRead = { node: null, at: 0 };
   try { state.processes = await getJson("/api/v1/processes"); } catch (_) { /* the fleet still shows */ }
 }
 
@@ -589,7 +612,7 @@ function showNodeTip(name, anchor) {
   if (!tip || !r) return hideTip();
   tipNode = name;
   tip.innerHTML = `<b>${esc(r.node)}</b> <span class="muted">${r.gpus} GPUs${r.mig_instances ? `, ${r.mig_instances} MIG instances` : ""}</span>
-    <div>${LEVEL_TEXT[r.level]} · ${r.used_pct != null ? `${r.used_pct} % used · least headroom <b>${r.headroom_pct} %</b>` : "no sample yet"}</div>
+    <div>${LEVEL_TEXT[r.level]}${r.used_pct != null ? ` · ${r.used_pct} % used` : ""}${r.headroom_pct != null ? ` · least headroom <b>${r.headroom_pct} %</b>` : " · no sample yet"}</div>
     ${r.firing ? `<div class="text-crit">${r.firing} with an alert firing</div>` : ""}${r.pending ? `<div class="text-warn">${r.pending} with an alert pending or an OOM forecast</div>` : ""}
     ${r.low ? `<div>${r.low} below 10 % headroom</div>` : ""}${r.silent_since_ms ? `<div class="text-crit">silent since ${fmtTime(r.silent_since_ms)}</div>` : ""}`;
   placeTip(tip, anchor || document.querySelector(`.cell[data-node="${CSS.escape(name)}"]`));
@@ -721,16 +744,22 @@ async function showGpu(view, p, gen) {
   const uuid = p.get("gpu");
   const { from, to } = rangeFromUrl(p);
   const live = !p.get("to");
-  let d = state.gpus.get(uuid);
-  if (!d || state.scope === "nodes") {
-    // The device, its GPU and the GPU's instances, for the MIG layout;
-    // never the whole fleet's list, which a large fleet cannot afford.
-    const picked = await getJson(`/api/v1/gpus?uuid=${encodeURIComponent(uuid)}`);
-    for (const g of picked) state.gpus.set(g.uuid, g);
-    d = state.gpus.get(uuid);
+  // The device, its GPU and the GPU's instances (the MIG layout, the
+  // processes): from the stream where it sends them all, else asked for,
+  // never the whole fleet's list. Kept apart from the stream's devices,
+  // which a large fleet's stream replaces every second.
+  let d = state.scope === "nodes" ? null : state.gpus.get(uuid);
+  let family;
+  if (d) {
+    const gpuUuid = d.parent_uuid || d.uuid;
+    family = [...state.gpus.values()].filter((g) => g.uuid === gpuUuid || g.parent_uuid === gpuUuid);
+  } else {
+    family = await getJson(`/api/v1/gpus?uuid=${encodeURIComponent(uuid)}`);
+    d = family.find((g) => g.uuid === uuid);
   }
   if (!isCurrent(gen)) return;
   if (!d) throw new Error(`no GPU or MIG instance ${uuid}`);
+  family = new Map(family.map((g) => [g.uuid, g]));
   document.title = `Headroom — ${d.node} GPU ${d.index}`;
   const span = to - from;
   const rangeButtons = RANGES.map(([name, ms]) =>
@@ -773,8 +802,8 @@ async function showGpu(view, p, gen) {
   drawMemoryChart(series, markers, from, to);
   drawProcessChart(procSeries, from, to);
   drawPcieChart(series, from, to, d.kind === "mig");
-  renderMigLayout(d);
-  renderGpuProcesses(d, gen, from, to);
+  renderMigLayout(d, family);
+  renderGpuProcesses(d, family, gen, from, to);
   renderEvents(events, deviceAlerts);
 }
 
@@ -885,10 +914,10 @@ function drawPcieChart(series, from, to, isMig) {
 
 // The GPU's memory as a bar cut into its MIG instances, in proportion to
 // each instance's memory, with what each one uses.
-function renderMigLayout(d) {
+function renderMigLayout(d, family) {
   const gpuUuid = d.kind === "mig" ? d.parent_uuid : d.uuid;
-  const gpu = state.gpus.get(gpuUuid);
-  const instances = [...state.gpus.values()].filter((m) => m.parent_uuid === gpuUuid)
+  const gpu = family.get(gpuUuid);
+  const instances = [...family.values()].filter((m) => m.parent_uuid === gpuUuid)
     .sort((a, b) => (a.mig_gpu_instance_id - b.mig_gpu_instance_id) || (a.mig_compute_instance_id - b.mig_compute_instance_id));
   const box = document.getElementById("mig-layout");
   if (!gpu || instances.length === 0) { box.innerHTML = ""; return; }
@@ -914,16 +943,15 @@ function renderMigLayout(d) {
     ${free > 1 ? `<rect x="${x}" y="0" width="${free}" height="${height}" fill="#ddd"></rect><text x="${x + 6}" y="28" style="fill:#555">unallocated</text>` : ""}</svg>`;
 }
 
-async function renderGpuProcesses(d, gen, from, to) {
+async function renderGpuProcesses(d, family, gen, from, to) {
   const uuid = d.uuid;
-  // Before the wait: a large fleet's stream replaces the devices it holds.
-  const inside = new Set([uuid, ...[...state.gpus.values()].filter((m) => m.parent_uuid === uuid).map((m) => m.uuid)]);
+  const inside = new Set([uuid, ...[...family.values()].filter((m) => m.parent_uuid === uuid).map((m) => m.uuid)]);
   // The node's processes, not the fleet's (200,000 at 100,000 GPUs).
   let onNode = [];
   try { onNode = await getJson(`/api/v1/processes?node=${encodeURIComponent(d.node)}`); } catch (_) { /* the charts still show */ }
   if (!isCurrent(gen)) return;
   const procs = onNode.filter((p) => inside.has(p.device_uuid));
-  document.getElementById("gpu-processes").innerHTML = processTable(procs, true);
+  document.getElementById("gpu-processes").innerHTML = processTable(procs, true, family);
   const reporting = procs.filter((p) => p.allocator).slice(0, 6);
   if (reporting.length) {
     // One read of each allocator's series over the page's range, for both
@@ -966,11 +994,12 @@ const clipped = (text, cls = "clip") => `<span class="${cls}" title="${esc(text)
 
 // Processes, the columns that matter first. On a GPU's page its node and
 // GPU go without saying; a GPU in MIG mode keeps the instance column.
-function processTable(procs, onGpuPage = false) {
+// `devices`: where to find the devices the processes run on.
+function processTable(procs, onGpuPage = false, devices = state.gpus) {
   if (procs.length === 0) return `<p class="muted">none</p>`;
   const where = !onGpuPage || new Set(procs.map((p) => p.device_uuid)).size > 1;
   const device = (p) => {
-    const d = state.gpus.get(p.device_uuid);
+    const d = devices.get(p.device_uuid);
     const label = d && d.kind === "mig" ? `MIG ${esc(d.mig_profile || "")}` : `${p.gpu_index}`;
     return `<a href="/?gpu=${encodeURIComponent(p.device_uuid)}">${label}</a>`;
   };

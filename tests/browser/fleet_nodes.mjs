@@ -6,7 +6,8 @@
 // at-risk list starts with that device and counts the whole fleet; hover
 // and keyboard reach a node and open its devices as tiles, streamed for
 // that node alone; a GPU's page opened by its link loads that GPU and its
-// node's processes without the fleet's lists; "whole fleet" goes back to
+// node's processes without the fleet's lists, and a MIG GPU's its layout
+// and its instances' processes; "whole fleet" goes back to
 // the nodes. Saves screenshots in ARTIFACT_DIR. Exits non-zero, naming the
 // step, on the first failure.
 import { launchChromium } from "./chromium.mjs";
@@ -112,6 +113,20 @@ try {
   const processesAsked = asked.filter((u) => u.pathname === "/api/v1/processes");
   if (!gpusAsked.length || gpusAsked.some((u) => !u.search.includes("uuid="))) throw new Error(`the page asked for ${asked.map(String)}`);
   if (!processesAsked.length || processesAsked.some((u) => u.searchParams.get("node") !== far.node)) throw new Error(`the page asked for ${asked.map(String)}`);
+
+  step = "a MIG GPU's page in the node view draws its instances and their processes";
+  const migGpu = gpus.find((g) => g.node === "gpu-mig" && g.kind === "gpu");
+  if (!migGpu) throw new Error("no GPU of node gpu-mig");
+  await page.goto(`${base}/?gpu=${encodeURIComponent(migGpu.uuid)}`);
+  await page.waitForSelector("#gpu-processes table.procs", { timeout: 15000 });
+  // Past a few of the stream's messages, each of which replaces the devices it holds.
+  await page.waitForTimeout(2500);
+  const mig = await page.evaluate(() => ({
+    instances: [...document.querySelectorAll("#mig-layout svg.mig-layout text")].map((t) => t.textContent).filter((t) => /GI \d/.test(t)),
+    processes: document.getElementById("gpu-processes").innerText,
+  }));
+  if (mig.instances.length !== 2) throw new Error(`the MIG layout shows ${JSON.stringify(mig.instances)}`);
+  if (!["priya", "svc-nlp"].every((u) => mig.processes.includes(u))) throw new Error(`the processes table says: ${mig.processes}`);
 
   step = "from a node's page, the whole fleet again";
   await page.goto(`${base}/?node=${encodeURIComponent(target)}`);

@@ -108,7 +108,8 @@ pub async fn gpus(
     query: Result<Query<GpusQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
-    let pick = match (query.node, query.uuid) {
+    let given = |value: Option<String>| value.filter(|v| !v.is_empty());
+    let pick = match (given(query.node), given(query.uuid)) {
         (None, None) => None,
         (Some(node), None) => Some(DevicePick::Node(node)),
         (None, Some(uuid)) => Some(DevicePick::Gpu(uuid)),
@@ -188,7 +189,10 @@ pub async fn processes(
     let Query(query) = query?;
     let since = state.clock.now_ms() - PROCESS_WINDOW_MS;
     Ok(Json(
-        state.store.processes(since, query.node.as_deref()).await?,
+        state
+            .store
+            .processes(since, query.node.as_deref().filter(|n| !n.is_empty()))
+            .await?,
     ))
 }
 

@@ -19,8 +19,8 @@ use headroom_store::{DeviceView, FleetDevices, LatestSample, NodeView};
 /// The devices with the least headroom sent beside the rows, for the
 /// at-risk list (which shows six).
 pub const FULLEST_SENT: usize = 12;
-/// Devices with an active alert sent beside the rows, at most; the rows'
-/// counts stay exact past it.
+/// Devices with an active alert sent beside the rows, at most, those the
+/// at-risk list ranks first; the rows' counts stay exact past it.
 pub const ALERTED_SENT: usize = 200;
 /// A node silent for longer than this says so on its cell.
 const SILENT_AFTER_MS: i64 = 10_000;
@@ -79,15 +79,18 @@ pub struct FleetByNode {
     /// GPUs and MIG instances in the fleet.
     pub devices: usize,
     /// The [`FULLEST_SENT`] devices with the least headroom and up to
-    /// [`ALERTED_SENT`] with an active alert, each once, in the overview's
-    /// order.
+    /// [`ALERTED_SENT`] with an active alert (ranked as the at-risk list
+    /// ranks them), each once, in the overview's order.
     pub at_risk: Vec<DeviceView>,
 }
 
 /// How full a device is, as its tile says: the larger of its use now and
 /// at the interval's peak, with what is reserved, over its total.
 fn memory_level(latest: &LatestSample) -> &'static str {
-    let total = latest.memory_total_bytes.max(1) as f64;
+    if latest.memory_total_bytes <= 0 {
+        return "ok";
+    }
+    let total = latest.memory_total_bytes as f64;
     let reserved = latest.memory_reserved_bytes;
     let used = latest
         .memory_used_bytes
@@ -136,7 +139,8 @@ impl FleetByNode {
         // Per row: used with reserved, and the total, of its physical GPUs.
         let mut sums: Vec<(i64, i64, bool)> = vec![(0, 0, false); rows.len()];
         let mut fullest: Vec<(f64, usize)> = Vec::new();
-        let mut alerted: Vec<usize> = Vec::new();
+        // (tier, soonest OOM, headroom, slot), as the at-risk list ranks.
+        let mut alerted: Vec<(u8, i64, f64, usize)> = Vec::new();
         for (slot, device) in devices.views().enumerate() {
             let index = *slot_of.entry(device.node.clone()).or_insert_with(|| {
                 rows.push(NodeRow::new(device.node.clone()));
@@ -155,8 +159,17 @@ impl FleetByNode {
             let firing = device_alerts.is_some_and(|a| !a.rules.is_empty());
             let pending =
                 device_alerts.is_some_and(|a| !a.pending.is_empty() || a.oom_at_ms.is_some());
-            if firing || pending {
-                alerted.push(slot);
+            if let Some(a) = device_alerts.filter(|_| firing || pending) {
+                let tier = match a.severity {
+                    Some("critical") if firing => 0,
+                    _ if firing => 1,
+                    _ => 2,
+                };
+                let headroom = device
+                    .latest
+                    .as_ref()
+                    .map_or(f64::INFINITY, |l| l.headroom_pct);
+                alerted.push((tier, a.oom_at_ms.unwrap_or(i64::MAX), headroom, slot));
             }
             row.firing += u32::from(firing);
             row.pending += u32::from(pending && !firing);
@@ -193,9 +206,18 @@ impl FleetByNode {
             fullest.select_nth_unstable_by(FULLEST_SENT, by_headroom);
             fullest.truncate(FULLEST_SENT);
         }
-        alerted.truncate(ALERTED_SENT);
+        let by_rank = |a: &(u8, i64, f64, usize), b: &(u8, i64, f64, usize)| {
+            (a.0, a.1)
+                .cmp(&(b.0, b.1))
+                .then(a.2.total_cmp(&b.2))
+                .then(a.3.cmp(&b.3))
+        };
+        if alerted.len() > ALERTED_SENT {
+            alerted.select_nth_unstable_by(ALERTED_SENT, by_rank);
+            alerted.truncate(ALERTED_SENT);
+        }
         let mut sent: Vec<usize> = fullest.into_iter().map(|(_, slot)| slot).collect();
-        sent.extend(alerted);
+        sent.extend(alerted.into_iter().map(|(.., slot)| slot));
         sent.sort_unstable();
         sent.dedup();
         Self {
@@ -428,6 +450,36 @@ mod tests {
             .map(|l| l.memory_used_bytes)
             .max();
         assert_eq!(least, Some(69 * GIB));
+    }
+
+    #[test]
+    fn past_the_cap_the_alerted_devices_sent_are_those_ranked_first() {
+        let count = ALERTED_SENT + 50;
+        let devices: Vec<DeviceView> = (0..count)
+            .map(|i| {
+                device(
+                    &format!("n{:03}", i / 8),
+                    &format!("g{i:04}"),
+                    None,
+                    Some((10, 10)),
+                )
+            })
+            .collect();
+        // Warnings everywhere; one critical alert on the last device of the
+        // overview's order.
+        let mut alerts: BTreeMap<String, DeviceAlerts> = (0..count)
+            .map(|i| (format!("g{i:04}"), firing("warning")))
+            .collect();
+        let last = format!("g{:04}", count - 1);
+        alerts.insert(last.clone(), firing("critical"));
+        let by_node = FleetByNode::of(&[], &FleetDevices::from_views(devices), &alerts, 0);
+        assert!(
+            by_node.at_risk.iter().any(|d| *d.uuid == *last),
+            "the critical one is sent"
+        );
+        let firing_total: u32 = by_node.rows.iter().map(|r| r.firing).sum();
+        assert_eq!(firing_total as usize, count, "the counts stay exact");
+        assert!(by_node.at_risk.len() <= ALERTED_SENT + FULLEST_SENT);
     }
 
     #[test]

@@ -606,12 +606,20 @@ impl Follower {
         let Fleet::Read { devices, .. } = fleet.as_ref() else {
             return unavailable();
         };
+        // Back to every device only well below the limit, so that a fleet
+        // at the limit does not send every client a snapshot each second.
+        let max = self.state.fleet.devices_max;
+        let by_node = devices.len() > max
+            || (self.sent_scope == Some(Scope::Nodes) && devices.len() > max - max / 10);
         let scope = match &self.node {
             Some(_) => Scope::Node,
-            None if devices.len() > self.state.fleet.devices_max => Scope::Nodes,
+            None if by_node => Scope::Nodes,
             None => Scope::Devices,
         };
         if self.sent_scope != Some(scope) {
+            // Until a message of the new scope goes out, the next is its
+            // snapshot, whatever this one's fate.
+            self.sent_scope = None;
             self.sent = None;
             self.sent_slots.clear();
             self.sent_owners = None;
@@ -681,9 +689,14 @@ impl Follower {
             return unavailable();
         };
         let name = self.node.as_deref().unwrap_or_default();
-        let slots = match &self.sent {
-            Some(sent) if sent.same_layout(devices) => self.sent_slots.clone(),
-            _ => devices.slots_of_node(name),
+        let same_layout = self
+            .sent
+            .as_ref()
+            .is_some_and(|sent| sent.same_layout(devices));
+        let slots = if same_layout {
+            self.sent_slots.clone()
+        } else {
+            devices.slots_of_node(name)
         };
         let uuids: HashSet<&str> = slots
             .iter()
@@ -695,8 +708,21 @@ impl Follower {
             devices,
             &slots,
         );
-        let mut owners_sent = owners_changed(self.sent_owners.as_deref(), owners);
-        owners_sent.retain(|uuid, _| uuids.contains(uuid.as_str()));
+        let owners_sent: BTreeMap<String, &[Owner]> = if same_layout {
+            let mut changed = owners_changed(self.sent_owners.as_deref(), owners);
+            changed.retain(|uuid, _| uuids.contains(uuid.as_str()));
+            changed
+        } else {
+            // The node's devices may be new to the client while their
+            // owners are not new to the read: every one of them, then.
+            uuids
+                .iter()
+                .map(|&uuid| {
+                    let held = owners.get(uuid).map_or(&[][..], Vec::as_slice);
+                    (uuid.to_owned(), held)
+                })
+                .collect()
+        };
         let node = nodes.iter().position(|n| n.name == name);
         let event = event_of(
             kind,

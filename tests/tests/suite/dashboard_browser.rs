@@ -158,8 +158,17 @@ fn a_fleet_over_the_stream_limit_shows_a_cell_per_node_and_opens_a_nodes_devices
     let _turn = browser_turn();
     let dir = tempfile::tempdir().unwrap();
     let scenario = dir.path().join("fleet.toml");
-    // 320 GPUs, over a limit of 100: what 100,000 GPUs are over 5,000.
-    std::fs::write(&scenario, fleet_of(40)).unwrap();
+    // 321 GPUs, over a limit of 100: what 100,000 GPUs are over 5,000;
+    // one node's GPU in MIG mode, for its page's layout.
+    let mig_node = "[[node]]\nname = \"gpu-mig\"\n\
+        [[node.gpu]]\nmodel = \"NVIDIA A100-SXM4-80GB\"\nmemory_total = \"81920MiB\"\nreserved = \"512MiB\"\n\
+        [[node.gpu.mig]]\nprofile = \"3g.40gb\"\nmemory_total = \"40192MiB\"\ngpu_instance_id = 2\n\
+        [[node.gpu.mig.process]]\npid = 74001\nname = \"python notebook.py\"\nuser = \"priya\"\n\
+        memory = { shape = \"steady\", level = \"22GiB\", jitter = \"128MiB\" }\n\
+        [[node.gpu.mig]]\nprofile = \"2g.20gb\"\nmemory_total = \"19968MiB\"\ngpu_instance_id = 3\n\
+        [[node.gpu.mig.process]]\npid = 74115\nname = \"python serve.py\"\nuser = \"svc-nlp\"\n\
+        memory = { shape = \"steady\", level = \"12GiB\", jitter = \"128MiB\" }\n";
+    std::fs::write(&scenario, fleet_of(40) + mig_node).unwrap();
     let rules = dir.path().join("rules.toml");
     std::fs::write(&rules, "[watermark]\nfor = \"0s\"\n").unwrap();
     let (demo, url) = start_demo(

@@ -1164,17 +1164,27 @@ async fn a_fleet_over_the_stream_limit_is_streamed_by_node_and_a_named_node_devi
     assert_eq!(theirs["nodes"][0]["name"], fixtures::OTHER_NODE);
 
     // The other node reports: its row alone changes, and its client gets
-    // the sample, nearly full (75 of 80 GiB).
+    // the sample, nearly full (75 of 80 GiB), and its process's owner.
+    let other_gpu0 = format!("{}-other", fixtures::GPU0);
     let mut reported = fixtures::batch(1, ts + 1_000);
     reported.node = fixtures::OTHER_NODE.into();
-    reported.gpu_samples = vec![fixtures::gpu_sample(
-        &format!("{}-other", fixtures::GPU0),
+    reported.gpu_samples = vec![fixtures::gpu_sample(&other_gpu0, ts + 1_000, 75 << 30)];
+    reported.process_samples = vec![fixtures::process_sample(
+        &other_gpu0,
         ts + 1_000,
-        75 << 30,
+        4242,
+        70 << 30,
     )];
-    reported.process_samples.clear();
     store
         .write_batch(&rows_at(&other_session, &reported, ts + 1_100))
+        .await
+        .unwrap();
+    // Meanwhile the first node's process grows: its owners change, for the
+    // fleet's clients, not the other node's.
+    let mut grown = fixtures::batch(2, ts + 1_000);
+    grown.process_samples[0].memory_used_last_bytes = 30 << 30;
+    store
+        .write_batch(&rows_at(&session, &grown, ts + 1_100))
         .await
         .unwrap();
     let update = next_stream_event(&mut fleet, &mut fleet_pending, "update", |m| {
@@ -1198,11 +1208,25 @@ async fn a_fleet_over_the_stream_limit_is_streamed_by_node_and_a_named_node_devi
         uuids(&update["gpus"]).contains(&format!("{}-other", fixtures::GPU0).as_str()),
         "the fullest device is among those at risk: {update}"
     );
-    let theirs = next_stream_change(&mut other, &mut other_pending, "update").await;
-    assert_eq!(
-        theirs["gpus"][0]["latest"]["memory_used_bytes"],
-        75_i64 << 30
-    );
+    // Owners are read every 5 s: the sample and the owner may come apart.
+    let (mut sample_seen, mut owner_seen) = (false, false);
+    while !(sample_seen && owner_seen) {
+        let theirs = next_stream_event(&mut other, &mut other_pending, "update", |_| true).await;
+        sample_seen |= theirs["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["latest"]["memory_used_bytes"] == 75_i64 << 30);
+        let owners = theirs["owners"].as_object().cloned().unwrap_or_default();
+        assert!(
+            owners.keys().all(|uuid| uuid.ends_with("-other")),
+            "none of another node's owners: {theirs}"
+        );
+        owner_seen |= owners
+            .get(&other_gpu0)
+            .and_then(|o| o.as_array())
+            .is_some_and(|o| o.iter().any(|owner| owner["user"] == "alice"));
+    }
 
     // The API lists a node's devices, or a GPU's, without the fleet's.
     let client = reqwest::Client::new();
@@ -1234,6 +1258,20 @@ async fn a_fleet_over_the_stream_limit_is_streamed_by_node_and_a_named_node_devi
         .await
         .unwrap();
     assert_eq!(both.status(), reqwest::StatusCode::BAD_REQUEST);
+
+    // The fleet shrinks well below the limit: every device again, anew.
+    let mut smaller = fixtures::register(NODE, "boot-b");
+    smaller.gpus.truncate(1);
+    register(store.as_ref(), &smaller).await;
+    let mut smaller_other = fixtures::register_other_node();
+    smaller_other.boot_id = "boot-b".into();
+    smaller_other.gpus.truncate(1);
+    register(store.as_ref(), &smaller_other).await;
+    let every = next_stream_event(&mut fleet, &mut fleet_pending, "snapshot", |m| {
+        m["scope"] == "devices"
+    })
+    .await;
+    assert_eq!(uuids(&every["gpus"]), [fixtures::GPU0, other_gpu0.as_str()]);
     running.stop().await;
     store.close().await;
 }
