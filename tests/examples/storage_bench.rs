@@ -1102,6 +1102,16 @@ async fn fleet_overview_at_scale(nodes: usize, runs: usize, rewrites: Rewrites) 
     let (http50, http99, bytes) = time_get(&collector.api("/api/v1/gpus"), &client, runs).await;
     let (summary50, summary99, summary_bytes) =
         time_get(&collector.api("/api/v1/fleet"), &client, runs).await;
+    // The live stream's read of who holds each device, every 5 s while a
+    // client follows: every current process in the fleet.
+    let mut owners_ms = Vec::new();
+    let mut processes_listed = 0;
+    for _ in 0..5 {
+        let started = Instant::now();
+        processes_listed = store.processes(now_ms() - 30_000, None).await.unwrap().len();
+        owners_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    owners_ms.sort_by(f64::total_cmp);
     // What a dashboard's live stream sends at this size: a row per node
     // (the default limit), every device (a limit above the fleet), one
     // node's devices; one stream at a time, while the rows change.
@@ -1180,6 +1190,11 @@ async fn fleet_overview_at_scale(nodes: usize, runs: usize, rewrites: Rewrites) 
     );
     println!(
         "| `GET /api/v1/fleet`, by node and the 100 fullest ({summary_bytes} B) | {summary50:.1} ms | {summary99:.1} ms |"
+    );
+    println!(
+        "| the current processes ({processes_listed}), as the live stream reads owners every 5 s, 5 reads | {:.1} ms | {:.1} ms (slowest) |",
+        percentile(&owners_ms, 0.5),
+        percentile(&owners_ms, 1.0)
     );
     println!();
     println!(
