@@ -33,5 +33,5 @@ pub use tokens::TokenStore;
 pub use views::{
     AllocatorLatest, AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView,
     FleetHistoryPoint, LatestSample, MAX_PROCESSES_PER_SERIES, NodeView, ProcessSeries,
-    ProcessView, SeriesPoint,
+    ProcessView, ProcessesOn, SeriesPoint,
 };

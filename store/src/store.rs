@@ -9,7 +9,7 @@ use crate::rollup::{MaintenanceReport, Watermarks};
 use crate::tokens::TokenStore;
 use crate::views::{
     AllocatorSeries, AllocatorSeriesQuery, EventView, FleetHistoryPoint, NodeView, ProcessSeries,
-    ProcessView, SeriesPoint,
+    ProcessView, ProcessesOn, SeriesPoint,
 };
 use crate::{FleetDevices, StoreError};
 
@@ -150,12 +150,12 @@ pub trait Store: AlertStore + TokenStore + Send + Sync + std::fmt::Debug + 'stat
         max_points: u32,
     ) -> Result<Vec<FleetHistoryPoint>, StoreError>;
 
-    /// Processes seen since `since_ms`, with their latest and peak memory;
-    /// on `node` alone when it names one.
+    /// Processes seen since `since_ms` on the fleet, a node or some
+    /// devices, with their latest and peak memory.
     async fn processes(
         &self,
         since_ms: i64,
-        node: Option<&str>,
+        on: ProcessesOn<'_>,
     ) -> Result<Vec<ProcessView>, StoreError>;
 
     /// What the allocator of process `pid` on device `uuid` reported in

@@ -295,6 +295,18 @@ pub(crate) fn fleet_points(
     points.into_values().collect()
 }
 
+/// Whose processes [`crate::Store::processes`] lists.
+#[derive(Debug, Clone, Copy)]
+pub enum ProcessesOn<'a> {
+    /// Every node's.
+    Fleet,
+    /// One node's.
+    Node(&'a str),
+    /// Those on these devices, by uuid; a process on a MIG instance is on
+    /// the instance, not its GPU.
+    Devices(&'a [String]),
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ProcessView {
     pub node: String,

@@ -100,6 +100,7 @@ use headroom_collector::ingest::validate::{self, Limits};
 use headroom_collector::server::Collector;
 use headroom_proto::v1 as pb;
 use headroom_proto::v1::ingest_client::IngestClient;
+use headroom_store::ProcessesOn;
 use headroom_store::model::{NodeSession, StoreBatch};
 use headroom_store::rollup::{
     DAY_MS, HOUR_MS, MINUTE_MS, SampleWrites, StorageConfig, bucket_start,
@@ -1102,16 +1103,40 @@ async fn fleet_overview_at_scale(nodes: usize, runs: usize, rewrites: Rewrites) 
     let (http50, http99, bytes) = time_get(&collector.api("/api/v1/gpus"), &client, runs).await;
     let (summary50, summary99, summary_bytes) =
         time_get(&collector.api("/api/v1/fleet"), &client, runs).await;
-    // The live stream's read of who holds each device, every 5 s while a
-    // client follows: every current process in the fleet.
+    // The live stream's read of who holds each device, every 5 s: every
+    // current process in the fleet where clients are sent every device,
+    // those of the devices sent where the fleet is sent by node (the
+    // devices at risk and the nodes followed, a few hundred; 213 here,
+    // spread over the fleet).
+    let sent_by_node: Vec<String> = store
+        .latest_devices()
+        .await
+        .unwrap()
+        .stamps()
+        .step_by((gpus / 212).max(1))
+        .map(|(uuid, _)| uuid.to_string())
+        .collect();
     let mut owners_ms = Vec::new();
-    let mut processes_listed = 0;
+    let mut owners_sent_ms = Vec::new();
+    let (mut processes_listed, mut processes_sent) = (0, 0);
     for _ in 0..5 {
         let started = Instant::now();
-        processes_listed = store.processes(now_ms() - 30_000, None).await.unwrap().len();
+        processes_listed = store
+            .processes(now_ms() - 30_000, ProcessesOn::Fleet)
+            .await
+            .unwrap()
+            .len();
         owners_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        let started = Instant::now();
+        processes_sent = store
+            .processes(now_ms() - 30_000, ProcessesOn::Devices(&sent_by_node))
+            .await
+            .unwrap()
+            .len();
+        owners_sent_ms.push(started.elapsed().as_secs_f64() * 1000.0);
     }
     owners_ms.sort_by(f64::total_cmp);
+    owners_sent_ms.sort_by(f64::total_cmp);
     // What a dashboard's live stream sends at this size: a row per node
     // (the default limit), every device (a limit above the fleet), one
     // node's devices; one stream at a time, while the rows change.
@@ -1195,6 +1220,12 @@ async fn fleet_overview_at_scale(nodes: usize, runs: usize, rewrites: Rewrites) 
         "| the current processes ({processes_listed}), as the live stream reads owners every 5 s, 5 reads | {:.1} ms | {:.1} ms (slowest) |",
         percentile(&owners_ms, 0.5),
         percentile(&owners_ms, 1.0)
+    );
+    println!(
+        "| the current processes of {} devices ({processes_sent}), as the stream of a fleet sent by node reads owners every 5 s, 5 reads | {:.1} ms | {:.1} ms (slowest) |",
+        sent_by_node.len(),
+        percentile(&owners_sent_ms, 0.5),
+        percentile(&owners_sent_ms, 1.0)
     );
     println!();
     println!(

@@ -13,7 +13,7 @@ use super::stream::DevicePick;
 use super::text::check_id;
 use headroom_store::{
     AllocatorSeries, AllocatorSeriesQuery, EventView, FleetHistoryPoint, NodeView, ProcessSeries,
-    ProcessView, SeriesPoint, StoreError,
+    ProcessView, ProcessesOn, SeriesPoint, StoreError,
 };
 
 /// A process counts as current when it was seen this recently.
@@ -191,7 +191,13 @@ pub async fn processes(
     Ok(Json(
         state
             .store
-            .processes(since, query.node.as_deref().filter(|n| !n.is_empty()))
+            .processes(
+                since,
+                match query.node.as_deref().filter(|n| !n.is_empty()) {
+                    Some(node) => ProcessesOn::Node(node),
+                    None => ProcessesOn::Fleet,
+                },
+            )
             .await?,
     ))
 }

@@ -9,7 +9,7 @@ use axum::Json;
 use axum::extract::State;
 use headroom_common::{Breakdown, Share};
 use headroom_rules::remedy;
-use headroom_store::ProcessView;
+use headroom_store::{ProcessView, ProcessesOn};
 use serde::Serialize;
 
 use super::AppState;
@@ -44,7 +44,9 @@ pub struct Advice {
 
 pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<JobView>>, ApiError> {
     let since = state.clock.now_ms() - PROCESS_WINDOW_MS;
-    Ok(Json(jobs(&state.store.processes(since, None).await?)))
+    Ok(Json(jobs(
+        &state.store.processes(since, ProcessesOn::Fleet).await?,
+    )))
 }
 
 /// A job as its processes are gathered: the view, and who and where.

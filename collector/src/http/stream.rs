@@ -46,7 +46,7 @@ use super::node_rows::{FleetByNode, NodeRow};
 use crate::metrics::{CollectorMetrics, HttpRefusal};
 use headroom_common::Clock;
 use headroom_store::alerts::{ActiveAlertCounts, AlertFilter};
-use headroom_store::{DeviceView, FleetDevices, NodeView, Store};
+use headroom_store::{DeviceView, FleetDevices, NodeView, ProcessesOn, Store};
 
 const PERIOD: Duration = Duration::from_secs(1);
 /// `GET /api/v1/gpus` answers from a read up to this old rather than wait
@@ -74,6 +74,8 @@ enum Fleet {
         /// an unchanged set by its pointer.
         owners: Arc<BTreeMap<String, Vec<Owner>>>,
         owners_read_at: Instant,
+        /// The devices whose owners were read; `None`: every device's.
+        owners_of: Option<Arc<HashSet<String>>>,
         /// `devices` as `GET /api/v1/gpus` answers, made by its first caller.
         overview_json: OnceCell<Bytes>,
         /// What `GET /api/v1/fleet` answers from, made by its first caller.
@@ -108,6 +110,9 @@ pub struct FleetFeed {
     reading: Mutex<()>,
     /// True while a read started for the overview API runs on its own.
     refreshing: AtomicBool,
+    /// The nodes clients follow (`?node=`), with how many follow each:
+    /// whose owners a fleet sent by node reads.
+    followed: std::sync::Mutex<HashMap<String, usize>>,
 }
 
 impl FleetFeed {
@@ -128,6 +133,7 @@ impl FleetFeed {
             latest: std::sync::Mutex::new(None),
             reading: Mutex::new(()),
             refreshing: AtomicBool::new(false),
+            followed: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -267,23 +273,40 @@ impl FleetFeed {
     async fn read(&self, previous: Option<&Fleet>) -> Fleet {
         match (self.store.nodes().await, self.store.latest_devices().await) {
             (Ok(nodes), Ok(devices)) => {
-                let (owners, owners_read_at) = self.owners(previous, &devices).await;
+                let device_alerts = self
+                    .store
+                    .alerts(AlertFilter::Active, MAX_ACTIVE_ALERTS)
+                    .await
+                    .map(|alerts| alerts_by_device(&alerts))
+                    .unwrap_or_default();
+                let read_at_ms = self.clock.now_ms();
+                let by_node = OnceCell::new();
+                let ((owners, owners_read_at), owners_of) = if devices.len() > self.devices_max {
+                    // No client is sent every device: the rows are made
+                    // now, and the owners read are those of the devices
+                    // sent, a few hundred rather than the fleet's.
+                    let (made, owners, of) = self
+                        .owners_sent_by_node(previous, &nodes, &devices, &device_alerts, read_at_ms)
+                        .await;
+                    if let Some(made) = made {
+                        let _ = by_node.set(made);
+                    }
+                    (owners, Some(of))
+                } else {
+                    (self.owners(previous, &devices).await, None)
+                };
                 Fleet::Read {
                     alerts: self.store.active_alert_counts().await.ok(),
-                    device_alerts: self
-                        .store
-                        .alerts(AlertFilter::Active, MAX_ACTIVE_ALERTS)
-                        .await
-                        .map(|alerts| alerts_by_device(&alerts))
-                        .unwrap_or_default(),
+                    device_alerts,
                     nodes,
                     devices,
                     owners,
                     owners_read_at,
+                    owners_of,
                     overview_json: OnceCell::new(),
                     summary: OnceCell::new(),
-                    by_node: OnceCell::new(),
-                    read_at_ms: self.clock.now_ms(),
+                    by_node,
+                    read_at_ms,
                 }
             }
             (Err(error), _) | (_, Err(error)) => {
@@ -293,6 +316,86 @@ impl FleetFeed {
         }
     }
 
+    /// A fleet sent by node: its rows (made off the runtime's workers) and
+    /// the owners of the devices its clients are sent, the rows' devices
+    /// at risk and the devices of the nodes followed. The owners are read
+    /// again every [`OWNERS_PERIOD`], or at once for a device not read
+    /// before.
+    async fn owners_sent_by_node(
+        &self,
+        previous: Option<&Fleet>,
+        nodes: &[NodeView],
+        devices: &FleetDevices,
+        device_alerts: &BTreeMap<String, DeviceAlerts>,
+        read_at_ms: i64,
+    ) -> (
+        Option<Arc<FleetByNode>>,
+        (Arc<BTreeMap<String, Vec<Owner>>>, Instant),
+        Arc<HashSet<String>>,
+    ) {
+        let (nodes_now, devices_now, alerts_now) =
+            (nodes.to_vec(), devices.clone(), device_alerts.clone());
+        let made = off_workers(move || {
+            Ok(Arc::new(FleetByNode::of(
+                &nodes_now,
+                &devices_now,
+                &alerts_now,
+                read_at_ms,
+            )))
+        })
+        .await
+        .inspect_err(|error| tracing::error!(%error, "could not sum the fleet by node"))
+        .ok();
+        let mut uuids: HashSet<String> = made
+            .iter()
+            .flat_map(|m| m.at_risk.iter().map(|d| d.uuid.to_string()))
+            .collect();
+        // A GPU's owners are its instances' too.
+        let instances: Vec<String> = devices
+            .mig_parents()
+            .filter(|(_, parent)| uuids.contains(*parent))
+            .map(|(instance, _)| instance.to_owned())
+            .collect();
+        uuids.extend(instances);
+        let followed: Vec<String> = self
+            .followed
+            .lock()
+            .map(|f| f.keys().cloned().collect())
+            .unwrap_or_default();
+        for node in &followed {
+            for slot in devices.slots_of_node(node) {
+                uuids.extend(devices.stamp(slot).map(|(uuid, _)| uuid.to_string()));
+            }
+        }
+        if let Some(Fleet::Read {
+            owners,
+            owners_read_at,
+            owners_of: Some(read_for),
+            ..
+        }) = previous
+            && owners_read_at.elapsed() < OWNERS_PERIOD
+            && uuids.is_subset(read_for)
+        {
+            return (made, (owners.clone(), *owners_read_at), read_for.clone());
+        }
+        let listed: Vec<String> = uuids.iter().cloned().collect();
+        let owners = match self
+            .store
+            .processes(
+                self.clock.now_ms() - OWNER_WINDOW_MS,
+                ProcessesOn::Devices(&listed),
+            )
+            .await
+        {
+            Ok(processes) => Arc::new(owners_by_device(&processes, devices)),
+            Err(error) => {
+                tracing::debug!(%error, "fleet stream: processes unavailable");
+                Arc::default()
+            }
+        };
+        (made, (owners, Instant::now()), Arc::new(uuids))
+    }
+
     /// The previous read's owners while they are fresh, else a new read;
     /// a store that cannot list processes keeps the previous owners.
     async fn owners(
@@ -300,10 +403,12 @@ impl FleetFeed {
         previous: Option<&Fleet>,
         devices: &FleetDevices,
     ) -> (Arc<BTreeMap<String, Vec<Owner>>>, Instant) {
+        // Owners read for a fleet sent by node are only some devices'.
         let kept = match previous {
             Some(Fleet::Read {
                 owners,
                 owners_read_at,
+                owners_of: None,
                 ..
             }) => Some((owners.clone(), *owners_read_at)),
             _ => None,
@@ -315,7 +420,7 @@ impl FleetFeed {
         }
         match self
             .store
-            .processes(self.clock.now_ms() - OWNER_WINDOW_MS, None)
+            .processes(self.clock.now_ms() - OWNER_WINDOW_MS, ProcessesOn::Fleet)
             .await
         {
             Ok(processes) => (
@@ -500,6 +605,35 @@ impl Drop for Seat {
     }
 }
 
+/// A client's follow of one node, counted while its stream lasts: the
+/// owners read for a fleet sent by node include that node's devices'.
+struct NodeFollow {
+    feed: Arc<FleetFeed>,
+    node: String,
+}
+
+impl NodeFollow {
+    fn new(feed: Arc<FleetFeed>, node: String) -> Self {
+        if let Ok(mut followed) = feed.followed.lock() {
+            *followed.entry(node.clone()).or_default() += 1;
+        }
+        Self { feed, node }
+    }
+}
+
+impl Drop for NodeFollow {
+    fn drop(&mut self) {
+        if let Ok(mut followed) = self.feed.followed.lock()
+            && let Some(count) = followed.get_mut(&self.node)
+        {
+            *count -= 1;
+            if *count == 0 {
+                followed.remove(&self.node);
+            }
+        }
+    }
+}
+
 /// What a client is sent: chosen by what it asked for and the fleet's size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -561,6 +695,7 @@ struct Follower {
     token_sha256: Option<String>,
     /// The node the client asked to follow, if any.
     node: Option<String>,
+    _follow: Option<NodeFollow>,
     /// The scope of the last message; a message in another starts anew
     /// with a snapshot.
     sent_scope: Option<Scope>,
@@ -933,10 +1068,14 @@ pub async fn fleet(
         return response;
     };
     let mut shutdown = state.shutdown.clone();
+    let follow = node
+        .clone()
+        .map(|node| NodeFollow::new(state.fleet.clone(), node));
     let follower = Follower {
         state,
         _seat: seat,
         token_sha256: identity.and_then(|Extension(i)| i.token_sha256),
+        _follow: follow,
         node,
         sent_scope: None,
         sent: None,

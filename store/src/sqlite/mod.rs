@@ -36,7 +36,8 @@ use crate::rows::{
 use crate::views::{AlertBucketRow, FleetBucketRow, fleet_points};
 use crate::{
     AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, FleetDevices,
-    FleetHistoryPoint, NodeView, ProcessSeries, ProcessView, SeriesPoint, Store, StoreError,
+    FleetHistoryPoint, NodeView, ProcessSeries, ProcessView, ProcessesOn, SeriesPoint, Store,
+    StoreError,
 };
 use headroom_common::Clock;
 
@@ -656,18 +657,26 @@ impl Store for SqliteStore {
     async fn processes(
         &self,
         since_ms: i64,
-        node: Option<&str>,
+        on: ProcessesOn<'_>,
     ) -> Result<Vec<ProcessView>, StoreError> {
-        let rows = sqlx::query_as::<_, ProcessRow>(&format!(
+        let on_sql = match on {
+            ProcessesOn::Fleet => "",
+            ProcessesOn::Node(_) => "AND n.name = ?2",
+            ProcessesOn::Devices(_) => "AND d.uuid IN (SELECT value FROM json_each(?2))",
+        };
+        let sql = format!(
             "SELECT n.name AS node, d.uuid AS device_uuid, d.gpu_index, {PROCESS_COLUMNS}
              FROM processes p JOIN devices d ON d.id = p.device_id JOIN nodes n ON n.id = d.node_id
-             WHERE p.last_seen_ms >= ?1 AND (?2 IS NULL OR n.name = ?2)
+             WHERE p.last_seen_ms >= ?1 {on_sql}
              ORDER BY p.memory_last DESC, n.name, p.pid"
-        ))
-        .bind(since_ms)
-        .bind(node)
-        .fetch_all(&self.reader)
-        .await?;
+        );
+        let query = sqlx::query_as::<_, ProcessRow>(&sql).bind(since_ms);
+        let query = match on {
+            ProcessesOn::Fleet => query,
+            ProcessesOn::Node(node) => query.bind(node.to_owned()),
+            ProcessesOn::Devices(uuids) => query.bind(serde_json::json!(uuids).to_string()),
+        };
+        let rows = query.fetch_all(&self.reader).await?;
         Ok(rows.into_iter().map(ProcessView::from).collect())
     }
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 use headroom_collector::ingest::validate::{self, Limits};
 use headroom_common::Clock;
 use headroom_proto::v1 as pb;
+use headroom_store::ProcessesOn;
 use headroom_store::model::{NodeSession, StoreBatch, WriteOutcome};
 use headroom_store::rollup::{
     DAY_MS, HOUR_MS, MINUTE_MS, SampleWrites, StorageConfig, bucket_start,
@@ -372,7 +373,7 @@ async fn a_replayed_steady_process_is_seen_where_served_and_written_once_quiet()
     let last_seen = |store: &PostgresStore| {
         let store = store.clone();
         async move {
-            let listed = store.processes(start, None).await.unwrap();
+            let listed = store.processes(start, ProcessesOn::Fleet).await.unwrap();
             listed.iter().find(|p| p.pid == 777).map(|p| p.last_seen_ms)
         }
     };
@@ -787,7 +788,7 @@ async fn a_process_whose_agent_hops_between_collectors_shows_its_current_memory(
     let memory = |store: &PostgresStore| {
         let store = store.clone();
         async move {
-            let listed = store.processes(0, None).await.unwrap();
+            let listed = store.processes(0, ProcessesOn::Fleet).await.unwrap();
             let p = listed.iter().find(|p| p.pid == 777).unwrap();
             (p.memory_used_bytes, p.last_seen_ms)
         }
@@ -1151,6 +1152,11 @@ async fn a_fleet_over_the_stream_limit_is_streamed_by_node_and_a_named_node_devi
         [fixtures::GPU0, fixtures::GPU1],
         "the devices at risk are those with the least headroom"
     );
+    assert_eq!(
+        by_node["owners"][fixtures::GPU0][0]["user"],
+        "alice",
+        "with their owners: {by_node}"
+    );
 
     // The named node's client is sent its devices and its node, no other.
     let theirs = next_stream_change(&mut other, &mut other_pending, "update").await;
@@ -1164,16 +1170,19 @@ async fn a_fleet_over_the_stream_limit_is_streamed_by_node_and_a_named_node_devi
     assert_eq!(theirs["nodes"][0]["name"], fixtures::OTHER_NODE);
 
     // The other node reports: its row alone changes, and its client gets
-    // the sample, nearly full (75 of 80 GiB), and its process's owner.
+    // the sample, nearly full (75 of 80 GiB), and the owner of a process
+    // on a GPU not at risk (it has no sample), read because a client
+    // follows the node.
     let other_gpu0 = format!("{}-other", fixtures::GPU0);
+    let other_gpu1 = format!("{}-other", fixtures::GPU1);
     let mut reported = fixtures::batch(1, ts + 1_000);
     reported.node = fixtures::OTHER_NODE.into();
     reported.gpu_samples = vec![fixtures::gpu_sample(&other_gpu0, ts + 1_000, 75 << 30)];
     reported.process_samples = vec![fixtures::process_sample(
-        &other_gpu0,
+        &other_gpu1,
         ts + 1_000,
         4242,
-        70 << 30,
+        7 << 30,
     )];
     store
         .write_batch(&rows_at(&other_session, &reported, ts + 1_100))
@@ -1210,7 +1219,12 @@ async fn a_fleet_over_the_stream_limit_is_streamed_by_node_and_a_named_node_devi
     );
     // Owners are read every 5 s: the sample and the owner may come apart.
     let (mut sample_seen, mut owner_seen) = (false, false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !(sample_seen && owner_seen) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "within 30 s: the sample {sample_seen}, the owner {owner_seen}"
+        );
         let theirs = next_stream_event(&mut other, &mut other_pending, "update", |_| true).await;
         sample_seen |= theirs["gpus"]
             .as_array()
@@ -1223,7 +1237,7 @@ async fn a_fleet_over_the_stream_limit_is_streamed_by_node_and_a_named_node_devi
             "none of another node's owners: {theirs}"
         );
         owner_seen |= owners
-            .get(&other_gpu0)
+            .get(&other_gpu1)
             .and_then(|o| o.as_array())
             .is_some_and(|o| o.iter().any(|owner| owner["user"] == "alice"));
     }

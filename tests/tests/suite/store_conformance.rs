@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use headroom_collector::ingest::validate::{self, Limits};
 use headroom_proto::v1 as pb;
+use headroom_store::ProcessesOn;
 use headroom_store::alerts::{
     ActiveAlertCounts, AlertFilter, AlertUpdate, NewNotification, NewSilence, UpdateKind,
 };
@@ -111,7 +112,7 @@ async fn batch_shows_up_in_latest_series_and_processes(store: Arc<dyn Store>) {
             .is_none()
     );
 
-    let procs = store.processes(ts - 1, None).await.unwrap();
+    let procs = store.processes(ts - 1, ProcessesOn::Fleet).await.unwrap();
     assert_eq!(procs.len(), 1);
     let p = &procs[0];
     assert_eq!(
@@ -126,21 +127,45 @@ async fn batch_shows_up_in_latest_series_and_processes(store: Arc<dyn Store>) {
     assert_eq!(p.node, NODE);
     assert_eq!(p.memory_used_bytes, (39 * GIB) as i64);
     assert!(
-        store.processes(ts + 1, None).await.unwrap().is_empty(),
+        store
+            .processes(ts + 1, ProcessesOn::Fleet)
+            .await
+            .unwrap()
+            .is_empty(),
         "not seen since ts+1"
     );
     assert_eq!(
-        store.processes(ts - 1, Some(NODE)).await.unwrap(),
+        store
+            .processes(ts - 1, ProcessesOn::Node(NODE))
+            .await
+            .unwrap(),
         procs,
         "the node's own"
     );
     assert!(
         store
-            .processes(ts - 1, Some("another-node"))
+            .processes(ts - 1, ProcessesOn::Node("another-node"))
             .await
             .unwrap()
             .is_empty(),
         "none of another node's"
+    );
+    let on = |uuids: &[&str]| uuids.iter().map(|u| (*u).to_owned()).collect::<Vec<_>>();
+    assert_eq!(
+        store
+            .processes(ts - 1, ProcessesOn::Devices(&on(&[GPU1, GPU0])))
+            .await
+            .unwrap(),
+        procs,
+        "those on the devices named"
+    );
+    assert!(
+        store
+            .processes(ts - 1, ProcessesOn::Devices(&on(&[GPU1])))
+            .await
+            .unwrap()
+            .is_empty(),
+        "none on a device not named"
     );
 
     let nodes = store.nodes().await.unwrap();
@@ -245,7 +270,7 @@ async fn process_keeps_its_peak_and_latest(store: Arc<dyn Store>) {
     });
     write(&*store, &session, &b1).await;
     write(&*store, &session, &b2).await;
-    let procs = store.processes(ts, None).await.unwrap();
+    let procs = store.processes(ts, ProcessesOn::Fleet).await.unwrap();
     assert_eq!(procs.len(), 2);
     let alice = procs.iter().find(|p| p.user == "alice").unwrap();
     assert_eq!(alice.memory_used_bytes, (20 * GIB) as i64);
@@ -294,7 +319,7 @@ async fn allocator_reports_are_stored_once_per_report(store: Arc<dyn Store>) {
     for b in [&b1, &b2, &b3, &b4] {
         write(&*store, &session, b).await;
     }
-    let procs = store.processes(ts, None).await.unwrap();
+    let procs = store.processes(ts, ProcessesOn::Fleet).await.unwrap();
     let trainer = procs.iter().find(|p| p.pid == 777).unwrap();
     let latest = trainer.allocator.as_ref().unwrap();
     assert_eq!(latest.timestamp_ms, ts + 1900);
@@ -400,7 +425,7 @@ async fn memory_composition_is_stored_split_and_checked(store: Arc<dyn Store>) {
     b1.process_samples = vec![sample(ts, report(ts - 100, 14 * GIB))];
     write(&*store, &session, &b1).await;
 
-    let procs = store.processes(ts, None).await.unwrap();
+    let procs = store.processes(ts, ProcessesOn::Fleet).await.unwrap();
     let latest = procs[0].allocator.as_ref().unwrap();
     let b = latest.breakdown.expect("a counted composition is split");
     assert_eq!(b.weights_bytes, Some(7 * GIB));
@@ -432,7 +457,7 @@ async fn memory_composition_is_stored_split_and_checked(store: Arc<dyn Store>) {
     let mut b2 = fixtures::batch(2, ts + 1000);
     b2.process_samples = vec![sample(ts + 1000, report(ts + 900, 45 * GIB))];
     write(&*store, &session, &b2).await;
-    let procs = store.processes(ts, None).await.unwrap();
+    let procs = store.processes(ts, ProcessesOn::Fleet).await.unwrap();
     let latest = procs[0].allocator.as_ref().unwrap();
     assert_eq!(latest.timestamp_ms, ts + 900, "the report itself is stored");
     let b = latest.breakdown.unwrap();
@@ -1175,7 +1200,10 @@ async fn steady_processes_are_stored_every_second_and_changes_show_at_once(store
             .unwrap();
     }
     let newest = start + 29_000;
-    let listed = store.processes(newest - 30_000, None).await.unwrap();
+    let listed = store
+        .processes(newest - 30_000, ProcessesOn::Fleet)
+        .await
+        .unwrap();
     assert_eq!(listed.len(), 1);
     assert!(listed[0].last_seen_ms >= newest - 10_000, "{listed:?}");
     assert_eq!(listed[0].memory_used_bytes, (10 * GIB) as i64);
@@ -1185,7 +1213,10 @@ async fn steady_processes_are_stored_every_second_and_changes_show_at_once(store
         .write_batch(&rows_at(&session, &gpu0_batch(31, changed, 12), now))
         .await
         .unwrap();
-    let listed = store.processes(newest - 30_000, None).await.unwrap();
+    let listed = store
+        .processes(newest - 30_000, ProcessesOn::Fleet)
+        .await
+        .unwrap();
     assert_eq!(listed[0].memory_used_bytes, (12 * GIB) as i64);
     assert_eq!(listed[0].memory_peak_bytes, (12 * GIB + GIB / 4) as i64);
     assert_eq!(listed[0].last_seen_ms, changed);
