@@ -116,10 +116,15 @@ impl FleetDevices {
 
     /// The slots of `node`'s devices, in the overview's order.
     pub fn slots_of_node(&self, node: &str) -> Vec<usize> {
+        self.slots_on_nodes(|name| name == node)
+    }
+
+    /// The slots of the devices on the nodes `on` keeps, in one pass.
+    pub fn slots_on_nodes(&self, on: impl Fn(&str) -> bool) -> Vec<usize> {
         self.devices
             .iter()
             .enumerate()
-            .filter(|(_, device)| &*device.node == node)
+            .filter(|(_, device)| on(&device.node))
             .map(|(slot, _)| slot)
             .collect()
     }

@@ -14,6 +14,8 @@ pub mod peers;
 mod session;
 pub mod settings;
 mod stream;
+#[cfg(test)]
+mod test_fleet;
 mod text;
 
 pub use listener::serve_http;

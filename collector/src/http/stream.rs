@@ -319,8 +319,8 @@ impl FleetFeed {
     /// A fleet sent by node: its rows (made off the runtime's workers) and
     /// the owners of the devices its clients are sent, the rows' devices
     /// at risk and the devices of the nodes followed. The owners are read
-    /// again every [`OWNERS_PERIOD`], or at once for a device not read
-    /// before.
+    /// again every [`OWNERS_PERIOD`]; meanwhile only those of a device not
+    /// read before are, at once.
     async fn owners_sent_by_node(
         &self,
         previous: Option<&Fleet>,
@@ -357,43 +357,71 @@ impl FleetFeed {
             .map(|(instance, _)| instance.to_owned())
             .collect();
         uuids.extend(instances);
-        let followed: Vec<String> = self
-            .followed
-            .lock()
-            .map(|f| f.keys().cloned().collect())
-            .unwrap_or_default();
-        for node in &followed {
-            for slot in devices.slots_of_node(node) {
+        if let Ok(followed) = self.followed.lock()
+            && !followed.is_empty()
+        {
+            for slot in devices.slots_on_nodes(|node| followed.contains_key(node)) {
                 uuids.extend(devices.stamp(slot).map(|(uuid, _)| uuid.to_string()));
             }
         }
-        if let Some(Fleet::Read {
-            owners,
-            owners_read_at,
-            owners_of: Some(read_for),
-            ..
-        }) = previous
-            && owners_read_at.elapsed() < OWNERS_PERIOD
-            && uuids.is_subset(read_for)
+        // Within the period, only the devices not read before are read,
+        // and laid over the owners already read.
+        let kept = match previous {
+            Some(Fleet::Read {
+                owners,
+                owners_read_at,
+                owners_of: Some(read_for),
+                ..
+            }) if owners_read_at.elapsed() < OWNERS_PERIOD => {
+                Some((owners.clone(), *owners_read_at, read_for.clone()))
+            }
+            _ => None,
+        };
+        let missing: Vec<String> = match &kept {
+            Some((_, _, read_for)) => uuids.difference(read_for).cloned().collect(),
+            None => uuids.iter().cloned().collect(),
+        };
+        if let Some((owners, at, read_for)) = &kept
+            && missing.is_empty()
         {
-            return (made, (owners.clone(), *owners_read_at), read_for.clone());
+            return (made, (owners.clone(), *at), read_for.clone());
         }
-        let listed: Vec<String> = uuids.iter().cloned().collect();
-        let owners = match self
+        let read = self
             .store
             .processes(
                 self.clock.now_ms() - OWNER_WINDOW_MS,
-                ProcessesOn::Devices(&listed),
+                ProcessesOn::Devices(&missing),
             )
-            .await
-        {
-            Ok(processes) => Arc::new(owners_by_device(&processes, devices)),
+            .await;
+        let processes = match read {
+            Ok(processes) => processes,
             Err(error) => {
+                // The owners already read stay, and are read again at the
+                // next read of the fleet.
                 tracing::debug!(%error, "fleet stream: processes unavailable");
-                Arc::default()
+                return match kept {
+                    Some((owners, at, read_for)) => (made, (owners, at), read_for),
+                    None => (made, (Arc::default(), Instant::now()), Arc::default()),
+                };
             }
         };
-        (made, (owners, Instant::now()), Arc::new(uuids))
+        let read_now = owners_by_device(&processes, devices);
+        match kept {
+            Some((owners, at, read_for)) => {
+                // Only the devices read now: a GPU read before keeps the
+                // owners its instances gave it then.
+                let mut merged = (*owners).clone();
+                merged.extend(
+                    read_now
+                        .into_iter()
+                        .filter(|(uuid, _)| missing.contains(uuid)),
+                );
+                let mut read_for = (*read_for).clone();
+                read_for.extend(missing);
+                (made, (Arc::new(merged), at), Arc::new(read_for))
+            }
+            None => (made, (Arc::new(read_now), Instant::now()), Arc::new(uuids)),
+        }
     }
 
     /// The previous read's owners while they are fresh, else a new read;
@@ -440,32 +468,50 @@ impl FleetFeed {
 /// workers: at 100,000 GPUs it is 64 MB and about 100 ms of CPU, which
 /// would stall every other request on its worker meanwhile.
 async fn overview_json_of(fleet: Arc<Fleet>) -> Option<Bytes> {
-    let Fleet::Read {
-        devices,
-        overview_json,
-        ..
-    } = fleet.as_ref()
-    else {
-        return None;
-    };
-    let json = overview_json
+    made_once(
+        fleet,
+        |fleet| match fleet {
+            Fleet::Read { overview_json, .. } => Some(overview_json),
+            Fleet::Unavailable => None,
+        },
+        |fleet| match fleet {
+            Fleet::Read { devices, .. } => serde_json::to_vec(devices)
+                .map(Bytes::from)
+                .map_err(|e| e.to_string()),
+            Fleet::Unavailable => Err(STORE_UNAVAILABLE.to_owned()),
+        },
+        "the fleet overview",
+    )
+    .await
+}
+
+/// What `cell` holds in a read, made by `make` the first time it is asked
+/// for, off the runtime's workers (at 100,000 GPUs each makes every
+/// device's view, or 64 MB of JSON), and shared by the rest; `None` when
+/// the store could not answer or the making failed (logged as `what`).
+async fn made_once<T: Clone + Send + Sync + 'static>(
+    fleet: Arc<Fleet>,
+    cell: fn(&Fleet) -> Option<&OnceCell<T>>,
+    make: fn(&Fleet) -> Result<T, String>,
+    what: &'static str,
+) -> Option<T> {
+    let made = cell(&fleet)?
         .get_or_try_init(|| {
-            let devices = devices.clone();
-            off_workers(move || {
-                serde_json::to_vec(&devices)
-                    .map(Bytes::from)
-                    .map_err(|e| e.to_string())
-            })
+            let fleet = fleet.clone();
+            off_workers(move || make(&fleet))
         })
         .await;
-    match json {
-        Ok(json) => Some(json.clone()),
+    match made {
+        Ok(made) => Some(made.clone()),
         Err(error) => {
-            tracing::error!(%error, "could not encode the fleet overview");
+            tracing::error!(%error, "could not make {what}");
             None
         }
     }
 }
+
+/// Why a read's answer could not be made.
+const STORE_UNAVAILABLE: &str = "the store could not answer";
 
 /// Runs `make` off the runtime's workers, where a fleet-sized encoding
 /// would stall every other request on its worker; a panic in it comes back
@@ -503,79 +549,64 @@ pub enum DevicePick {
 /// workers (at 100,000 GPUs it makes every device's view, some 10 ms) and
 /// shared by the rest.
 async fn summary_of(fleet: Arc<Fleet>) -> Option<Arc<SummaryMade>> {
-    let Fleet::Read { summary, .. } = fleet.as_ref() else {
-        return None;
-    };
-    let made = summary
-        .get_or_try_init(|| {
-            let fleet = fleet.clone();
-            off_workers(move || {
-                let Fleet::Read {
-                    nodes,
-                    devices,
-                    alerts,
-                    ..
-                } = fleet.as_ref()
-                else {
-                    return Err("the store could not answer".to_owned());
-                };
-                let summary = FleetSummary::of(nodes, devices);
-                let default_json = summary
-                    .to_json(alerts.as_ref(), FULLEST_DEFAULT)
-                    .map_err(|e| e.to_string())?;
-                Ok(Arc::new(SummaryMade {
-                    summary,
-                    default_json: Bytes::from(default_json),
-                }))
-            })
-        })
-        .await;
-    match made {
-        Ok(made) => Some(made.clone()),
-        Err(error) => {
-            tracing::error!(%error, "could not sum the fleet");
-            None
-        }
-    }
+    made_once(
+        fleet,
+        |fleet| match fleet {
+            Fleet::Read { summary, .. } => Some(summary),
+            Fleet::Unavailable => None,
+        },
+        |fleet| {
+            let Fleet::Read {
+                nodes,
+                devices,
+                alerts,
+                ..
+            } = fleet
+            else {
+                return Err(STORE_UNAVAILABLE.to_owned());
+            };
+            let summary = FleetSummary::of(nodes, devices);
+            let default_json = summary
+                .to_json(alerts.as_ref(), FULLEST_DEFAULT)
+                .map_err(|e| e.to_string())?;
+            Ok(Arc::new(SummaryMade {
+                summary,
+                default_json: Bytes::from(default_json),
+            }))
+        },
+        "the fleet's summary",
+    )
+    .await
 }
 
 /// `fleet` by node, made by its first client in that scope off the
 /// runtime's workers (at 100,000 GPUs it makes every device's view) and
 /// shared by the rest.
 async fn by_node_of(fleet: Arc<Fleet>) -> Option<Arc<FleetByNode>> {
-    let Fleet::Read { by_node, .. } = fleet.as_ref() else {
-        return None;
-    };
-    let made = by_node
-        .get_or_try_init(|| {
-            let fleet = fleet.clone();
-            off_workers(move || {
-                let Fleet::Read {
-                    nodes,
-                    devices,
-                    device_alerts,
-                    read_at_ms,
-                    ..
-                } = fleet.as_ref()
-                else {
-                    return Err("the store could not answer".to_owned());
-                };
-                Ok(Arc::new(FleetByNode::of(
-                    nodes,
-                    devices,
-                    device_alerts,
-                    *read_at_ms,
-                )))
-            })
-        })
-        .await;
-    match made {
-        Ok(made) => Some(made.clone()),
-        Err(error) => {
-            tracing::error!(%error, "could not sum the fleet by node");
-            None
-        }
-    }
+    made_once(
+        fleet,
+        |fleet| match fleet {
+            Fleet::Read { by_node, .. } => Some(by_node),
+            Fleet::Unavailable => None,
+        },
+        |fleet| match fleet {
+            Fleet::Read {
+                nodes,
+                devices,
+                device_alerts,
+                read_at_ms,
+                ..
+            } => Ok(Arc::new(FleetByNode::of(
+                nodes,
+                devices,
+                device_alerts,
+                *read_at_ms,
+            ))),
+            Fleet::Unavailable => Err(STORE_UNAVAILABLE.to_owned()),
+        },
+        "the fleet by node",
+    )
+    .await
 }
 
 /// Active alerts read for the tiles and the at-risk list, at most; past
@@ -818,6 +849,7 @@ impl Follower {
             alerts,
             device_alerts,
             owners,
+            owners_of,
             ..
         } = fleet
         else {
@@ -849,9 +881,12 @@ impl Follower {
             changed
         } else {
             // The node's devices may be new to the client while their
-            // owners are not new to the read: every one of them, then.
+            // owners are not new to the read: every one of them, then,
+            // whose owners the read holds (a read made before the client
+            // came may not have read its node's).
             uuids
                 .iter()
+                .filter(|&&uuid| owners_of.as_ref().is_none_or(|of| of.contains(uuid)))
                 .map(|&uuid| {
                     let held = owners.get(uuid).map_or(&[][..], Vec::as_slice);
                     (uuid.to_owned(), held)

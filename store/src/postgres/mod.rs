@@ -874,48 +874,39 @@ impl Store for PostgresStore {
         // planner chooses.
         let picked = match on {
             ProcessesOn::Fleet => None,
-            ProcessesOn::Node(_) => Some("n.name = $2"),
-            ProcessesOn::Devices(_) => Some("d.uuid = ANY($2)"),
+            ProcessesOn::Node(_) => Some("n.name = $3"),
+            ProcessesOn::Devices(_) => Some("d.uuid = ANY($3)"),
         };
-        let (sql, seen) = match picked {
-            // A steady process's row is a checkpoint: this collector may
-            // have seen it since, though the row says otherwise. Only those
-            // rows go by id (sending every process seen cost 200,000 ids at
-            // 100,000 GPUs).
-            None => (
-                format!(
-                    "SELECT p.id AS process_id, n.name AS node, d.uuid AS device_uuid, d.gpu_index::int8 AS gpu_index,
-                         {PROCESS_COLUMNS}
-                     FROM processes p JOIN devices d ON d.id = p.device_id JOIN nodes n ON n.id = d.node_id
-                     WHERE p.last_seen_ms >= $1 OR p.id = ANY($2)"
-                ),
-                Some(self.process_seen.seen_since_beyond_rows(since_ms)),
+        // A steady process's row is a checkpoint: this collector may have
+        // seen it since, though the row says otherwise. Only those rows go
+        // by id (sending every process seen cost 200,000 ids at 100,000
+        // GPUs).
+        let seen = self.process_seen.seen_since_beyond_rows(since_ms);
+        let sql = match picked {
+            None => format!(
+                "SELECT p.id AS process_id, n.name AS node, d.uuid AS device_uuid, d.gpu_index::int8 AS gpu_index,
+                     {PROCESS_COLUMNS}
+                 FROM processes p JOIN devices d ON d.id = p.device_id JOIN nodes n ON n.id = d.node_id
+                 WHERE p.last_seen_ms >= $1 OR p.id = ANY($2)"
             ),
-            // Rows that trail their newest sample by as much as a checkpoint
-            // may, laid over and kept below if seen since: even those ids,
-            // each row checked against every one, cost more than the rows.
-            Some(picked) => (
-                format!(
-                    "WITH picked AS MATERIALIZED (
-                         SELECT d.id, d.uuid, d.gpu_index, n.name
-                         FROM devices d JOIN nodes n ON n.id = d.node_id WHERE {picked}
-                     )
-                     SELECT p.id AS process_id, d.name AS node, d.uuid AS device_uuid, d.gpu_index::int8 AS gpu_index,
-                         {PROCESS_COLUMNS}
-                     FROM picked d JOIN processes p ON p.device_id = d.id
-                     WHERE p.last_seen_ms >= $1"
-                ),
-                None,
+            Some(picked) => format!(
+                "WITH picked AS MATERIALIZED (
+                     SELECT d.id, d.uuid, d.gpu_index, n.name
+                     FROM devices d JOIN nodes n ON n.id = d.node_id WHERE {picked}
+                 )
+                 SELECT p.id AS process_id, d.name AS node, d.uuid AS device_uuid, d.gpu_index::int8 AS gpu_index,
+                     {PROCESS_COLUMNS}
+                 FROM picked d JOIN processes p ON p.device_id = d.id
+                 WHERE p.last_seen_ms >= $1 OR p.id = ANY($2)"
             ),
         };
-        let query = sqlx::query_as::<_, ProcessIdRow>(&sql).bind(match seen {
-            Some(_) => since_ms,
-            None => since_ms.saturating_sub(checkpoints::PROCESS_ROW_TRAILS_MS),
-        });
-        let query = match (on, seen) {
-            (ProcessesOn::Fleet, seen) => query.bind(seen.unwrap_or_default()),
-            (ProcessesOn::Node(node), _) => query.bind(node),
-            (ProcessesOn::Devices(uuids), _) => query.bind(uuids),
+        let query = sqlx::query_as::<_, ProcessIdRow>(&sql)
+            .bind(since_ms)
+            .bind(seen);
+        let query = match on {
+            ProcessesOn::Fleet => query,
+            ProcessesOn::Node(node) => query.bind(node),
+            ProcessesOn::Devices(uuids) => query.bind(uuids),
         };
         let rows = query.fetch_all(&self.pool).await?;
         let mut rows: Vec<ProcessRow> = rows
@@ -936,7 +927,6 @@ impl Store for PostgresStore {
                 },
             )
             .collect();
-        rows.retain(|row| row.last_seen_ms >= since_ms);
         rows.sort_by(|a, b| {
             b.memory_used_bytes
                 .cmp(&a.memory_used_bytes)

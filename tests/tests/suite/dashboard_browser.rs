@@ -121,6 +121,23 @@ fn fleet_of(nodes: usize) -> String {
     out
 }
 
+/// Runs the demo on `scenario` (written to `dir`) with the watermark
+/// firing on the first sample over the line, and `args` besides.
+fn start_fleet_demo(dir: &Path, scenario: &str, args: &[&std::ffi::OsStr]) -> (KillOnDrop, String) {
+    let scenario_path = dir.join("fleet.toml");
+    std::fs::write(&scenario_path, scenario).unwrap();
+    let rules = dir.join("rules.toml");
+    std::fs::write(&rules, "[watermark]\nfor = \"0s\"\n").unwrap();
+    let mut all: Vec<&std::ffi::OsStr> = vec![
+        "--scenario".as_ref(),
+        scenario_path.as_os_str(),
+        "--rules".as_ref(),
+        rules.as_os_str(),
+    ];
+    all.extend_from_slice(args);
+    start_demo(dir, &all)
+}
+
 #[test]
 fn the_fleet_view_of_2000_gpus_fits_one_screen_ranks_what_is_at_risk_and_names_owners() {
     if !headroom_tests::browser::available("the browser test") {
@@ -128,20 +145,7 @@ fn the_fleet_view_of_2000_gpus_fits_one_screen_ranks_what_is_at_risk_and_names_o
     }
     let _turn = browser_turn();
     let dir = tempfile::tempdir().unwrap();
-    let scenario = dir.path().join("fleet.toml");
-    std::fs::write(&scenario, fleet_of(250)).unwrap();
-    // The watermark fires on the first sample over the line.
-    let rules = dir.path().join("rules.toml");
-    std::fs::write(&rules, "[watermark]\nfor = \"0s\"\n").unwrap();
-    let (demo, url) = start_demo(
-        dir.path(),
-        &[
-            "--scenario".as_ref(),
-            scenario.as_os_str(),
-            "--rules".as_ref(),
-            rules.as_os_str(),
-        ],
-    );
+    let (demo, url) = start_fleet_demo(dir.path(), &fleet_of(250), &[]);
     run_with_shots(
         "fleet_grid.mjs",
         &url,
@@ -157,7 +161,6 @@ fn a_fleet_over_the_stream_limit_shows_a_cell_per_node_and_opens_a_nodes_devices
     }
     let _turn = browser_turn();
     let dir = tempfile::tempdir().unwrap();
-    let scenario = dir.path().join("fleet.toml");
     // 321 GPUs, over a limit of 100: what 100,000 GPUs are over 5,000;
     // one node's GPU in MIG mode, for its page's layout.
     let mig_node = "[[node]]\nname = \"gpu-mig\"\n\
@@ -168,19 +171,10 @@ fn a_fleet_over_the_stream_limit_shows_a_cell_per_node_and_opens_a_nodes_devices
         [[node.gpu.mig]]\nprofile = \"2g.20gb\"\nmemory_total = \"19968MiB\"\ngpu_instance_id = 3\n\
         [[node.gpu.mig.process]]\npid = 74115\nname = \"python serve.py\"\nuser = \"svc-nlp\"\n\
         memory = { shape = \"steady\", level = \"12GiB\", jitter = \"128MiB\" }\n";
-    std::fs::write(&scenario, fleet_of(40) + mig_node).unwrap();
-    let rules = dir.path().join("rules.toml");
-    std::fs::write(&rules, "[watermark]\nfor = \"0s\"\n").unwrap();
-    let (demo, url) = start_demo(
+    let (demo, url) = start_fleet_demo(
         dir.path(),
-        &[
-            "--scenario".as_ref(),
-            scenario.as_os_str(),
-            "--rules".as_ref(),
-            rules.as_os_str(),
-            "--stream-devices-max".as_ref(),
-            "100".as_ref(),
-        ],
+        &(fleet_of(40) + mig_node),
+        &["--stream-devices-max".as_ref(), "100".as_ref()],
     );
     run_with_shots(
         "fleet_nodes.mjs",

@@ -167,6 +167,19 @@ async fn batch_shows_up_in_latest_series_and_processes(store: Arc<dyn Store>) {
             .is_empty(),
         "none on a device not named"
     );
+    assert!(
+        store
+            .processes(ts + 1, ProcessesOn::Node(NODE))
+            .await
+            .unwrap()
+            .is_empty()
+            && store
+                .processes(ts + 1, ProcessesOn::Devices(&on(&[GPU0])))
+                .await
+                .unwrap()
+                .is_empty(),
+        "a node's or a device's, not seen since ts+1"
+    );
 
     let nodes = store.nodes().await.unwrap();
     assert_eq!(nodes[0].last_seen_ms.max(ts), nodes[0].last_seen_ms);
