@@ -8,7 +8,7 @@
 // place; the fleet history is drawn; nothing scrolls sideways at 1280 px;
 // and a node filter shows tiles naming the owners. Saves screenshots in
 // ARTIFACT_DIR. Exits non-zero, naming the step, on the first failure.
-import { launchChromium } from "./chromium.mjs";
+import { fleetWithSamples, launchChromium } from "./chromium.mjs";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 
@@ -32,14 +32,7 @@ const api = (path) => page.evaluate(async (p) => (await fetch(p)).json(), path);
 try {
   step = "every device of the fleet has a sample";
   await page.goto(base);
-  const deadline = Date.now() + 120000;
-  let gpus = [];
-  for (;;) {
-    gpus = await api("/api/v1/gpus");
-    if (gpus.length >= 2000 && gpus.every((g) => g.latest)) break;
-    if (Date.now() > deadline) throw new Error(`${gpus.filter((g) => g.latest).length} of ${gpus.length} devices have a sample after 2 min`);
-    await page.waitForTimeout(1000);
-  }
+  const gpus = await fleetWithSamples(page, 2000);
 
   step = "every device has a cell, all on one 1440x900 screen";
   await page.goto(base);

@@ -10,7 +10,7 @@
 // and its instances' processes; "whole fleet" goes back to
 // the nodes. Saves screenshots in ARTIFACT_DIR. Exits non-zero, naming the
 // step, on the first failure.
-import { launchChromium } from "./chromium.mjs";
+import { fleetWithSamples, launchChromium } from "./chromium.mjs";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 
@@ -36,14 +36,7 @@ const api = (path) => page.evaluate(async (p) => (await fetch(p)).json(), path);
 try {
   step = "every device of the fleet has a sample";
   await page.goto(base);
-  const deadline = Date.now() + 120000;
-  let gpus = [];
-  for (;;) {
-    gpus = await api("/api/v1/gpus");
-    if (gpus.length >= 320 && gpus.every((g) => g.latest)) break;
-    if (Date.now() > deadline) throw new Error(`${gpus.filter((g) => g.latest).length} of ${gpus.length} devices have a sample after 2 min`);
-    await page.waitForTimeout(1000);
-  }
+  const gpus = await fleetWithSamples(page, 320);
   const nodes = [...new Set(gpus.map((g) => g.node))].sort();
 
   step = "a cell per node, none per device, all on one screen";
