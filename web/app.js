@@ -111,7 +111,11 @@ function applyFleet(msg, snapshot) {
   state.updates += 1;
   setStatus(`live · updated ${new Date().toLocaleTimeString()}`);
   renderSummary();
-  if (currentView === "fleet") scheduleFleetRender();
+  if (currentView === "fleet") {
+    scheduleFleetRender();
+    // A filtered fleet follows processes that start and end.
+    if (fleetFilter.user || fleetFilter.job || fleetFilter.pod) processesForFilters().then((read) => { if (read) scheduleFleetRender(); });
+  }
 }
 
 function renderSummary() {
@@ -219,11 +223,17 @@ async function showFleet(view, p, gen) {
         document.title = "Headroom — fleet";
         connectStream();
       }
-      // The process list is needed only to filter by user, job or pod:
-      // fetched then, not on every load of a large fleet.
-      if (["user", "job", "pod"].includes(key)) await processesForFilters();
+      // Drawn at once from the processes already read; the matching ones
+      // (and the job's bar) are read again once typing pauses, in any of
+      // the three fields.
       scheduleFleetRender();
-      if (key === "job") renderJobFilterComposition(gen);
+      if (["user", "job", "pod"].includes(key)) {
+        clearTimeout(filterTyping);
+        filterTyping = setTimeout(() => {
+          processesForFilters().then((read) => { if (read) scheduleFleetRender(); });
+          renderJobFilterComposition(gen);
+        }, 250);
+      }
     });
   }
   wireGrid(document.getElementById("fleet"));
@@ -234,21 +244,39 @@ async function showFleet(view, p, gen) {
   showFleetHistory(gen, 24 * 60 * MIN);
 }
 
-// The processes the user, job and pod filters match: the node's when the
-// page follows one, else the fleet's (200,000 at 100,000 GPUs), read again
-// at most every 5 s however fast a filter is typed.
-let filterProcessesRead = { node: null, at: 0 };
+// The processes the user, job and pod filters may match: the node's when
+// the page follows one (few, matched here), else only those the collector
+// finds matching (the fleet's are 200,000 at 100,000 GPUs). Read when a
+// filter changes and again once the last read is 5 s old; a read overtaken
+// by a later one is dropped. True when it read a new list.
+let filterTyping = null;
+let filterRead = { url: null, at: 0 };
+let filterReadSeq = 0;
+function filterProcessesUrl() {
+  if (streamNode) return `/api/v1/processes?node=${encodeURIComponent(streamNode)}`;
+  const q = new URLSearchParams();
+  if (fleetFilter.user) q.set("user", fleetFilter.user);
+  if (fleetFilter.job) q.set("slurm_job_id", fleetFilter.job);
+  if (fleetFilter.pod) q.set("pod_uid", fleetFilter.pod);
+  return `/api/v1/processes?${q}`;
+}
 async function processesForFilters() {
-  const node = streamNode;
-  if (filterProcessesRead.node === node && Date.now() - filterProcessesRead.at < 5000) return;
+  if (!fleetFilter.user && !fleetFilter.job && !fleetFilter.pod) return false;
+  const url = filterProcessesUrl();
+  if (filterRead.url === url && Date.now() - filterRead.at < 5000) return false;
+  const seq = ++filterReadSeq;
+  filterRead = { url, at: Date.now() };
   try {
-    state.processes = await getJson(node ? `/api/v1/processes?node=${encodeURIComponent(node)}` : "/api/v1/processes");
-    filterProcessesRead = { node, at: Date.now() };
-  } catch (_) { /* the fleet still shows */ }
+    const found = await getJson(url);
+    if (seq !== filterReadSeq) return false;
+    state.processes = found;
+    return true;
+  } catch (_) { filterRead = { url: null, at: 0 }; return false; /* the fleet still shows */ }
 }
 
 async function refreshProcesses() {
-  filterProcessesRead = { node: null, at: 0 };
+  filterRead = { url: null, at: 0 };
+  filterReadSeq += 1;
   try { state.processes = await getJson("/api/v1/processes"); } catch (_) { /* the fleet still shows */ }
 }
 
@@ -1239,9 +1267,9 @@ function renderGpuComposition(list, from, to) {
 
 // `/api/v1/jobs`, or null when it fails (the sections that need it then
 // stay hidden until the next refresh).
-async function fetchJobs() {
+async function fetchJobs(query = "") {
   try {
-    const r = await fetch("/api/v1/jobs");
+    const r = await fetch(`/api/v1/jobs${query}`);
     return r.ok ? await r.json() : null;
   } catch (_) { return null; }
 }
@@ -1282,7 +1310,7 @@ async function renderJobFilterComposition(gen) {
   const wanted = fleetFilter.job;
   if (!box) return;
   if (!wanted) { box.innerHTML = ""; return; }
-  const jobs = await fetchJobs();
+  const jobs = await fetchJobs(`?slurm_job_id=${encodeURIComponent(wanted)}`);
   if (!isCurrent(gen) || fleetFilter.job !== wanted) return;
   const matches = (jobs || []).filter((j) => j.kind === "slurm" && j.breakdown && j.id.includes(wanted))
     .sort((a, b) => (b.id === wanted) - (a.id === wanted)).slice(0, 3);

@@ -32,6 +32,6 @@ pub use store::Store;
 pub use tokens::TokenStore;
 pub use views::{
     AllocatorLatest, AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView,
-    FleetHistoryPoint, LatestSample, MAX_PROCESSES_PER_SERIES, NodeView, ProcessSeries,
+    FleetHistoryPoint, LatestSample, MAX_PROCESSES_PER_SERIES, NodeView, OwnerMatch, ProcessSeries,
     ProcessView, ProcessesOn, SeriesPoint,
 };

@@ -1,5 +1,6 @@
 // Debian's Chromium (or $CHROMIUM), headless and quiet: no network of its
 // own (updates, sync), so a test's traffic is only the page's.
+import { mkdirSync } from "node:fs";
 import { chromium } from "playwright-core";
 
 export function launchChromium() {
@@ -8,6 +9,32 @@ export function launchChromium() {
     args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
       "--disable-background-networking", "--disable-component-update", "--disable-sync"],
   });
+}
+
+// A test script's arguments, in the order `names` gives them; any missing,
+// its usage line and exit 2. ARTIFACT_DIR, where named, is made.
+export function scriptArgs(script, names) {
+  const values = process.argv.slice(2, 2 + names.length);
+  if (values.length < names.length || values.some((v) => !v)) {
+    console.error(`usage: node ${script} ${names.join(" ")}`);
+    process.exit(2);
+  }
+  const artifacts = names.indexOf("ARTIFACT_DIR");
+  if (artifacts >= 0) mkdirSync(values[artifacts], { recursive: true });
+  return values;
+}
+
+// A page of `browser` at `viewport` and the list of what went wrong in it:
+// its script errors, console errors (a failed load is counted by its
+// response) and responses of 400 and above, unless `expected(response)`
+// says the test asked for that one.
+export async function watchedPage(browser, viewport, expected = () => false) {
+  const page = await browser.newPage({ viewport });
+  const errors = [];
+  page.on("pageerror", (e) => errors.push(e.message));
+  page.on("console", (m) => { if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) errors.push(m.text()); });
+  page.on("response", (r) => { if (r.status() >= 400 && !expected(r)) errors.push(`HTTP ${r.status()} for ${r.url()}`); });
+  return { page, errors };
 }
 
 // Every device of the collector's fleet, once there are at least `count`

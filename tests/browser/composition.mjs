@@ -5,23 +5,14 @@
 // bfloat16, optimizer state in float32 and the largest share), that they
 // add up to the total shown, and that the chart of the parts is drawn.
 // Exits non-zero, naming the step, on the first failure.
-import { launchChromium } from "./chromium.mjs";
-import { mkdirSync } from "node:fs";
+import { launchChromium, scriptArgs, watchedPage } from "./chromium.mjs";
 import { join } from "node:path";
 
-const [base, uuid, pid, artifacts] = process.argv.slice(2);
-if (!base || !uuid || !pid || !artifacts) {
-  console.error("usage: node composition.mjs BASE_URL GPU_UUID PID ARTIFACT_DIR");
-  process.exit(2);
-}
-mkdirSync(artifacts, { recursive: true });
+const [base, uuid, pid, artifacts] = scriptArgs("composition.mjs", ["BASE_URL", "GPU_UUID", "PID", "ARTIFACT_DIR"]);
 const GIB = 2 ** 30;
 
 const browser = await launchChromium();
-const page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
-const errors = [];
-page.on("pageerror", (e) => errors.push(e.message));
-page.on("response", (r) => { if (r.status() >= 400) errors.push(`HTTP ${r.status()} for ${r.url()}`); });
+const { page, errors } = await watchedPage(browser, { width: 1280, height: 1000 });
 let step = "start";
 try {
   step = "the process's bar is drawn on its GPU's page";

@@ -8,24 +8,14 @@
 // alert, and finds each device with a firing alert saying so on its tile.
 // Saves a screenshot of each step in ARTIFACT_DIR. Exits non-zero, naming
 // the step, on the first failure.
-import { launchChromium } from "./chromium.mjs";
-import { mkdirSync } from "node:fs";
+import { launchChromium, scriptArgs, watchedPage } from "./chromium.mjs";
 import { join } from "node:path";
 
-const [base, artifacts] = process.argv.slice(2);
-if (!base || !artifacts) {
-  console.error("usage: node dashboard.mjs BASE_URL ARTIFACT_DIR");
-  process.exit(2);
-}
-mkdirSync(artifacts, { recursive: true });
+const [base, artifacts] = scriptArgs("dashboard.mjs", ["BASE_URL", "ARTIFACT_DIR"]);
 
 const browser = await launchChromium();
 let step = "start";
-const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
-const errors = [];
-page.on("pageerror", (e) => errors.push(e.message));
-page.on("console", (m) => { if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) errors.push(m.text()); });
-page.on("response", (r) => { if (r.status() >= 400) errors.push(`HTTP ${r.status()} for ${r.url()}`); });
+const { page, errors } = await watchedPage(browser, { width: 1400, height: 1000 });
 const shot = (name) => page.screenshot({ path: join(artifacts, `${name}.png`), fullPage: true });
 // Retries `check` (async, in node) until it returns something truthy; a
 // throw counts as not yet.

@@ -8,24 +8,14 @@
 // place; the fleet history is drawn; nothing scrolls sideways at 1280 px;
 // and a node filter shows tiles naming the owners. Saves screenshots in
 // ARTIFACT_DIR. Exits non-zero, naming the step, on the first failure.
-import { fleetWithSamples, launchChromium } from "./chromium.mjs";
-import { mkdirSync } from "node:fs";
+import { fleetWithSamples, launchChromium, scriptArgs, watchedPage } from "./chromium.mjs";
 import { join } from "node:path";
 
-const [base, artifacts] = process.argv.slice(2);
-if (!base || !artifacts) {
-  console.error("usage: node fleet_grid.mjs BASE_URL ARTIFACT_DIR");
-  process.exit(2);
-}
-mkdirSync(artifacts, { recursive: true });
+const [base, artifacts] = scriptArgs("fleet_grid.mjs", ["BASE_URL", "ARTIFACT_DIR"]);
 
 const browser = await launchChromium();
 let step = "start";
-const page = await browser.newPage({ viewport: { width: 1440, height: 900 } });
-const errors = [];
-page.on("pageerror", (e) => errors.push(e.message));
-page.on("console", (m) => { if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) errors.push(m.text()); });
-page.on("response", (r) => { if (r.status() >= 400) errors.push(`HTTP ${r.status()} for ${r.url()}`); });
+const { page, errors } = await watchedPage(browser, { width: 1440, height: 900 });
 const shot = (name, fullPage = false) => page.screenshot({ path: join(artifacts, `${name}.png`), fullPage });
 const api = (path) => page.evaluate(async (p) => (await fetch(p)).json(), path);
 

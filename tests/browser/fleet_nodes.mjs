@@ -8,27 +8,18 @@
 // that node alone; a GPU's page opened by its link loads that GPU and its
 // node's processes without the fleet's lists, and a MIG GPU's its layout
 // and its instances' processes; "whole fleet" goes back to
-// the nodes. Saves screenshots in ARTIFACT_DIR. Exits non-zero, naming the
+// the nodes; the user and job filters ask the collector for the matching
+// processes and jobs, not the fleet's lists. Saves screenshots in ARTIFACT_DIR. Exits non-zero, naming the
 // step, on the first failure.
-import { fleetWithSamples, launchChromium } from "./chromium.mjs";
-import { mkdirSync } from "node:fs";
+import { fleetWithSamples, launchChromium, scriptArgs, watchedPage } from "./chromium.mjs";
 import { join } from "node:path";
 
-const [base, artifacts] = process.argv.slice(2);
-if (!base || !artifacts) {
-  console.error("usage: node fleet_nodes.mjs BASE_URL ARTIFACT_DIR");
-  process.exit(2);
-}
-mkdirSync(artifacts, { recursive: true });
+const [base, artifacts] = scriptArgs("fleet_nodes.mjs", ["BASE_URL", "ARTIFACT_DIR"]);
 
 const browser = await launchChromium();
 let step = "start";
-const page = await browser.newPage({ viewport: { width: 1440, height: 900 } });
-const errors = [];
+const { page, errors } = await watchedPage(browser, { width: 1440, height: 900 });
 const requests = [];
-page.on("pageerror", (e) => errors.push(e.message));
-page.on("console", (m) => { if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) errors.push(m.text()); });
-page.on("response", (r) => { if (r.status() >= 400) errors.push(`HTTP ${r.status()} for ${r.url()}`); });
 page.on("request", (r) => requests.push(r.url()));
 const shot = (name) => page.screenshot({ path: join(artifacts, `${name}.png`) });
 const api = (path) => page.evaluate(async (p) => (await fetch(p)).json(), path);
@@ -128,6 +119,29 @@ try {
   await page.waitForFunction((n) => window.__headroom.scope === "nodes" && document.querySelectorAll(".cell[data-node][data-sig]").length === n, nodes.length, { timeout: 10000 });
   const filter = await page.inputValue("#f-node");
   if (filter) throw new Error(`the node filter still says ${filter}`);
+
+  step = "the user and job filters ask the collector for the matching processes only";
+  const seenFilter = requests.length;
+  await page.fill("#f-user", "priy");
+  await page.waitForFunction(() => [...document.querySelectorAll("#fleet .cell[data-node]")].map((c) => c.dataset.node).join() === "gpu-mig", null, { timeout: 10000 });
+  // A filter left set is read again, so that it follows jobs that start and end.
+  await page.waitForTimeout(6000);
+  const userReads = requests.slice(seenFilter).filter((u) => u.endsWith("/api/v1/processes?user=priy")).length;
+  if (userReads < 2) throw new Error(`the user filter's processes were read ${userReads} times in 6 s`);
+  await page.fill("#f-user", "");
+  await page.fill("#f-job", "4100007");
+  await page.waitForFunction(() => [...document.querySelectorAll("#fleet .cell[data-node]")].map((c) => c.dataset.node).join() === "gpu-007", null, { timeout: 10000 });
+  // The job's bar is read beside its processes.
+  for (let i = 0; i < 50 && !requests.slice(seenFilter).some((u) => u.includes("/api/v1/jobs?slurm_job_id=4100007")); i++) await page.waitForTimeout(100);
+  const filterReads = requests.slice(seenFilter).map((u) => new URL(u)).filter((u) => ["/api/v1/processes", "/api/v1/jobs"].includes(u.pathname));
+  const unfiltered = filterReads.filter((u) => !u.searchParams.get("user") && !u.searchParams.get("slurm_job_id"));
+  if (unfiltered.length) throw new Error(`the filters read the fleet's lists: ${unfiltered.map(String)}`);
+  const asks = (path, key, value) => filterReads.some((u) => u.pathname === path && u.searchParams.get(key) === value);
+  if (!asks("/api/v1/processes", "user", "priy") || !asks("/api/v1/processes", "slurm_job_id", "4100007") || !asks("/api/v1/jobs", "slurm_job_id", "4100007")) {
+    throw new Error(`the filters asked for ${filterReads.map(String)}`);
+  }
+  await page.fill("#f-job", "");
+  await page.waitForFunction((n) => document.querySelectorAll("#fleet .cell[data-node]").length === n, nodes.length, { timeout: 10000 });
 
   if (errors.length) throw new Error(`errors in the page: ${errors.join(" | ")}`);
   console.log(JSON.stringify({ ok: true, nodes: layout.nodes.length, devices: gpus.length, held: layout.held, firing: firing.length }));

@@ -6,16 +6,10 @@
 // an admin expires a silence through the browser (the same-origin check
 // lets the page's own change through). Exits non-zero, naming the step, on
 // the first failure.
-import { launchChromium } from "./chromium.mjs";
-import { mkdirSync } from "node:fs";
+import { launchChromium, scriptArgs, watchedPage } from "./chromium.mjs";
 import { join } from "node:path";
 
-const [base, viewer, admin, artifacts] = process.argv.slice(2);
-if (!base || !viewer || !admin || !artifacts) {
-  console.error("usage: node signin.mjs BASE_URL VIEWER_TOKEN ADMIN_TOKEN ARTIFACT_DIR");
-  process.exit(2);
-}
-mkdirSync(artifacts, { recursive: true });
+const [base, viewer, admin, artifacts] = scriptArgs("signin.mjs", ["BASE_URL", "VIEWER_TOKEN", "ADMIN_TOKEN", "ARTIFACT_DIR"]);
 
 // A silence to look at and expire, made the way a script would: a bearer token.
 const made = await fetch(`${base}/api/v1/silences`, {
@@ -27,20 +21,16 @@ if (made.status !== 201) throw new Error(`creating a silence: HTTP ${made.status
 
 const browser = await launchChromium();
 let step = "start";
-const page = await browser.newPage({ viewport: { width: 1200, height: 800 } });
-const errors = [];
-page.on("pageerror", (e) => errors.push(e.message));
 // Refusals are expected while signed out and for the wrong token; nothing
 // else may fail.
-page.on("response", (r) => {
-  const expected = r.status() === 401 && (r.url().endsWith("/api/v1/session") || !page.__signedIn);
-  if (r.status() >= 400 && !expected) errors.push(`HTTP ${r.status()} for ${r.url()}`);
-});
+let signedIn = false;
+const { page, errors } = await watchedPage(browser, { width: 1200, height: 800 },
+  (r) => r.status() === 401 && (r.url().endsWith("/api/v1/session") || !signedIn));
 const shot = (name) => page.screenshot({ path: join(artifacts, `${name}.png`), fullPage: true });
 
 async function signIn(token) {
   await page.fill("#token", token);
-  page.__signedIn = true;
+  signedIn = true;
   await Promise.all([page.waitForEvent("load"), page.click("#sign-in button[type=submit]")]);
 }
 
@@ -70,7 +60,7 @@ try {
   await shot("signin-2-viewer");
 
   step = "signing out returns to the form";
-  page.__signedIn = false;
+  signedIn = false;
   await Promise.all([page.waitForEvent("load"), page.click("#sign-out")]);
   await page.waitForSelector("#sign-in", { timeout: 5000 });
 

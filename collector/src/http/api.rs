@@ -12,8 +12,8 @@ use super::fleet_summary::{FULLEST_DEFAULT, FULLEST_MAX};
 use super::stream::DevicePick;
 use super::text::check_id;
 use headroom_store::{
-    AllocatorSeries, AllocatorSeriesQuery, EventView, FleetHistoryPoint, NodeView, ProcessSeries,
-    ProcessView, ProcessesOn, SeriesPoint, StoreError,
+    AllocatorSeries, AllocatorSeriesQuery, EventView, FleetHistoryPoint, NodeView, OwnerMatch,
+    ProcessSeries, ProcessView, ProcessesOn, SeriesPoint, StoreError,
 };
 
 /// A process counts as current when it was seen this recently.
@@ -174,31 +174,71 @@ pub async fn fleet(
     }
 }
 
+/// Parts of the owner a process must have, each a substring (the
+/// dashboard's user, job and pod filters); absent or empty, any.
+#[derive(Debug, Default, Deserialize)]
+pub struct OwnerQuery {
+    user: Option<String>,
+    slurm_job_id: Option<String>,
+    pod_uid: Option<String>,
+}
+
+impl OwnerQuery {
+    pub(super) fn owner_match(&self) -> Result<OwnerMatch<'_>, ApiError> {
+        fn part<'a>(name: &str, value: &'a Option<String>) -> Result<&'a str, ApiError> {
+            let value = value.as_deref().unwrap_or_default();
+            if value.contains('\0') {
+                return Err(ApiError::BadRequest(format!(
+                    "`{name}` holds a NUL character, which no owner has"
+                )));
+            }
+            Ok(value)
+        }
+        Ok(OwnerMatch {
+            user: part("user", &self.user)?,
+            slurm_job_id: part("slurm_job_id", &self.slurm_job_id)?,
+            pod_uid: part("pod_uid", &self.pod_uid)?,
+        })
+    }
+}
+
 #[derive(Debug, Deserialize)]
 pub struct ProcessesQuery {
     /// That node's processes only.
     node: Option<String>,
+    #[serde(flatten)]
+    owner: OwnerQuery,
 }
 
 /// The processes seen lately; a node's alone when asked, which a GPU's
-/// page needs rather than the fleet's (200,000 at 100,000 GPUs).
+/// page needs rather than the fleet's (200,000 at 100,000 GPUs), and only
+/// those whose owner matches when the dashboard filters by one.
 pub async fn processes(
     State(state): State<AppState>,
     query: Result<Query<ProcessesQuery>, QueryRejection>,
 ) -> Result<Json<Vec<ProcessView>>, ApiError> {
     let Query(query) = query?;
+    let owner = query.owner.owner_match()?;
     let since = state.clock.now_ms() - PROCESS_WINDOW_MS;
     Ok(Json(
-        state
-            .store
-            .processes(
-                since,
-                match query.node.as_deref().filter(|n| !n.is_empty()) {
-                    Some(node) => ProcessesOn::Node(node),
-                    None => ProcessesOn::Fleet,
-                },
-            )
-            .await?,
+        match query.node.as_deref().filter(|n| !n.is_empty()) {
+            // A node's processes are few: matched here.
+            Some(node) => {
+                let mut processes = state
+                    .store
+                    .processes(since, ProcessesOn::Node(node))
+                    .await?;
+                processes.retain(|p| owner.matches(p));
+                processes
+            }
+            None if owner.is_any() => state.store.processes(since, ProcessesOn::Fleet).await?,
+            None => {
+                state
+                    .store
+                    .processes(since, ProcessesOn::Owners(owner))
+                    .await?
+            }
+        },
     ))
 }
 

@@ -6,14 +6,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use headroom_common::{Breakdown, Share};
 use headroom_rules::remedy;
 use headroom_store::{ProcessView, ProcessesOn};
 use serde::Serialize;
 
 use super::AppState;
-use super::api::{ApiError, PROCESS_WINDOW_MS};
+use super::api::{ApiError, OwnerQuery, PROCESS_WINDOW_MS};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobView {
@@ -42,11 +43,22 @@ pub struct Advice {
     pub text: String,
 }
 
-pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<JobView>>, ApiError> {
+/// The jobs among the current processes; with `user`, `slurm_job_id` or
+/// `pod_uid`, the jobs of the processes whose owner matches, read without
+/// the rest of the fleet's.
+pub async fn list(
+    State(state): State<AppState>,
+    query: Result<Query<OwnerQuery>, QueryRejection>,
+) -> Result<Json<Vec<JobView>>, ApiError> {
+    let Query(query) = query?;
+    let owner = query.owner_match()?;
     let since = state.clock.now_ms() - PROCESS_WINDOW_MS;
-    Ok(Json(jobs(
-        &state.store.processes(since, ProcessesOn::Fleet).await?,
-    )))
+    let on = if owner.is_any() {
+        ProcessesOn::Fleet
+    } else {
+        ProcessesOn::Owners(owner)
+    };
+    Ok(Json(jobs(&state.store.processes(since, on).await?)))
 }
 
 /// A job as its processes are gathered: the view, and who and where.

@@ -663,6 +663,10 @@ impl Store for SqliteStore {
             ProcessesOn::Fleet => "",
             ProcessesOn::Node(_) => "AND n.name = ?2",
             ProcessesOn::Devices(_) => "AND d.uuid IN (SELECT value FROM json_each(?2))",
+            // `instr(x, '') = 1`: a part not asked for matches every process.
+            ProcessesOn::Owners(_) => {
+                "AND instr(p.user_name, ?2) > 0 AND instr(p.slurm_job_id, ?3) > 0 AND instr(p.pod_uid, ?4) > 0"
+            }
         };
         let sql = format!(
             "SELECT n.name AS node, d.uuid AS device_uuid, d.gpu_index, {PROCESS_COLUMNS}
@@ -675,6 +679,10 @@ impl Store for SqliteStore {
             ProcessesOn::Fleet => query,
             ProcessesOn::Node(node) => query.bind(node.to_owned()),
             ProcessesOn::Devices(uuids) => query.bind(serde_json::json!(uuids).to_string()),
+            ProcessesOn::Owners(owner) => query
+                .bind(owner.user.to_owned())
+                .bind(owner.slurm_job_id.to_owned())
+                .bind(owner.pod_uid.to_owned()),
         };
         let rows = query.fetch_all(&self.reader).await?;
         Ok(rows.into_iter().map(ProcessView::from).collect())

@@ -663,6 +663,25 @@ async fn jobs_sum_their_ranks_and_carry_the_remedy_for_their_largest_share() {
     );
     let pod = &jobs[1];
     assert_eq!(pod["kind"], "pod");
+    // The dashboard's job filter reads only the jobs of matching processes.
+    for (query, expected) in [
+        ("slurm_job_id=90", vec!["900"]),
+        (
+            "pod_uid=0f1e2d3c",
+            vec!["0f1e2d3c-aaaa-bbbb-cccc-111122223333"],
+        ),
+        ("user=hana&slurm_job_id=90", vec!["900"]),
+        ("user=svc&slurm_job_id=90", vec![]),
+    ] {
+        let found = collector.get_json(&format!("/api/v1/jobs?{query}")).await;
+        let ids: Vec<_> = found
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["id"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(ids, expected, "{query}");
+    }
     assert!(
         pod["breakdown"].is_null() && pod["advice"].is_null(),
         "{pod}"

@@ -214,6 +214,34 @@ async fn simulated_agent_to_postgres_collector_api_returns_scenario_values() {
     let bob = device(&procs, |p| p["pid"] == 5150);
     assert_eq!(bob["device_uuid"], mig["uuid"]);
     assert_eq!(bob["pod_uid"], "0f0e0d0c-1111-2222-3333-444455556666");
+    // The dashboard's filters, answered by the collector.
+    let pids = |procs: serde_json::Value| {
+        procs
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["pid"].as_u64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    for (query, expected) in [
+        ("user=bo", vec![5150]),
+        ("slurm_job_id=99", vec![4242]),
+        ("pod_uid=0f0e0d0c", vec![5150]),
+        ("user=alice&pod_uid=0f0e0d0c", vec![]),
+        ("node=e2e-node&user=alic", vec![4242]),
+        ("node=another-node&user=alice", vec![]),
+    ] {
+        let found = collector
+            .get_json(&format!("/api/v1/processes?{query}"))
+            .await;
+        assert_eq!(pids(found), expected, "{query}");
+    }
+    let refused = reqwest::get(collector.api("/api/v1/processes?user=a%00b"))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), reqwest::StatusCode::BAD_REQUEST);
+    let error = refused.text().await.unwrap();
+    assert!(error.contains("`user`"), "{error}");
 
     // The agent's own Prometheus endpoint shows the same GPU, valid by promtool.
     let metrics_url = format!("http://{}/metrics", agent.metrics_addr().unwrap());

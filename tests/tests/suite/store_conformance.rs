@@ -5,14 +5,14 @@ use std::sync::Arc;
 
 use headroom_collector::ingest::validate::{self, Limits};
 use headroom_proto::v1 as pb;
-use headroom_store::ProcessesOn;
 use headroom_store::alerts::{
     ActiveAlertCounts, AlertFilter, AlertUpdate, NewNotification, NewSilence, UpdateKind,
 };
 use headroom_store::model::{DeviceBudget, NodeSession, StoreBatch, WriteOutcome};
 use headroom_store::rollup::{self, DAY_MS, HOUR_MS, MINUTE_MS, MaintenanceReport};
 use headroom_store::tokens::{NewToken, TokenRole};
-use headroom_store::{AllocatorSeriesQuery, FleetHistoryPoint, Store, StoreError};
+use headroom_store::{AllocatorSeriesQuery, FleetHistoryPoint, ProcessView, Store, StoreError};
+use headroom_store::{OwnerMatch, ProcessesOn};
 use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, GPU1, GPU2, MIG_A, MIG_B, NODE, now_ms};
 use headroom_tests::postgres;
 
@@ -292,6 +292,84 @@ async fn process_keeps_its_peak_and_latest(store: Arc<dyn Store>) {
     assert_eq!(alice.last_seen_ms, ts + 1000);
     let bob = procs.iter().find(|p| p.user == "bob").unwrap();
     assert_eq!(bob.device_uuid, GPU1);
+}
+
+/// The dashboard's user, job and pod filters, answered by the store: each
+/// part a literal, case-sensitive substring, all parts together, and the
+/// same answer as the fleet's list filtered in Rust.
+async fn processes_are_found_by_their_owner(store: Arc<dyn Store>) {
+    let session = register(&*store, &fixtures::register(NODE, BOOT)).await;
+    let ts = now_ms() - 10_000;
+    let mut batch = fixtures::batch(1, ts);
+    let owned = |uuid: &str, pid: u32, user: &str, job: &str, pod: &str| {
+        let mut p = fixtures::process_sample(uuid, ts, pid, u64::from(pid) * GIB);
+        (p.user, p.slurm_job_id, p.pod_uid) = (user.into(), job.into(), pod.into());
+        p
+    };
+    batch.process_samples = vec![
+        owned(GPU0, 1, "alice", "4242", ""),
+        owned(GPU1, 2, "bob", "", "9f3e0000-pod"),
+        owned(GPU1, 3, "carol_x", "1424", ""),
+    ];
+    write(&*store, &session, &batch).await;
+    let fleet = store.processes(ts - 1, ProcessesOn::Fleet).await.unwrap();
+    assert_eq!(fleet.len(), 3);
+    async fn pids(
+        store: &dyn Store,
+        since_ms: i64,
+        fleet: &[ProcessView],
+        owner: OwnerMatch<'_>,
+    ) -> Vec<i64> {
+        let found = store
+            .processes(since_ms, ProcessesOn::Owners(owner))
+            .await
+            .unwrap();
+        let expected: Vec<_> = fleet.iter().filter(|p| owner.matches(p)).cloned().collect();
+        assert_eq!(
+            found, expected,
+            "the store and `OwnerMatch::matches` agree on {owner:?}"
+        );
+        found.iter().map(|p| p.pid).collect()
+    }
+    let pids = |owner| pids(&*store, ts - 1, &fleet, owner);
+    let user = |user| OwnerMatch {
+        user,
+        ..OwnerMatch::default()
+    };
+    let job = |slurm_job_id| OwnerMatch {
+        slurm_job_id,
+        ..OwnerMatch::default()
+    };
+    assert_eq!(
+        pids(OwnerMatch::default()).await,
+        [3, 2, 1],
+        "no part: every process"
+    );
+    assert_eq!(pids(user("li")).await, [1]);
+    assert_eq!(pids(user("Alice")).await, [0i64; 0], "case counts");
+    assert_eq!(pids(user("%")).await, [0i64; 0], "no LIKE wildcards");
+    assert_eq!(pids(user("_")).await, [3], "an underscore is an underscore");
+    assert_eq!(pids(job("424")).await, [3, 1]);
+    assert_eq!(pids(job("4242")).await, [1]);
+    let pod = OwnerMatch {
+        pod_uid: "9f3e",
+        ..OwnerMatch::default()
+    };
+    assert_eq!(pids(pod).await, [2]);
+    let both = OwnerMatch {
+        user: "alice",
+        slurm_job_id: "1424",
+        pod_uid: "",
+    };
+    assert_eq!(pids(both).await, [0i64; 0], "every part must match");
+    assert!(
+        store
+            .processes(ts + 1, ProcessesOn::Owners(user("alice")))
+            .await
+            .unwrap()
+            .is_empty(),
+        "a process not seen lately is not current, whoever owns it"
+    );
 }
 
 async fn allocator_reports_are_stored_once_per_report(store: Arc<dyn Store>) {
@@ -1527,6 +1605,7 @@ conformance!(
     latest_never_goes_back_in_time,
     series_folds_buckets_keeping_extremes,
     process_keeps_its_peak_and_latest,
+    processes_are_found_by_their_owner,
     allocator_reports_are_stored_once_per_report,
     memory_composition_is_stored_split_and_checked,
     gpu_page_reads_process_series_and_events,
