@@ -274,12 +274,6 @@ async function processesForFilters() {
   } catch (_) { filterRead = { url: null, at: 0 }; return false; /* the fleet still shows */ }
 }
 
-async function refreshProcesses() {
-  filterRead = { url: null, at: 0 };
-  filterReadSeq += 1;
-  try { state.processes = await getJson("/api/v1/processes"); } catch (_) { /* the fleet still shows */ }
-}
-
 function scheduleFleetRender() {
   if (fleetRenderPending) return;
   fleetRenderPending = true;
@@ -1062,37 +1056,28 @@ function allocatorBlock(p, series) {
     not in tensors ${fmtBytes(a.fragmentation_bytes)} · retries ${a.alloc_retries} · OOMs ${a.ooms}</div>`;
 }
 
-function groupBy(procs, key) {
-  const groups = new Map();
-  for (const p of procs) {
-    const k = key(p);
-    if (!k) continue;
-    const g = groups.get(k) || { key: k, memory: 0, processes: 0, devices: new Set(), nodes: new Set() };
-    g.memory += p.memory_used_bytes; g.processes += 1; g.devices.add(p.device_uuid); g.nodes.add(p.node);
-    groups.set(k, g);
-  }
-  return [...groups.values()].sort((a, b) => b.memory - a.memory);
-}
-
-function groupTable(title, groups) {
-  return `<div><h3>${title}</h3>${groups.length ? `<table><thead><tr><th>${title.split(" ").pop()}</th><th class="num">memory</th><th class="num">processes</th><th class="num">GPUs</th><th class="num">nodes</th></tr></thead><tbody>
-    ${groups.slice(0, 20).map((g) => `<tr><td>${esc(g.key)}</td><td class="num">${fmtBytes(g.memory)}</td><td class="num">${g.processes}</td><td class="num">${g.devices.size}</td><td class="num">${g.nodes.size}</td></tr>`).join("")}
+// One owner kind's largest groups, as the collector summed them
+// (`/api/v1/processes/summary`), saying how many there are beyond those.
+function groupTable(title, { groups, largest }) {
+  const more = groups > largest.length ? ` <span class="muted small">(the ${largest.length} largest of ${groups})</span>` : "";
+  return `<div class="owner-groups"><h3>${title}${more}</h3>${largest.length ? `<table><thead><tr><th>${title.split(" ").pop()}</th><th class="num">memory</th><th class="num">processes</th><th class="num">GPUs</th><th class="num">nodes</th></tr></thead><tbody>
+    ${largest.map((g) => `<tr><td>${esc(g.key)}</td><td class="num">${fmtBytes(g.memory_used_bytes)}</td><td class="num">${g.processes}</td><td class="num">${g.devices}</td><td class="num">${g.nodes}</td></tr>`).join("")}
     </tbody></table>` : `<p class="muted">none</p>`}</div>`;
 }
 
 async function showProcesses(view, p, gen) {
   document.title = "Headroom — processes and jobs";
   view.innerHTML = `<p class="muted">loading…</p>`;
-  const [alerts, jobs] = await Promise.all([getJson("/api/v1/alerts?state=active"), fetchJobs(), refreshProcesses()]);
+  // Summed by the collector: the fleet's processes are 200,000 at 100,000 GPUs.
+  const [alerts, summary] = await Promise.all([getJson("/api/v1/alerts?state=active"), getJson("/api/v1/processes/summary")]);
   if (!isCurrent(gen)) return;
-  const procs = state.processes;
   const leaks = alerts.filter((a) => a.rule === "leak");
   view.innerHTML = `
     <div class="grid2">
-      ${groupTable("Memory by user", groupBy(procs, (p) => p.user))}
-      ${groupTable("Memory by Slurm job", groupBy(procs, (p) => p.slurm_job_id))}
-      ${groupTable("Memory by pod", groupBy(procs, (p) => p.pod_uid))}
-      ${groupTable("Memory by container", groupBy(procs, (p) => p.container_id && p.container_id.slice(0, 12)))}
+      ${groupTable("Memory by user", summary.by_user)}
+      ${groupTable("Memory by Slurm job", summary.by_slurm_job)}
+      ${groupTable("Memory by pod", summary.by_pod)}
+      ${groupTable("Memory by container", summary.by_container)}
     </div>
     <h3>Leak suspects</h3>
     ${leaks.length ? `<table><thead><tr><th>state</th><th>process</th><th class="num">growth</th><th>since</th><th>GPU</th></tr></thead><tbody>
@@ -1100,12 +1085,12 @@ async function showProcesses(view, p, gen) {
         <td class="num">${fmtBytes(a.details.growth_bytes_per_min)}/min</td><td>${a.details.since_ms ? fmtTime(a.details.since_ms) : "—"}</td>
         <td><a href="/?gpu=${encodeURIComponent(a.labels.device_uuid)}">${esc(a.labels.node)} GPU ${esc(a.labels.gpu)}</a></td></tr>`).join("")}</tbody></table>`
       : `<p class="muted">no process leaks right now</p>`}
-    <section id="job-composition" hidden><h3>Where each job's memory goes</h3>
+    <section id="job-composition"><h3>Where each job's memory goes</h3>
       <p class="muted small">Each job's memory at its ranks' peaks, summed over the ranks that count their tensors, and what to try for its largest share.</p><div id="job-bars"></div></section>
-    <h3>Top consumers across the fleet</h3>${processTable(procs.slice(0, 25))}
+    <h3>Top consumers across the fleet</h3>${processTable(summary.largest)}
     <h3>Allocator of reporting processes</h3><div id="proc-allocators" class="muted">none reports</div>`;
-  renderJobCompositions(jobs);
-  const reporting = procs.filter((p) => p.allocator).slice(0, 6);
+  renderJobCompositions(summary);
+  const reporting = summary.largest_reporting;
   if (reporting.length) {
     const blocks = await Promise.all(reporting.map(async (p) => allocatorBlock(p, await allocatorSeries(p))));
     if (!isCurrent(gen)) return;
@@ -1289,17 +1274,12 @@ function jobCompositionHtml(j) {
     ${j.advice ? `<p class="advice">${esc(j.advice.text)}</p>` : ""}</div>`;
 }
 
-const JOB_BARS = 20;
-function renderJobCompositions(jobs) {
-  const section = document.getElementById("job-composition");
-  if (!section) return;
-  section.hidden = jobs == null;
-  if (jobs == null) return;
-  const counting = jobs.filter((j) => j.breakdown);
-  const silent = jobs.length - counting.length;
-  document.getElementById("job-bars").innerHTML = (counting.length ? counting.slice(0, JOB_BARS).map(jobCompositionHtml).join("")
+// The bars of the largest jobs that count their tensors, from the summary.
+function renderJobCompositions(summary) {
+  const { largest_counting_jobs: shown, jobs_counting: counting, jobs_silent: silent } = summary;
+  document.getElementById("job-bars").innerHTML = (shown.length ? shown.map(jobCompositionHtml).join("")
     : `<p class="muted">no job reports where its memory goes yet</p>`) +
-    `<p class="muted small">${counting.length > JOB_BARS ? `The ${JOB_BARS} largest of ${counting.length} jobs that count their tensors. ` : ""}${silent ? `${silent} other job${silent === 1 ? "" : "s"} count${silent === 1 ? "s" : ""} nothing: ` : ""}a job's ranks count their weights, gradients and optimizer state with the Python client's <code>enable(model=, optimizer=)</code>.</p>`;
+    `<p class="muted small">${counting > shown.length ? `The ${shown.length} largest of ${counting} jobs that count their tensors. ` : ""}${silent ? `${silent} other job${silent === 1 ? "" : "s"} count${silent === 1 ? "s" : ""} nothing: ` : ""}a job's ranks count their weights, gradients and optimizer state with the Python client's <code>enable(model=, optimizer=)</code>.</p>`;
 }
 
 // The fleet filtered by job: the job's bar above the devices. The job

@@ -184,8 +184,23 @@ try {
   }
   await page.locator("#gpu-composition").screenshot({ path: join(artifacts, "8-composition.png") });
 
-  step = "each job's bar names its largest share and what to try";
+  step = "the processes view shows the owners the collector summed";
   await page.goto(`${base}/?view=processes`);
+  await page.waitForSelector(".owner-groups table", { timeout: 10000 });
+  const owners = await page.evaluate(() => [...document.querySelectorAll(".owner-groups")].map((box) => ({
+    title: box.querySelector("h3").textContent,
+    keys: [...box.querySelectorAll("tbody tr td:first-child")].map((td) => td.textContent),
+  })));
+  const listed = await (await fetch(`${base}/api/v1/processes`)).json();
+  const users = new Set(listed.map((p) => p.user));
+  const byUser = owners.find((o) => o.title.startsWith("Memory by user"));
+  if (!byUser || !byUser.keys.length || byUser.keys.some((k) => !users.has(k))) throw new Error(`the users' table lists ${JSON.stringify(byUser)}; the processes' users are ${[...users]}`);
+  const byContainer = owners.find((o) => o.title.startsWith("Memory by container"));
+  if (!byContainer || byContainer.keys.some((k) => k.length > 12)) throw new Error(`the containers' table lists ${JSON.stringify(byContainer)}`);
+  const consumers = await page.locator("table.procs").first().locator("tbody tr").count();
+  if (consumers !== Math.min(25, listed.length)) throw new Error(`${consumers} top consumers listed of ${listed.length} processes`);
+
+  step = "each job's bar names its largest share and what to try";
   const job = (id) => `.job-comp[data-job="${id}"]`;
   await page.waitForFunction((sel) => (document.querySelector(`${sel} .advice`)?.textContent ?? "") !== "", job("4817322"), { timeout: 10000 });
   const dmitri = await readComposition(`${job("4817322")} .comp`);

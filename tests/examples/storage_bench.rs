@@ -1137,25 +1137,33 @@ async fn fleet_overview_at_scale(nodes: usize, runs: usize, rewrites: Rewrites) 
     }
     owners_ms.sort_by(f64::total_cmp);
     owners_sent_ms.sort_by(f64::total_cmp);
-    // The dashboard's user, job and pod filters: every process sent to the
-    // browser to be matched there (before), or only the matching ones.
+    // The dashboard's user, job and pod filters and its processes view:
+    // every process sent to the browser to be matched or summed there
+    // (before), or only the matching ones, or the collector's sums.
     let filter_reads = [
         (
-            "every process, matched in the browser (before)",
+            "every process, for the filters and the processes view (before)",
             "/api/v1/processes",
         ),
         (
-            "a Slurm job's (`?slurm_job_id=4017`, two nodes' jobs match)",
+            "a Slurm job's, for the filters (two nodes' jobs match)",
             "/api/v1/processes?slurm_job_id=4017",
         ),
         (
-            "a user's (`?user=user3`, one process in eight)",
+            "a user's, for the filters (one process in eight)",
             "/api/v1/processes?user=user3",
+        ),
+        (
+            "the processes view's sums by owner and largest processes",
+            "/api/v1/processes/summary",
         ),
     ];
     let mut filter_rows = Vec::new();
     for (what, path) in filter_reads {
-        filter_rows.push((what, time_get(&collector.api(path), &client, 5).await));
+        filter_rows.push((
+            (what, path),
+            time_get(&collector.api(path), &client, 5).await,
+        ));
     }
     // What a dashboard's live stream sends at this size: a row per node
     // (the default limit), every device (a limit above the fleet), one
@@ -1247,9 +1255,9 @@ async fn fleet_overview_at_scale(nodes: usize, runs: usize, rewrites: Rewrites) 
         percentile(&owners_sent_ms, 0.5),
         percentile(&owners_sent_ms, 1.0)
     );
-    for (what, (p50, slowest, bytes)) in filter_rows {
+    for ((what, path), (p50, slowest, bytes)) in filter_rows {
         println!(
-            "| `GET /api/v1/processes` for the dashboard's filters: {what} ({bytes} B), 5 reads | {p50:.1} ms | {slowest:.1} ms (slowest) |"
+            "| `GET {path}`, {what} ({bytes} B), 5 reads | {p50:.1} ms | {slowest:.1} ms (slowest) |"
         );
     }
     println!();

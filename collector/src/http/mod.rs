@@ -11,6 +11,7 @@ mod jobs;
 pub mod listener;
 mod node_rows;
 pub mod peers;
+mod process_summary;
 mod session;
 pub mod settings;
 mod stream;
@@ -132,6 +133,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/api/v1/gpus/{uuid}/events", get(api::device_events))
         .route("/api/v1/processes", get(api::processes))
+        .route("/api/v1/processes/summary", get(process_summary::summary))
         .route("/api/v1/jobs", get(jobs::list))
         .route(
             "/api/v1/gpus/{uuid}/processes/{pid}/allocator",

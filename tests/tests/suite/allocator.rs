@@ -663,6 +663,14 @@ async fn jobs_sum_their_ranks_and_carry_the_remedy_for_their_largest_share() {
     );
     let pod = &jobs[1];
     assert_eq!(pod["kind"], "pod");
+    // The processes view's summary draws the jobs that count their tensors.
+    let summary = collector.get_json("/api/v1/processes/summary").await;
+    assert_eq!(
+        (&summary["jobs_counting"], &summary["jobs_silent"]),
+        (&serde_json::json!(1), &serde_json::json!(1)),
+        "{summary}"
+    );
+    assert_eq!(summary["largest_counting_jobs"][0], *training);
     // The dashboard's job filter reads only the jobs of matching processes.
     for (query, expected) in [
         ("slurm_job_id=90", vec!["900"]),

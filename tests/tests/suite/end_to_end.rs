@@ -236,6 +236,39 @@ async fn simulated_agent_to_postgres_collector_api_returns_scenario_values() {
             .await;
         assert_eq!(pids(found), expected, "{query}");
     }
+    // What the processes view shows, summed by the collector.
+    let summary = collector.get_json("/api/v1/processes/summary").await;
+    assert_eq!(summary["processes"], procs.as_array().unwrap().len());
+    let alice_sum = &summary["by_user"]["largest"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["key"] == "alice")
+        .unwrap_or_else(|| panic!("no alice in {summary}"))
+        .clone();
+    assert_eq!(
+        (
+            &alice_sum["processes"],
+            &alice_sum["devices"],
+            &alice_sum["nodes"]
+        ),
+        (
+            &serde_json::json!(1),
+            &serde_json::json!(1),
+            &serde_json::json!(1)
+        )
+    );
+    assert_eq!(alice_sum["memory_used_bytes"], 12 * GIB);
+    assert_eq!(summary["by_slurm_job"]["largest"][0]["key"], "99");
+    assert_eq!(
+        summary["by_pod"]["largest"][0]["key"],
+        "0f0e0d0c-1111-2222-3333-444455556666"
+    );
+    let mut summed: Vec<_> = pids(summary["largest"].clone());
+    let mut listed = pids(procs.clone());
+    summed.sort_unstable();
+    listed.sort_unstable();
+    assert_eq!(summed, listed, "every process among the largest of so few");
     let refused = reqwest::get(collector.api("/api/v1/processes?user=a%00b"))
         .await
         .unwrap();
