@@ -75,7 +75,8 @@ state.renderMs = [];
 const remember = (list, value) => { list.push(value); if (list.length > 500) list.shift(); };
 
 function applyFleet(msg, snapshot) {
-  // The devices at risk of a `nodes` message are sent whether they changed or not.
+  // A device at risk of a `nodes` message may be sent for a change of its
+  // alerts or owners alone: not a sample's way to the screen.
   if (!snapshot && msg.scope !== "nodes") {
     const now = Date.now();
     for (const d of msg.gpus || []) if (d.latest) remember(state.sampleToScreenMs, now - d.latest.timestamp_ms);
@@ -86,11 +87,18 @@ function applyFleet(msg, snapshot) {
     for (const r of msg.node_rows || []) state.nodeRows.set(r.node, r);
     for (const name of msg.removed_nodes || []) state.nodeRows.delete(name);
     state.devicesInFleet = msg.devices;
-    // The devices at risk, their alerts and owners: whole in every message.
-    state.gpus = new Map((msg.gpus || []).map((d) => [d.uuid, d]));
+    // The devices at risk that changed, each with its alerts and owners
+    // (none when absent), and those no longer at risk.
+    if (snapshot) { state.gpus = new Map(); state.deviceAlerts = {}; state.owners = {}; }
     state.nodes = [];
-    state.deviceAlerts = msg.device_alerts || {};
-    state.owners = msg.owners || {};
+    for (const d of msg.gpus || []) {
+      state.gpus.set(d.uuid, d);
+      const a = (msg.device_alerts || {})[d.uuid];
+      if (a) state.deviceAlerts[d.uuid] = a; else delete state.deviceAlerts[d.uuid];
+      const o = (msg.owners || {})[d.uuid];
+      if (o && o.length) state.owners[d.uuid] = o; else delete state.owners[d.uuid];
+    }
+    for (const uuid of msg.removed || []) { state.gpus.delete(uuid); delete state.deviceAlerts[uuid]; delete state.owners[uuid]; }
   } else {
     if (snapshot) { state.gpus = new Map(); state.nodeRows = new Map(); }
     for (const d of msg.gpus || []) state.gpus.set(d.uuid, d);

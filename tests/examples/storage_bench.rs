@@ -101,6 +101,7 @@ use headroom_collector::server::Collector;
 use headroom_proto::v1 as pb;
 use headroom_proto::v1::ingest_client::IngestClient;
 use headroom_store::ProcessesOn;
+use headroom_store::alerts::{AlertUpdate, UpdateKind};
 use headroom_store::model::{NodeSession, StoreBatch};
 use headroom_store::rollup::{
     DAY_MS, HOUR_MS, MINUTE_MS, SampleWrites, StorageConfig, bucket_start,
@@ -1179,6 +1180,27 @@ async fn fleet_overview_at_scale(nodes: usize, runs: usize, rewrites: Rewrites) 
             .unwrap(),
     )
     .await;
+    // A fleet this size has alerts: 200 devices spread over it fire a
+    // watermark alert, so that the rows' stream sends as many devices at
+    // risk as it ever does (the 12 fullest and 200 alerted).
+    let alerted = store.latest_devices().await.unwrap();
+    for (uuid, _) in alerted.stamps().step_by((gpus / 200).max(1)).take(200) {
+        store
+            .apply_alert(&AlertUpdate {
+                fingerprint: format!("bench-watermark-{uuid}"),
+                rule: "watermark".into(),
+                severity: "warning".into(),
+                kind: UpdateKind::Firing { escalated: false },
+                at_ms: now_ms(),
+                labels: serde_json::json!({ "device_uuid": &**uuid }).to_string(),
+                summary: "above the watermark".into(),
+                details: "{}".into(),
+                remedy: String::new(),
+                notifications: Vec::new(),
+            })
+            .await
+            .unwrap();
+    }
     let stream_seconds = 10;
     let some_node = store.nodes().await.unwrap()[0].name.clone();
     let streams = [
@@ -1265,11 +1287,18 @@ async fn fleet_overview_at_scale(nodes: usize, runs: usize, rewrites: Rewrites) 
         "The live stream at {gpus} GPUs, one client at a time, each followed for {stream_seconds} s:"
     );
     println!();
-    println!("| stream | snapshot | first event after | updates, per second |");
-    println!("|---|---|---|---|");
+    println!(
+        "| stream | snapshot | first event after | updates, per second | devices sent: in the snapshot · an update (mean) |"
+    );
+    println!("|---|---|---|---|---|");
     for (what, followed) in &stream_rows {
+        let devices = followed
+            .devices_sent
+            .map_or("—".to_owned(), |(snapshot, update)| {
+                format!("{snapshot} · {update:.1}")
+            });
         println!(
-            "| {what} | {} B | {:.0} ms | {:.0} B |",
+            "| {what} | {} B | {:.0} ms | {:.0} B | {devices} |",
             followed.snapshot_bytes, followed.snapshot_ms, followed.update_bytes_per_s
         );
     }
@@ -1283,6 +1312,22 @@ struct Followed {
     snapshot_bytes: usize,
     snapshot_ms: f64,
     update_bytes_per_s: f64,
+    /// Devices in the snapshot's `gpus` and, on average, in an update's:
+    /// counted only where events are small enough to parse on the way
+    /// (under 8 MB), so as not to slow the reading of the others.
+    devices_sent: Option<(usize, f64)>,
+}
+
+/// How many devices an event's `gpus` holds; `None` for an event too
+/// large to parse while following.
+fn devices_in(event: &[u8]) -> Option<usize> {
+    if event.len() > 8 << 20 {
+        return None;
+    }
+    let text = std::str::from_utf8(event).ok()?;
+    let data = text.lines().find_map(|l| l.strip_prefix("data: "))?;
+    let message: serde_json::Value = serde_json::from_str(data).ok()?;
+    message["gpus"].as_array().map(Vec::len)
 }
 
 /// Follows the server-sent events at `url` for `seconds` after the first
@@ -1298,6 +1343,7 @@ async fn follow_stream(client: &reqwest::Client, url: &str, seconds: u64) -> Fol
     let mut pending: Vec<u8> = Vec::new();
     let mut snapshot: Option<(usize, f64, Instant)> = None;
     let mut update_bytes = 0;
+    let (mut snapshot_devices, mut update_devices) = (None, Some((0, 0)));
     loop {
         if let Some((_, _, at)) = snapshot
             && at.elapsed() >= Duration::from_secs(seconds)
@@ -1326,8 +1372,14 @@ async fn follow_stream(client: &reqwest::Client, url: &str, seconds: u64) -> Fol
                         started.elapsed().as_secs_f64() * 1000.0,
                         Instant::now(),
                     ));
+                    snapshot_devices = devices_in(&event);
                 }
-                Some(_) => update_bytes += event.len(),
+                Some(_) => {
+                    update_bytes += event.len();
+                    update_devices = update_devices
+                        .zip(devices_in(&event))
+                        .map(|((sum, n), devices)| (sum + devices, n + 1));
+                }
             }
         }
     }
@@ -1336,6 +1388,11 @@ async fn follow_stream(client: &reqwest::Client, url: &str, seconds: u64) -> Fol
         snapshot_bytes,
         snapshot_ms,
         update_bytes_per_s: update_bytes as f64 / at.elapsed().as_secs_f64(),
+        devices_sent: snapshot_devices.zip(
+            update_devices
+                .filter(|&(_, n)| n > 0)
+                .map(|(sum, n)| sum as f64 / f64::from(n)),
+        ),
     }
 }
 
