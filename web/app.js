@@ -23,7 +23,7 @@ const LEVEL_TEXT = { ok: "OK", warn: "HIGH", crit: "CRITICAL", none: "NO DATA" }
 // devices of the node the page names) or `nodes` (a fleet too large to
 // send device by device: a row per node in `nodeRows`, and the devices at
 // risk in `gpus`).
-const state = { scope: "devices", nodeRows: new Map(), devicesInFleet: 0, nodes: [], gpus: new Map(), alerts: { pending: 0, firing: 0 }, deviceAlerts: {}, owners: {}, processes: [], updates: 0, charts: [], connected: false };
+const state = { scope: "devices", nodeRows: new Map(), devicesInFleet: 0, nodes: [], gpus: new Map(), alerts: { pending: 0, firing: 0 }, deviceAlerts: {}, owners: {}, processes: [], processesMatch: null, updates: 0, charts: [], connected: false };
 window.__headroom = state;
 
 async function getJson(url, options) {
@@ -122,7 +122,7 @@ function applyFleet(msg, snapshot) {
   if (currentView === "fleet") {
     scheduleFleetRender();
     // A filtered fleet follows processes that start and end.
-    if (fleetFilter.user || fleetFilter.job || fleetFilter.pod) processesForFilters().then((read) => { if (read) scheduleFleetRender(); });
+    if (ownerFilterSet()) refreshFilterProcesses();
   }
 }
 
@@ -236,16 +236,17 @@ async function showFleet(view, p, gen) {
       // the three fields.
       scheduleFleetRender();
       if (["user", "job", "pod"].includes(key)) {
+        if (key === "job") jobTyped = true;
         clearTimeout(filterTyping);
         filterTyping = setTimeout(() => {
-          processesForFilters().then((read) => { if (read) scheduleFleetRender(); });
-          renderJobFilterComposition(gen);
+          refreshFilterProcesses();
+          if (jobTyped) { jobTyped = false; renderJobFilterComposition(gen); }
         }, 250);
       }
     });
   }
   wireGrid(document.getElementById("fleet"));
-  if (fleetFilter.user || fleetFilter.job || fleetFilter.pod) await processesForFilters();
+  if (ownerFilterSet()) await processesForFilters();
   if (!isCurrent(gen)) return;
   scheduleFleetRender();
   renderJobFilterComposition(gen);
@@ -255,10 +256,14 @@ async function showFleet(view, p, gen) {
 // The processes the user, job and pod filters may match: the node's when
 // the page follows one (few, matched here), else only those the collector
 // finds matching (the fleet's are 200,000 at 100,000 GPUs). Read when a
-// filter changes and again once the last read is 5 s old; a read overtaken
-// by a later one is dropped. True when it read a new list.
+// filter changes and again once the last answer is 5 s old, one read of a
+// URL at a time (a slow store is not piled on); a read overtaken by a
+// later one is dropped. True when it read a new list.
+const ownerFilterSet = () => Boolean(fleetFilter.user || fleetFilter.job || fleetFilter.pod);
 let filterTyping = null;
+let jobTyped = false;
 let filterRead = { url: null, at: 0 };
+let filterReading = null;
 let filterReadSeq = 0;
 function filterProcessesUrl() {
   if (streamNode) return `/api/v1/processes?node=${encodeURIComponent(streamNode)}`;
@@ -269,17 +274,34 @@ function filterProcessesUrl() {
   return `/api/v1/processes?${q}`;
 }
 async function processesForFilters() {
-  if (!fleetFilter.user && !fleetFilter.job && !fleetFilter.pod) return false;
+  if (!ownerFilterSet()) return false;
   const url = filterProcessesUrl();
-  if (filterRead.url === url && Date.now() - filterRead.at < 5000) return false;
+  if (filterReading === url || (filterRead.url === url && Date.now() - filterRead.at < 5000)) return false;
   const seq = ++filterReadSeq;
-  filterRead = { url, at: Date.now() };
+  const match = streamNode ? null : { user: fleetFilter.user, job: fleetFilter.job, pod: fleetFilter.pod };
+  filterReading = url;
   try {
     const found = await getJson(url);
     if (seq !== filterReadSeq) return false;
     state.processes = found;
+    state.processesMatch = match;
+    filterRead = { url, at: Date.now() };
     return true;
-  } catch (_) { filterRead = { url: null, at: 0 }; return false; /* the fleet still shows */ }
+  } catch (_) {
+    return false; // the fleet still shows; the next update asks again
+  } finally {
+    if (filterReading === url) filterReading = null;
+  }
+}
+const refreshFilterProcesses = () => processesForFilters().then((read) => { if (read) scheduleFleetRender(); });
+
+// What the held processes are matched with: the filter they were read for,
+// since a read for a wider one may still be on its way (matching it against
+// the narrower list would hide devices); on a node's page, whose processes
+// are all held, what is typed now.
+function ownerMatch() {
+  if (!ownerFilterSet()) return null;
+  return state.processesMatch || { user: fleetFilter.user, job: fleetFilter.job, pod: fleetFilter.pod };
 }
 
 function scheduleFleetRender() {
@@ -297,8 +319,9 @@ function scheduleFleetRender() {
 // Devices that a process matching the user/job/pod filters runs on (a
 // MIG instance's process also selects its GPU).
 function devicesMatchingProcesses() {
-  const { user, job, pod } = fleetFilter;
-  if (!user && !job && !pod) return null;
+  const wanted = ownerMatch();
+  if (!wanted) return null;
+  const { user, job, pod } = wanted;
   const match = new Set();
   for (const p of state.processes) {
     if (user && !p.user.includes(user)) continue;
@@ -514,8 +537,9 @@ function renderFleet() {
 
 // Nodes that a process matching the user/job/pod filters runs on.
 function nodesMatchingProcesses() {
-  const { user, job, pod } = fleetFilter;
-  if (!user && !job && !pod) return null;
+  const wanted = ownerMatch();
+  if (!wanted) return null;
+  const { user, job, pod } = wanted;
   return new Set(state.processes.filter((p) => (!user || p.user.includes(user)) && (!job || p.slurm_job_id.includes(job)) &&
     (!pod || p.pod_uid.includes(pod))).map((p) => p.node));
 }
@@ -1258,8 +1282,8 @@ function renderGpuComposition(list, from, to) {
   });
 }
 
-// `/api/v1/jobs`, or null when it fails (the sections that need it then
-// stay hidden until the next refresh).
+// `/api/v1/jobs` (`query` picks some), or null when it fails (the job
+// filter's bar then stays empty until the filter changes).
 async function fetchJobs(query = "") {
   try {
     const r = await fetch(`/api/v1/jobs${query}`);

@@ -184,6 +184,13 @@ pub struct OwnerQuery {
 }
 
 impl OwnerQuery {
+    pub(super) fn of_slurm_job(slurm_job_id: Option<String>) -> Self {
+        Self {
+            slurm_job_id,
+            ..Self::default()
+        }
+    }
+
     pub(super) fn owner_match(&self) -> Result<OwnerMatch<'_>, ApiError> {
         fn part<'a>(name: &str, value: &'a Option<String>) -> Result<&'a str, ApiError> {
             let value = value.as_deref().unwrap_or_default();
@@ -231,15 +238,18 @@ pub async fn processes(
                 processes.retain(|p| owner.matches(p));
                 processes
             }
-            None if owner.is_any() => state.store.processes(since, ProcessesOn::Fleet).await?,
-            None => {
-                state
-                    .store
-                    .processes(since, ProcessesOn::Owners(owner))
-                    .await?
-            }
+            None => state.store.processes(since, fleet_or_owners(owner)).await?,
         },
     ))
+}
+
+/// Every process, or those whose owner matches when a part is asked for.
+pub(super) fn fleet_or_owners(owner: OwnerMatch<'_>) -> ProcessesOn<'_> {
+    if owner.is_any() {
+        ProcessesOn::Fleet
+    } else {
+        ProcessesOn::Owners(owner)
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -10,11 +10,11 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use headroom_common::{Breakdown, Share};
 use headroom_rules::remedy;
-use headroom_store::{ProcessView, ProcessesOn};
-use serde::Serialize;
+use headroom_store::ProcessView;
+use serde::{Deserialize, Serialize};
 
 use super::AppState;
-use super::api::{ApiError, OwnerQuery, PROCESS_WINDOW_MS};
+use super::api::{ApiError, OwnerQuery, PROCESS_WINDOW_MS, fleet_or_owners};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobView {
@@ -43,21 +43,26 @@ pub struct Advice {
     pub text: String,
 }
 
-/// The jobs among the current processes; with `user`, `slurm_job_id` or
-/// `pod_uid`, the jobs of the processes whose owner matches, read without
-/// the rest of the fleet's.
+/// Refuses another filter by name rather than answering every job.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobsQuery {
+    /// The Slurm jobs whose id contains this. Only the job id: a job's
+    /// ranks all carry it, so every rank of a job found is summed, where a
+    /// user or a pod could pick some of its ranks and not the others.
+    slurm_job_id: Option<String>,
+}
+
+/// The jobs among the current processes; with `slurm_job_id`, the Slurm
+/// jobs whose id contains it, read without the rest of the fleet's.
 pub async fn list(
     State(state): State<AppState>,
-    query: Result<Query<OwnerQuery>, QueryRejection>,
+    query: Result<Query<JobsQuery>, QueryRejection>,
 ) -> Result<Json<Vec<JobView>>, ApiError> {
     let Query(query) = query?;
-    let owner = query.owner_match()?;
+    let owner_query = OwnerQuery::of_slurm_job(query.slurm_job_id);
     let since = state.clock.now_ms() - PROCESS_WINDOW_MS;
-    let on = if owner.is_any() {
-        ProcessesOn::Fleet
-    } else {
-        ProcessesOn::Owners(owner)
-    };
+    let on = fleet_or_owners(owner_query.owner_match()?);
     Ok(Json(jobs(&state.store.processes(since, on).await?)))
 }
 

@@ -124,7 +124,7 @@ fn group_by<'a>(
             devices: HashSet::new(),
             nodes: HashSet::new(),
         });
-        sum.memory += p.memory_used_bytes;
+        sum.memory = sum.memory.saturating_add(p.memory_used_bytes);
         sum.processes += 1;
         sum.devices.insert(&p.device_uuid);
         sum.nodes.insert(&p.node);

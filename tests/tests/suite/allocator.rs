@@ -671,15 +671,11 @@ async fn jobs_sum_their_ranks_and_carry_the_remedy_for_their_largest_share() {
         "{summary}"
     );
     assert_eq!(summary["largest_counting_jobs"][0], *training);
-    // The dashboard's job filter reads only the jobs of matching processes.
+    // The dashboard's job filter reads only the Slurm jobs whose id
+    // contains what was typed, every rank of each.
     for (query, expected) in [
         ("slurm_job_id=90", vec!["900"]),
-        (
-            "pod_uid=0f1e2d3c",
-            vec!["0f1e2d3c-aaaa-bbbb-cccc-111122223333"],
-        ),
-        ("user=hana&slurm_job_id=90", vec!["900"]),
-        ("user=svc&slurm_job_id=90", vec![]),
+        ("slurm_job_id=9000", vec![]),
     ] {
         let found = collector.get_json(&format!("/api/v1/jobs?{query}")).await;
         let ids: Vec<_> = found
@@ -690,6 +686,14 @@ async fn jobs_sum_their_ranks_and_carry_the_remedy_for_their_largest_share() {
             .collect();
         assert_eq!(ids, expected, "{query}");
     }
+    let filtered = collector.get_json("/api/v1/jobs?slurm_job_id=90").await;
+    assert_eq!(filtered[0], *training, "the job whole, both ranks");
+    let refused = reqwest::get(collector.api("/api/v1/jobs?user=hana"))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), reqwest::StatusCode::BAD_REQUEST);
+    let error = refused.text().await.unwrap();
+    assert!(error.contains("`user`"), "{error}");
     assert!(
         pod["breakdown"].is_null() && pod["advice"].is_null(),
         "{pod}"

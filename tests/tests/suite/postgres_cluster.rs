@@ -1242,8 +1242,8 @@ async fn a_fleet_over_the_stream_limit_is_streamed_by_node_and_a_named_node_devi
             .is_some_and(|o| o.iter().any(|owner| owner["user"] == "alice"));
     }
     // The devices at risk are sent again only when they change: with
-    // nothing more written, an update soon carries none of them, and the
-    // page still holds the three it was sent.
+    // nothing more written, an update soon carries none of them, and
+    // removes none.
     let quiet = next_stream_event(&mut fleet, &mut fleet_pending, "update", |m| {
         m["gpus"].as_array().is_some_and(Vec::is_empty)
     })

@@ -1298,6 +1298,22 @@ async fn steady_processes_are_stored_every_second_and_changes_show_at_once(store
     assert_eq!(listed.len(), 1);
     assert!(listed[0].last_seen_ms >= newest - 10_000, "{listed:?}");
     assert_eq!(listed[0].memory_used_bytes, (10 * GIB) as i64);
+    // Seen in the last second, though its row may say seconds ago: found
+    // by its owner too, and not by another's.
+    let owned_by = |user| {
+        ProcessesOn::Owners(OwnerMatch {
+            user,
+            ..OwnerMatch::default()
+        })
+    };
+    for (on, found) in [
+        (ProcessesOn::Fleet, 1),
+        (owned_by("alice"), 1),
+        (owned_by("bob"), 0),
+    ] {
+        let listed = store.processes(newest - 500, on).await.unwrap();
+        assert_eq!(listed.len(), found, "{on:?}: {listed:?}");
+    }
 
     let changed = start + 30_000;
     store
