@@ -232,8 +232,8 @@ async function showFleet(view, p, gen) {
         connectStream();
       }
       // Drawn at once from the processes already read; the matching ones
-      // (and the job's bar) are read again once typing pauses, in any of
-      // the three fields.
+      // are read again once typing pauses in any of the three fields, and
+      // the job's bar when the job changed.
       scheduleFleetRender();
       if (["user", "job", "pod"].includes(key)) {
         if (key === "job") jobTyped = true;
