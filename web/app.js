@@ -295,13 +295,16 @@ async function processesForFilters() {
 }
 const refreshFilterProcesses = () => processesForFilters().then((read) => { if (read) scheduleFleetRender(); });
 
-// What the held processes are matched with: the filter they were read for,
-// since a read for a wider one may still be on its way (matching it against
-// the narrower list would hide devices); on a node's page, whose processes
-// are all held, what is typed now.
-function ownerMatch() {
+// The held processes the user, job and pod filters match, or null when
+// none is set. They are matched with the filter they were read for, since
+// a read for a wider one may still be on its way (matching it against the
+// narrower list would hide devices); on a node's page, whose processes are
+// all held, with what is typed now.
+function processesMatchingFilters() {
   if (!ownerFilterSet()) return null;
-  return state.processesMatch || { user: fleetFilter.user, job: fleetFilter.job, pod: fleetFilter.pod };
+  const { user, job, pod } = state.processesMatch || fleetFilter;
+  return state.processes.filter((p) => (!user || p.user.includes(user)) && (!job || p.slurm_job_id.includes(job)) &&
+    (!pod || p.pod_uid.includes(pod)));
 }
 
 function scheduleFleetRender() {
@@ -319,14 +322,10 @@ function scheduleFleetRender() {
 // Devices that a process matching the user/job/pod filters runs on (a
 // MIG instance's process also selects its GPU).
 function devicesMatchingProcesses() {
-  const wanted = ownerMatch();
-  if (!wanted) return null;
-  const { user, job, pod } = wanted;
+  const matching = processesMatchingFilters();
+  if (!matching) return null;
   const match = new Set();
-  for (const p of state.processes) {
-    if (user && !p.user.includes(user)) continue;
-    if (job && !p.slurm_job_id.includes(job)) continue;
-    if (pod && !p.pod_uid.includes(pod)) continue;
+  for (const p of matching) {
     match.add(p.device_uuid);
     const d = state.gpus.get(p.device_uuid);
     if (d && d.parent_uuid) match.add(d.parent_uuid);
@@ -537,11 +536,8 @@ function renderFleet() {
 
 // Nodes that a process matching the user/job/pod filters runs on.
 function nodesMatchingProcesses() {
-  const wanted = ownerMatch();
-  if (!wanted) return null;
-  const { user, job, pod } = wanted;
-  return new Set(state.processes.filter((p) => (!user || p.user.includes(user)) && (!job || p.slurm_job_id.includes(job)) &&
-    (!pod || p.pod_uid.includes(pod))).map((p) => p.node));
+  const matching = processesMatchingFilters();
+  return matching && new Set(matching.map((p) => p.node));
 }
 
 // A node's cell: its worst device's level, in colour, pattern and words;

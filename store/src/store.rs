@@ -151,7 +151,7 @@ pub trait Store: AlertStore + TokenStore + Send + Sync + std::fmt::Debug + 'stat
     ) -> Result<Vec<FleetHistoryPoint>, StoreError>;
 
     /// Processes seen since `since_ms` on the fleet, a node or some
-    /// devices, with their latest and peak memory.
+    /// devices, or whose owner matches, with their latest and peak memory.
     async fn processes(
         &self,
         since_ms: i64,
