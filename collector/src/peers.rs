@@ -148,6 +148,7 @@ mod tests {
             process_ids: vec![],
             from_ms: 0,
             to_ms: 1,
+            allocator: false,
         };
         let error = reader.open_samples(url, &query).await.unwrap_err();
         assert!(error.to_string().contains(url), "{error}");

@@ -6,14 +6,52 @@
 
 use std::collections::BTreeMap;
 
-use crate::model::GpuSampleRow;
-use crate::model::ProcessPoint;
-use crate::views::SeriesPoint;
+use crate::model::{AllocatorReport, GpuSampleRow, ProcessPoint};
+use crate::views::{AllocatorPoint, SeriesPoint};
 
 /// The chart bucket `ts_ms` falls in, as the chart query numbers them:
 /// `(at - from) / width`, for `at >= from`.
 fn bucket(ts_ms: i64, from_ms: i64, width_ms: i64) -> i64 {
     (ts_ms - from_ms).div_euclid(width_ms.max(1))
+}
+
+/// A process's allocator reports (rows, chunks and those held open, in any
+/// order) as a chart's points, one per bucket: the highest of each figure
+/// and the newest report's time. A report found twice (in rows and a chunk,
+/// or in a chunk and still held as a flush commits, or joined to intervals
+/// that two flushes wrote) counts once.
+pub(crate) fn allocator_points(
+    mut reports: Vec<AllocatorReport>,
+    from_ms: i64,
+    width_ms: i64,
+) -> Vec<AllocatorPoint> {
+    reports.sort_by_key(|r| r.timestamp_ms);
+    reports.dedup_by_key(|r| r.timestamp_ms);
+    reports
+        .chunk_by(|a, b| {
+            bucket(a.timestamp_ms, from_ms, width_ms) == bucket(b.timestamp_ms, from_ms, width_ms)
+        })
+        .filter_map(|bucket| {
+            let newest = bucket.last()?;
+            let most = |f: fn(&AllocatorReport) -> i64| bucket.iter().map(f).max().unwrap_or(0);
+            let most_counted =
+                |f: fn(&AllocatorReport) -> Option<i64>| bucket.iter().filter_map(f).max();
+            Some(AllocatorPoint {
+                timestamp_ms: newest.timestamp_ms,
+                reports: i64::try_from(bucket.len()).unwrap_or(i64::MAX),
+                allocated_bytes: most(|r| r.allocated),
+                reserved_bytes: most(|r| r.reserved),
+                fragmentation_bytes: most(|r| r.reserved.saturating_sub(r.allocated)),
+                inactive_split_bytes: most(|r| r.inactive_split),
+                peak_allocated_bytes: most(|r| r.peak_allocated),
+                alloc_retries: most(|r| r.alloc_retries),
+                ooms: most(|r| r.ooms),
+                weights_bytes: most_counted(|r| r.weights),
+                gradients_bytes: most_counted(|r| r.gradients),
+                optimizer_state_bytes: most_counted(|r| r.optimizer_state),
+            })
+        })
+        .collect()
 }
 
 /// Packed process samples as one point per process and bucket, at the

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::StoreError;
 use crate::chunk_format::{Chunk, Compressor, chunks_by_hour_with};
-use crate::model::{GpuSampleRow, ProcessPoint};
+use crate::model::{AllocatorReport, GpuSampleRow, ProcessPoint};
 use crate::open_chunks::{GpuMinute, ProcessMinute, Samples, gpu_minutes, process_minutes};
 use crate::rollup::{HOUR_MS, bucket_start};
 
@@ -14,21 +14,25 @@ use crate::rollup::{HOUR_MS, bucket_start};
 pub(crate) struct Encoded {
     pub gpu_chunks: Vec<Chunk>,
     pub process_chunks: Vec<Chunk>,
+    pub allocator_chunks: Vec<Chunk>,
     pub gpu_minutes: Vec<GpuMinute>,
     pub process_minutes: Vec<ProcessMinute>,
     pub samples: usize,
 }
 
 impl Encoded {
+    /// Every chunk, of every kind.
+    pub fn chunks(&self) -> impl Iterator<Item = &Chunk> {
+        self.gpu_chunks
+            .iter()
+            .chain(&self.process_chunks)
+            .chain(&self.allocator_chunks)
+    }
+
     /// The hours its chunks go into, each once, in order: for compaction
     /// to find once they are closed.
     pub fn hours(&self) -> Vec<i64> {
-        let mut hours: Vec<i64> = self
-            .gpu_chunks
-            .iter()
-            .chain(&self.process_chunks)
-            .map(|c| c.hour_ms)
-            .collect();
+        let mut hours: Vec<i64> = self.chunks().map(|c| c.hour_ms).collect();
         hours.sort_unstable();
         hours.dedup();
         hours
@@ -104,9 +108,21 @@ fn encode(samples: &Samples) -> Result<Encoded, StoreError> {
                 .map_err(|e| StoreError::Damaged(format!("chunking process {process}: {e}")))?,
         );
     }
+    // A report joined to several intervals came with each of them.
+    let mut allocator_chunks = Vec::new();
+    for (process, held) in &samples.allocator {
+        let rows: Vec<AllocatorReport> = held.iter().map(|h| h.row).collect();
+        allocator_chunks.extend(
+            chunks_by_hour_with(&mut compressor, *process, dedup(rows, |r| r.timestamp_ms))
+                .map_err(|e| {
+                    StoreError::Damaged(format!("chunking process {process}'s allocator: {e}"))
+                })?,
+        );
+    }
     Ok(Encoded {
         gpu_chunks,
         process_chunks,
+        allocator_chunks,
         gpu_minutes: gpu_minutes(samples),
         process_minutes: process_minutes(samples),
         samples: samples.sample_count(),

@@ -152,6 +152,28 @@ pub struct ProcessPoint {
     pub used_max: i64,
 }
 
+/// One allocator report as stored: the process by its row id, the time the
+/// process took the snapshot, and its figures (`AllocatorRow`'s, the
+/// composition's bytes without their dtypes, which only the process's row
+/// keeps).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, sqlx::FromRow,
+)]
+pub struct AllocatorReport {
+    pub process_id: i64,
+    pub timestamp_ms: i64,
+    pub allocated: i64,
+    pub reserved: i64,
+    pub active: i64,
+    pub inactive_split: i64,
+    pub peak_allocated: i64,
+    pub alloc_retries: i64,
+    pub ooms: i64,
+    pub weights: Option<i64>,
+    pub gradients: Option<i64>,
+    pub optimizer_state: Option<i64>,
+}
+
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ProcessSampleRow {
     pub device_id: i64,
@@ -192,6 +214,25 @@ pub struct AllocatorRow {
 }
 
 impl AllocatorRow {
+    /// The report as stored for the process whose row id is `process_id`.
+    pub fn report(&self, process_id: i64) -> AllocatorReport {
+        let [weights, gradients, optimizer_state] = self.parts().map(|(bytes, _)| bytes);
+        AllocatorReport {
+            process_id,
+            timestamp_ms: self.timestamp_ms,
+            allocated: self.allocated,
+            reserved: self.reserved,
+            active: self.active,
+            inactive_split: self.inactive_split,
+            peak_allocated: self.peak_allocated,
+            alloc_retries: self.alloc_retries,
+            ooms: self.ooms,
+            weights,
+            gradients,
+            optimizer_state,
+        }
+    }
+
     /// Weights, gradients and optimizer state as stored: bytes (NULL where
     /// not counted) and the dtype holding most of them.
     pub(crate) fn parts(&self) -> [(Option<i64>, Option<&'static str>); 3] {

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::mem::size_of;
 use std::sync::Arc;
 
-use crate::model::{GpuSampleRow, ProcessPoint};
+use crate::model::{AllocatorReport, GpuSampleRow, ProcessPoint};
 use crate::rollup::{MINUTE_MS, bucket_start};
 
 /// An agent's stream: its node's id and its boot (stream) id.
@@ -53,11 +53,14 @@ pub struct Samples {
     pub gpu: Series<GpuSampleRow>,
     /// By process id, in arrival order.
     pub processes: Series<ProcessPoint>,
+    /// Allocator reports by process id, in arrival order.
+    pub allocator: Series<AllocatorReport>,
     pub bytes: usize,
 }
 
 const GPU_SAMPLE_BYTES: usize = size_of::<Held<GpuSampleRow>>();
 const PROCESS_SAMPLE_BYTES: usize = size_of::<Held<ProcessPoint>>();
+const ALLOCATOR_REPORT_BYTES: usize = size_of::<Held<AllocatorReport>>();
 
 impl Samples {
     fn stream(&mut self, key: &StreamKey) -> u32 {
@@ -78,20 +81,29 @@ impl Samples {
             .is_some_and(|seqs| seqs.contains(&seq))
     }
 
-    fn add(&mut self, key: &StreamKey, seq: u64, gpu: &[GpuSampleRow], processes: &[ProcessPoint]) {
+    fn add(&mut self, key: &StreamKey, seq: u64, batch: &HeldBatch<'_>) {
         let stream = self.stream(key);
         if let Some(seqs) = self.seqs.get_mut(stream as usize) {
             seqs.insert(seq);
         }
-        hold(&mut self.gpu, gpu, |r| r.device_id, stream, seq);
+        hold(&mut self.gpu, batch.gpu, |r| r.device_id, stream, seq);
         hold(
             &mut self.processes,
-            processes,
+            batch.processes,
             |r| r.process_id,
             stream,
             seq,
         );
-        self.bytes += gpu.len() * GPU_SAMPLE_BYTES + processes.len() * PROCESS_SAMPLE_BYTES;
+        hold(
+            &mut self.allocator,
+            batch.allocator,
+            |r| r.process_id,
+            stream,
+            seq,
+        );
+        self.bytes += batch.gpu.len() * GPU_SAMPLE_BYTES
+            + batch.processes.len() * PROCESS_SAMPLE_BYTES
+            + batch.allocator.len() * ALLOCATOR_REPORT_BYTES;
     }
 
     /// Moves everything of `other` in, after what is here.
@@ -113,8 +125,10 @@ impl Samples {
         };
         let gpu = remapped(&other.gpu, remap);
         let processes = remapped(&other.processes, remap);
+        let allocator = remapped(&other.allocator, remap);
         extend(&mut self.gpu, gpu);
         extend(&mut self.processes, processes);
+        extend(&mut self.allocator, allocator);
         self.bytes += other.bytes;
     }
 
@@ -127,7 +141,9 @@ impl Samples {
             .map(|key| durable.get(key).copied().unwrap_or(0))
             .collect();
         let above = |stream: u32, seq: u64| seq > marks.get(stream as usize).copied().unwrap_or(0);
-        let dropped = retain(&mut self.gpu, above) + retain(&mut self.processes, above);
+        let dropped = retain(&mut self.gpu, above)
+            + retain(&mut self.processes, above)
+            + retain(&mut self.allocator, above);
         for (seqs, mark) in self.seqs.iter_mut().zip(&marks) {
             seqs.retain(|s| s > mark);
         }
@@ -151,7 +167,17 @@ impl Samples {
     pub fn sample_count(&self) -> usize {
         self.gpu.values().map(Vec::len).sum::<usize>()
             + self.processes.values().map(Vec::len).sum::<usize>()
+            + self.allocator.values().map(Vec::len).sum::<usize>()
     }
+}
+
+/// One batch's samples, as a writer hands them over: process samples and
+/// allocator reports by their processes' row ids.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HeldBatch<'a> {
+    pub gpu: &'a [GpuSampleRow],
+    pub processes: &'a [ProcessPoint],
+    pub allocator: &'a [AllocatorReport],
 }
 
 /// Series by key, each sample with its batch.
@@ -237,8 +263,7 @@ impl OpenChunks {
         &mut self,
         stream: &StreamKey,
         seq: u64,
-        gpu: &[GpuSampleRow],
-        processes: &[ProcessPoint],
+        batch: &HeldBatch<'_>,
         now_ms: i64,
     ) -> bool {
         if self.durable.get(stream).is_some_and(|&d| seq <= d)
@@ -247,9 +272,26 @@ impl OpenChunks {
         {
             return false;
         }
-        self.open.add(stream, seq, gpu, processes);
+        self.open.add(stream, seq, batch);
         self.open_since_ms.get_or_insert(now_ms);
         true
+    }
+
+    #[cfg(test)]
+    fn push_rows(
+        &mut self,
+        stream: &StreamKey,
+        seq: u64,
+        gpu: &[GpuSampleRow],
+        processes: &[ProcessPoint],
+        now_ms: i64,
+    ) -> bool {
+        let batch = HeldBatch {
+            gpu,
+            processes,
+            allocator: &[],
+        };
+        self.push(stream, seq, &batch, now_ms)
     }
 
     /// Whether a flush is due: the oldest open sample waited long enough,
@@ -335,6 +377,21 @@ impl OpenChunks {
     ) -> Vec<ProcessPoint> {
         self.held()
             .flat_map(|s| processes.iter().filter_map(|p| s.processes.get(p)))
+            .flatten()
+            .map(|h| h.row)
+            .filter(|r| (from_ms..=to_ms).contains(&r.timestamp_ms))
+            .collect()
+    }
+
+    /// Open and flushing allocator reports of `processes` in `[from_ms, to_ms]`.
+    pub fn allocator_between(
+        &self,
+        processes: &[i64],
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Vec<AllocatorReport> {
+        self.held()
+            .flat_map(|s| processes.iter().filter_map(|p| s.allocator.get(p)))
             .flatten()
             .map(|h| h.row)
             .filter(|r| (from_ms..=to_ms).contains(&r.timestamp_ms))
@@ -552,27 +609,27 @@ mod tests {
     fn a_batch_is_held_once_however_often_it_is_replayed() {
         let mut open = OpenChunks::new(LIMITS);
         let s = stream("a");
-        assert!(open.push(&s, 1, &[gpu(7, 1_000, 10)], &[], 0));
-        assert!(!open.push(&s, 1, &[gpu(7, 1_000, 10)], &[], 0));
+        assert!(open.push_rows(&s, 1, &[gpu(7, 1_000, 10)], &[], 0));
+        assert!(!open.push_rows(&s, 1, &[gpu(7, 1_000, 10)], &[], 0));
         let taken = open.take().expect("samples");
         assert_eq!(taken.sample_count(), 1);
         // While the flush is in flight, a replay of it is still known.
-        assert!(!open.push(&s, 1, &[gpu(7, 1_000, 10)], &[], 0));
+        assert!(!open.push_rows(&s, 1, &[gpu(7, 1_000, 10)], &[], 0));
         open.flushed(&[(s.clone(), 1)]);
         // Once durable, a replay is known by the mark.
-        assert!(!open.push(&s, 1, &[gpu(7, 1_000, 10)], &[], 0));
-        assert!(open.push(&s, 2, &[gpu(7, 2_000, 10)], &[], 0));
+        assert!(!open.push_rows(&s, 1, &[gpu(7, 1_000, 10)], &[], 0));
+        assert!(open.push_rows(&s, 2, &[gpu(7, 2_000, 10)], &[], 0));
     }
 
     #[test]
     fn an_idle_streams_mark_is_forgotten_and_a_busy_ones_kept() {
         let mut open = OpenChunks::new(LIMITS);
         let (idle, busy) = (stream("idle"), stream("busy"));
-        open.push(&idle, 4, &[gpu(7, 1_000, 10)], &[], 0);
-        open.push(&busy, 8, &[gpu(8, 1_000, 10)], &[], 0);
+        open.push_rows(&idle, 4, &[gpu(7, 1_000, 10)], &[], 0);
+        open.push_rows(&busy, 8, &[gpu(8, 1_000, 10)], &[], 0);
         open.take();
         open.flushed(&[(idle.clone(), 4), (busy.clone(), 8)]);
-        open.push(&busy, 9, &[gpu(8, 2_000, 10)], &[], 0);
+        open.push_rows(&busy, 9, &[gpu(8, 2_000, 10)], &[], 0);
         open.take();
         open.flushed(&[(busy.clone(), 9)]);
         assert_eq!(open.durable(&busy), Some(9));
@@ -587,10 +644,10 @@ mod tests {
         });
         let s = stream("a");
         assert!(!open.due(0));
-        open.push(&s, 1, &[gpu(7, 1_000, 10)], &[], 5_000);
+        open.push_rows(&s, 1, &[gpu(7, 1_000, 10)], &[], 5_000);
         assert!(!open.due(64_999));
         assert!(open.due(65_000));
-        open.push(&s, 2, &[gpu(7, 2_000, 10), gpu(8, 2_000, 10)], &[], 5_000);
+        open.push_rows(&s, 2, &[gpu(7, 2_000, 10), gpu(8, 2_000, 10)], &[], 5_000);
         assert!(open.due(5_000), "three samples fill the cap");
         assert_eq!(open.bytes(), 3 * GPU_SAMPLE_BYTES);
     }
@@ -599,11 +656,11 @@ mod tests {
     fn a_failed_flush_is_taken_again_with_what_arrived_since() {
         let mut open = OpenChunks::new(LIMITS);
         let (a, b) = (stream("a"), stream("b"));
-        open.push(&a, 1, &[gpu(7, 1_000, 10)], &[process(3, 1_000, 4)], 0);
+        open.push_rows(&a, 1, &[gpu(7, 1_000, 10)], &[process(3, 1_000, 4)], 0);
         let first = open.take().expect("samples");
         assert_eq!(first.sample_count(), 2);
-        open.push(&b, 9, &[gpu(8, 1_500, 10)], &[], 0);
-        open.push(&a, 2, &[gpu(7, 2_000, 11)], &[], 0);
+        open.push_rows(&b, 9, &[gpu(8, 1_500, 10)], &[], 0);
+        open.push_rows(&a, 2, &[gpu(7, 2_000, 11)], &[], 0);
         // Both the failed flush's samples and the new ones chart meanwhile.
         assert_eq!(open.gpu_between(7, 0, 10_000).len(), 2);
         assert!(open.due(0), "a failed flush is due again at once");
@@ -627,7 +684,7 @@ mod tests {
         let mut open = OpenChunks::new(LIMITS);
         let s = stream("a");
         for seq in 10..=15 {
-            open.push(
+            open.push_rows(
                 &s,
                 seq,
                 &[gpu(7, seq as i64 * 1_000, 10)],
@@ -650,10 +707,10 @@ mod tests {
     fn minute_rollups_match_the_rollup_pass_and_merge_late_samples() {
         let mut open = OpenChunks::new(LIMITS);
         let s = stream("a");
-        open.push(&s, 1, &[gpu(7, 60_000, 10), gpu(7, 61_000, 20)], &[], 0);
+        open.push_rows(&s, 1, &[gpu(7, 60_000, 10), gpu(7, 61_000, 20)], &[], 0);
         // Late, and older than what came before: the last value is still
         // the newest sample's.
-        open.push(
+        open.push_rows(
             &s,
             2,
             &[gpu(7, 59_000, 40), gpu(7, 120_000, 1)],
@@ -689,9 +746,9 @@ mod tests {
     fn a_time_sent_twice_counts_once_in_its_minute() {
         let mut open = OpenChunks::new(LIMITS);
         let s = stream("a");
-        open.push(&s, 1, &[gpu(7, 60_000, 10), gpu(7, 61_000, 20)], &[], 0);
+        open.push_rows(&s, 1, &[gpu(7, 60_000, 10), gpu(7, 61_000, 20)], &[], 0);
         // The agent's clock stepped back a second: 61 s again, another value.
-        open.push(
+        open.push_rows(
             &s,
             2,
             &[gpu(7, 61_000, 90), gpu(7, 62_000, 30)],

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{GpuSampleRow, ProcessPoint};
+use crate::model::{AllocatorReport, GpuSampleRow, ProcessPoint};
 
 /// What a chart asks the holder of a device's stream for: that device's
 /// open samples and those of its processes, by their ids in the shared
@@ -23,6 +23,9 @@ pub struct OpenSamplesQuery {
     pub process_ids: Vec<i64>,
     pub from_ms: i64,
     pub to_ms: i64,
+    /// The allocator reports of `process_ids` rather than their samples.
+    #[serde(default)]
+    pub allocator: bool,
 }
 
 /// Samples a collector holds in open chunks (not yet in the database).
@@ -30,6 +33,9 @@ pub struct OpenSamplesQuery {
 pub struct OpenSamples {
     pub gpu: Vec<GpuSampleRow>,
     pub processes: Vec<ProcessPoint>,
+    /// Absent from an answer of a collector older than allocator chunks.
+    #[serde(default)]
+    pub allocator: Vec<AllocatorReport>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +134,7 @@ mod tests {
             process_ids: vec![],
             from_ms: 0,
             to_ms: 1,
+            allocator: false,
         };
         assert_eq!(link.read("http://b", &query).await, OpenSamples::default());
     }

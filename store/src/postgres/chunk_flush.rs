@@ -20,7 +20,7 @@ use super::packing::insert_chunks;
 use super::rollup_packing::unpack_for_late_minutes;
 use crate::StoreError;
 use crate::flush_encoding::{Encoded, SeriesHours, encode_off_runtime};
-use crate::model::{GpuSampleRow, ProcessPoint};
+use crate::model::{AllocatorReport, GpuSampleRow, ProcessPoint};
 use crate::open_chunks::{GpuMinute, ProcessMinute, Samples, StreamKey};
 use crate::rollup::{HOUR_MS, MINUTE_MS, bucket_start, contiguous_runs};
 
@@ -64,6 +64,7 @@ pub(super) async fn write_open_chunks(
     };
     insert_chunks::<GpuSampleRow>(&mut tx, &encoded.gpu_chunks).await?;
     insert_chunks::<ProcessPoint>(&mut tx, &encoded.process_chunks).await?;
+    insert_chunks::<AllocatorReport>(&mut tx, &encoded.allocator_chunks).await?;
     let minute_watermark = minute_watermark_for_share(&mut tx).await?;
     let late_series = minute_watermark.map(|done_until| encoded.late_series_hours(done_until));
     if let Some((gpus, processes)) = &late_series {
@@ -89,13 +90,8 @@ pub(super) async fn write_open_chunks(
         }
     }
     Ok(Flushed {
-        chunks: encoded.gpu_chunks.len() + encoded.process_chunks.len(),
-        chunk_bytes: encoded
-            .gpu_chunks
-            .iter()
-            .chain(&encoded.process_chunks)
-            .map(|c| c.data.len())
-            .sum(),
+        chunks: encoded.chunks().count(),
+        chunk_bytes: encoded.chunks().map(|c| c.data.len()).sum(),
         samples: encoded.samples,
         left_out,
         marks,

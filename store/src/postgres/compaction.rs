@@ -20,11 +20,11 @@ use std::time::Instant;
 use sqlx::postgres::PgPool;
 use sqlx::{Postgres, Transaction};
 
-use super::packing::{PackedTable, chunk_row, insert_chunks};
+use super::packing::{ChunkTable, chunk_row, insert_chunks};
 use super::rollup_packing::pack_hour;
 use crate::StoreError;
 use crate::chunk_format::{self as packed, Chunk, Compressor};
-use crate::model::{GpuSampleRow, ProcessPoint};
+use crate::model::{AllocatorReport, GpuSampleRow, ProcessPoint};
 use crate::rollup::{HOUR_MS, MINUTE_MS};
 
 /// An hour is compacted once it ended this long ago: its last flush (at
@@ -66,7 +66,8 @@ pub(super) async fn compact_closed_hours(
             .await?;
         let compacted = async {
             let folded = compact_hour::<GpuSampleRow>(pool, hour).await?
-                + compact_hour::<ProcessPoint>(pool, hour).await?;
+                + compact_hour::<ProcessPoint>(pool, hour).await?
+                + compact_hour::<AllocatorReport>(pool, hour).await?;
             Ok::<_, StoreError>((folded, pack_hour(pool, hour).await?))
         }
         .await;
@@ -105,7 +106,7 @@ async fn mark_again(pool: &PgPool, hour: i64) -> Result<(), StoreError> {
 /// The series with chunks in `hour`, by the tables' BRIN index on the
 /// hour: chunks go in roughly in time order, so an hour's are a few block
 /// ranges of its day's partition.
-async fn series_of_hour<T: PackedTable>(pool: &PgPool, hour: i64) -> Result<Vec<i64>, StoreError> {
+async fn series_of_hour<T: ChunkTable>(pool: &PgPool, hour: i64) -> Result<Vec<i64>, StoreError> {
     Ok(sqlx::query_scalar(&format!(
         "SELECT DISTINCT {key}::int8 FROM {packed} WHERE hour_ms = $1 ORDER BY 1",
         key = T::KEY,
@@ -116,7 +117,7 @@ async fn series_of_hour<T: PackedTable>(pool: &PgPool, hour: i64) -> Result<Vec<
     .await?)
 }
 
-async fn compact_hour<T: PackedTable>(pool: &PgPool, hour: i64) -> Result<u64, StoreError> {
+async fn compact_hour<T: ChunkTable>(pool: &PgPool, hour: i64) -> Result<u64, StoreError> {
     let series = series_of_hour::<T>(pool, hour).await?;
     let mut compressor =
         Compressor::new().map_err(|e| StoreError::Invalid(format!("no zstd context: {e}")))?;
@@ -164,7 +165,7 @@ async fn compact_hour<T: PackedTable>(pool: &PgPool, hour: i64) -> Result<u64, S
     Ok(folded)
 }
 
-async fn delete_chunks<T: PackedTable>(
+async fn delete_chunks<T: ChunkTable>(
     tx: &mut Transaction<'_, Postgres>,
     hour: i64,
     chunks: &[&Chunk],

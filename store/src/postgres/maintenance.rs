@@ -55,7 +55,7 @@ struct Partitioned {
     keep: Keep,
 }
 
-const PARTITIONED: [Partitioned; 14] = [
+const PARTITIONED: [Partitioned; 15] = [
     Partitioned {
         table: "gpu_samples",
         width_ms: DAY_MS,
@@ -78,6 +78,11 @@ const PARTITIONED: [Partitioned; 14] = [
     },
     Partitioned {
         table: "allocator_samples",
+        width_ms: DAY_MS,
+        keep: Keep::Raw,
+    },
+    Partitioned {
+        table: "allocator_samples_packed",
         width_ms: DAY_MS,
         keep: Keep::Raw,
     },

@@ -27,7 +27,7 @@ mod write;
 mod write_connections;
 
 use crate::chart_fold as fold;
-use crate::model::ProcessPoint;
+use crate::model::{AllocatorReport, ProcessPoint};
 use crate::model::{
     FlushReport, GpuSampleRow, NodeSession, Registration, StoreBatch, WriteOutcome,
 };
@@ -38,14 +38,13 @@ use crate::rollup::{
     resolution_for, source_bounds,
 };
 use crate::rows::{
-    PROCESS_COLUMNS, ProcessBucket, ProcessKey, ProcessMeta, ProcessRow, SessionDevice,
-    bucket_width_ms, counted_with, process_series_from, session_from,
+    PROCESS_COLUMNS, ProcessBucket, ProcessMeta, ProcessRow, SessionDevice, bucket_width_ms,
+    counted_with, process_series_from, session_from,
 };
 use crate::views::{AlertBucketRow, FleetBucketRow, fleet_points};
 use crate::{
-    AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, EventView, FleetDevices,
-    FleetHistoryPoint, NodeView, ProcessSeries, ProcessView, ProcessesOn, SeriesPoint, Store,
-    StoreError,
+    AllocatorSeries, AllocatorSeriesQuery, EventView, FleetDevices, FleetHistoryPoint, NodeView,
+    ProcessSeries, ProcessView, ProcessesOn, SeriesPoint, Store, StoreError,
 };
 use headroom_common::Clock;
 
@@ -229,6 +228,7 @@ impl PostgresStore {
             let peer = link.read(url, &query).await;
             open.gpu.extend(peer.gpu);
             open.processes.extend(peer.processes);
+            open.allocator.extend(peer.allocator);
         }
         open
     }
@@ -614,9 +614,16 @@ impl Store for PostgresStore {
             return OpenSamples::default();
         };
         let open = lock(open);
+        if query.allocator {
+            return OpenSamples {
+                allocator: open.allocator_between(&query.process_ids, query.from_ms, query.to_ms),
+                ..OpenSamples::default()
+            };
+        }
         OpenSamples {
             gpu: open.gpu_between(query.device_id, query.from_ms, query.to_ms),
             processes: open.processes_between(&query.process_ids, query.from_ms, query.to_ms),
+            allocator: Vec::new(),
         }
     }
 
@@ -702,6 +709,7 @@ impl Store for PostgresStore {
                     process_ids: Vec::new(),
                     from_ms: bounds.minute_end_ms,
                     to_ms,
+                    allocator: false,
                 },
             )
             .await;
@@ -983,6 +991,7 @@ impl Store for PostgresStore {
                     process_ids: ids.clone(),
                     from_ms: bounds.minute_end_ms,
                     to_ms,
+                    allocator: false,
                 },
             )
             .await;
@@ -1054,8 +1063,9 @@ impl Store for PostgresStore {
         &self,
         q: &AllocatorSeriesQuery<'_>,
     ) -> Result<Option<AllocatorSeries>, StoreError> {
-        let process = sqlx::query_as::<_, ProcessKey>(
-            "SELECT p.id, p.start_time_ms FROM processes p JOIN devices d ON d.id = p.device_id
+        let process: Option<(i64, i64, i32, Option<String>)> = sqlx::query_as(
+            "SELECT p.id, p.start_time_ms, d.id, n.stream_holder FROM processes p
+             JOIN devices d ON d.id = p.device_id JOIN nodes n ON n.id = d.node_id
              WHERE d.uuid = $1 AND p.pid = $2 AND ($3::int8 IS NULL OR p.start_time_ms = $3)
              ORDER BY p.start_time_ms DESC LIMIT 1",
         )
@@ -1064,29 +1074,48 @@ impl Store for PostgresStore {
         .bind(q.start_time_ms)
         .fetch_optional(&self.pool)
         .await?;
-        let Some(process) = process else {
+        let Some((process_id, start_time_ms, device, holder)) = process else {
             return Ok(None);
         };
-        let points = sqlx::query_as::<_, AllocatorPoint>(
-            "SELECT MAX(ts_ms) AS timestamp_ms, COUNT(*) AS reports, MAX(allocated) AS allocated_bytes,
-                 MAX(reserved) AS reserved_bytes, MAX(reserved - allocated) AS fragmentation_bytes,
-                 MAX(inactive_split) AS inactive_split_bytes, MAX(peak_allocated) AS peak_allocated_bytes,
-                 MAX(alloc_retries) AS alloc_retries, MAX(ooms) AS ooms, MAX(weights) AS weights_bytes,
-                 MAX(gradients) AS gradients_bytes, MAX(optimizer_state) AS optimizer_state_bytes
-             FROM allocator_samples WHERE process_id = $1 AND ts_ms BETWEEN $2 AND $3
-             GROUP BY (ts_ms - $2) / $4 ORDER BY 1",
-        )
-        .bind(process.id)
-        .bind(q.from_ms)
-        .bind(q.to_ms)
-        .bind(bucket_width_ms(q.from_ms, q.to_ms, q.max_points))
-        .fetch_all(&self.pool)
-        .await?;
+        let open = self
+            .open_here_and_at(
+                holder.as_deref(),
+                OpenSamplesQuery {
+                    device_id: i64::from(device),
+                    process_ids: vec![process_id],
+                    from_ms: q.from_ms,
+                    to_ms: q.to_ms,
+                    allocator: true,
+                },
+            )
+            .await;
+        let mut tx = chart_transaction(&self.pool).await?;
+        let mut reports =
+            packing::samples_between::<AllocatorReport>(&mut tx, &[process_id], q.from_ms, q.to_ms)
+                .await?;
+        // Written before allocator chunks, or by a collector writing rows.
+        reports.extend(
+            sqlx::query_as::<_, AllocatorReport>(
+                "SELECT process_id, ts_ms AS timestamp_ms, allocated, reserved, active, inactive_split,
+                     peak_allocated, alloc_retries, ooms, weights, gradients, optimizer_state
+                 FROM allocator_samples WHERE process_id = $1 AND ts_ms BETWEEN $2 AND $3",
+            )
+            .bind(process_id)
+            .bind(q.from_ms)
+            .bind(q.to_ms)
+            .fetch_all(&mut *tx)
+            .await?,
+        );
+        reports.extend(open.allocator);
         Ok(Some(AllocatorSeries {
             device_uuid: q.device_uuid.to_owned(),
             pid: q.pid,
-            start_time_ms: process.start_time_ms,
-            points,
+            start_time_ms,
+            points: fold::allocator_points(
+                reports,
+                q.from_ms,
+                bucket_width_ms(q.from_ms, q.to_ms, q.max_points),
+            ),
         }))
     }
 }

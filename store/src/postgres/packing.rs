@@ -26,17 +26,38 @@ use super::maintenance::{PACKING_LOCK, Partition, partitions_of};
 use super::write::{GPU_SAMPLES_COPY, PROCESS_SAMPLES_COPY, gpu_sample_rows, process_sample_rows};
 use crate::StoreError;
 use crate::chunk_format::{self as packed, Chunk, Packable};
-use crate::model::GpuSampleRow;
-use crate::model::ProcessPoint;
+use crate::model::{AllocatorReport, GpuSampleRow, ProcessPoint};
 use crate::rollup::{HOUR_MS, MINUTE_MS, StorageConfig, bucket_start};
 
-/// A raw sample table whose cold days are packed, and its chunk table.
-pub(super) trait PackedTable: Packable {
+/// A kind of sample with a chunk table.
+pub(super) trait ChunkTable: Packable {
+    const PACKED: &'static str;
+    /// The series column.
+    const KEY: &'static str;
+}
+
+impl ChunkTable for GpuSampleRow {
+    const PACKED: &'static str = "gpu_samples_packed";
+    const KEY: &'static str = "device_id";
+}
+
+impl ChunkTable for ProcessPoint {
+    const PACKED: &'static str = "process_samples_packed";
+    const KEY: &'static str = "process_id";
+}
+
+/// Allocator reports have no raw table to pack: before chunks they were
+/// rows, which stay rows until retention drops them.
+impl ChunkTable for AllocatorReport {
+    const PACKED: &'static str = "allocator_samples_packed";
+    const KEY: &'static str = "process_id";
+}
+
+/// A raw sample table whose cold days are packed (its series column named
+/// as in its chunk table).
+pub(super) trait PackedTable: ChunkTable {
     /// The raw table, as named in `pack_progress`.
     const RAW: &'static str;
-    const PACKED: &'static str;
-    /// The series column (both tables).
-    const KEY: &'static str;
     /// What `DELETE … RETURNING` gives [`PackedTable::from_row`].
     const COLUMNS: &'static str;
     const COPY: &'static str;
@@ -49,8 +70,6 @@ pub(super) trait PackedTable: Packable {
 
 impl PackedTable for GpuSampleRow {
     const RAW: &'static str = "gpu_samples";
-    const PACKED: &'static str = "gpu_samples_packed";
-    const KEY: &'static str = "device_id";
     const COLUMNS: &'static str = "device_id, ts_ms, interval_ms, poll_count, used_last,
         used_min, used_max, reserved, total, utilization, pcie_tx, pcie_rx";
     const COPY: &'static str = GPU_SAMPLES_COPY;
@@ -84,8 +103,6 @@ impl PackedTable for GpuSampleRow {
 
 impl PackedTable for ProcessPoint {
     const RAW: &'static str = "process_samples";
-    const PACKED: &'static str = "process_samples_packed";
-    const KEY: &'static str = "process_id";
     const COLUMNS: &'static str = "process_id, ts_ms, used_last, used_max";
     const COPY: &'static str = PROCESS_SAMPLES_COPY;
     const SERIES_PER_TRANSACTION: usize = 8;
@@ -467,7 +484,7 @@ async fn empty_partition<T: PackedTable>(pool: &PgPool, day: &Partition) -> Resu
 /// SQLSTATE of a lock wait that ran into `lock_timeout`.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
-pub(super) async fn insert_chunks<T: PackedTable>(
+pub(super) async fn insert_chunks<T: ChunkTable>(
     tx: &mut Transaction<'_, Postgres>,
     chunks: &[Chunk],
 ) -> Result<(), StoreError> {
@@ -570,7 +587,7 @@ pub(super) async fn unpack_for_rollup<T: PackedTable>(
 /// read on `conn` (the chart's transaction, so that chunks and raw rows
 /// come from one snapshot). A damaged chunk is logged and left out, not an
 /// error: the rest of the chart still stands.
-pub(super) async fn samples_between<T: PackedTable>(
+pub(super) async fn samples_between<T: ChunkTable>(
     conn: &mut PgConnection,
     series: &[i64],
     from_ms: i64,

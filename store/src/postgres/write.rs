@@ -32,7 +32,7 @@ use crate::StoreError;
 use crate::model::{
     AllocatorRow, EventRow, GpuSampleRow, ProcessPoint, ProcessSampleRow, StoreBatch, WriteOutcome,
 };
-use crate::open_chunks::OpenChunks;
+use crate::open_chunks::{HeldBatch, OpenChunks};
 use crate::rollup::{MINUTE_MS, minutes_of};
 
 /// Writes `batches` in one transaction; one outcome per batch, in order.
@@ -116,7 +116,7 @@ async fn write_claimed(
         copy_in(&mut tx, PROCESS_SAMPLES_COPY, copy).await?;
     }
     let refreshed = process_refreshes(caches, &processes_written);
-    write_allocator_samples(&mut tx, &processes).await?;
+    write_allocator_samples(&mut tx, &processes, chunked).await?;
     write_events(&mut tx, &events).await?;
     // Chunks are rolled up as they are written, late ones too.
     let minutes = if chunked {
@@ -184,23 +184,29 @@ fn hold_samples(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     for batch in claim.accepted.iter().chain(&claim.replayed) {
-        let points: Vec<ProcessPoint> = batch
-            .process_samples
-            .iter()
-            .filter_map(|row| {
-                Some(ProcessPoint {
-                    process_id: *ids.get(&ProcessKey::of(row))?,
-                    timestamp_ms: row.timestamp_ms,
-                    used_last: row.used_last,
-                    used_max: row.used_max,
-                })
-            })
-            .collect();
+        let mut points = Vec::with_capacity(batch.process_samples.len());
+        let mut reports = Vec::new();
+        for row in &batch.process_samples {
+            let Some(&process_id) = ids.get(&ProcessKey::of(row)) else {
+                continue;
+            };
+            points.push(ProcessPoint {
+                process_id,
+                timestamp_ms: row.timestamp_ms,
+                used_last: row.used_last,
+                used_max: row.used_max,
+            });
+            reports.extend(row.allocator.map(|a| a.report(process_id)));
+        }
+        let held = HeldBatch {
+            gpu: &batch.gpu_samples,
+            processes: &points,
+            allocator: &reports,
+        };
         open.push(
             &(batch.node_id, batch.boot_id.clone()),
             batch.seq,
-            &batch.gpu_samples,
-            &points,
+            &held,
             now_ms,
         );
     }
@@ -692,12 +698,14 @@ async fn upsert_processes(
     Ok(ids)
 }
 
-/// The allocator reports that came with the process samples: one row per
-/// report (a report joined to several intervals is stored once), and the
-/// newest one on the process's row.
+/// The allocator reports that came with the process samples: the newest one
+/// on the process's row, and, where samples are written as rows, one row
+/// per report (a report joined to several intervals is stored once); where
+/// they are written as chunks, the reports wait in open chunks with them.
 async fn write_allocator_samples(
     tx: &mut Transaction<'_, Postgres>,
     samples: &[&ProcessSampleRow],
+    chunked: bool,
 ) -> Result<(), StoreError> {
     let reporting: Vec<(&ProcessSampleRow, &AllocatorRow)> = samples
         .iter()
@@ -723,7 +731,8 @@ async fn write_allocator_samples(
     let part_bytes = |i: usize| -> Vec<Option<i64>> { parts.iter().map(|p| p[i].0).collect() };
     let part_dtype = |i: usize| -> Vec<Option<&str>> { parts.iter().map(|p| p[i].1).collect() };
     let (weights, gradients, optimizer) = (part_bytes(0), part_bytes(1), part_bytes(2));
-    sqlx::query(
+    if !chunked {
+        sqlx::query(
         "INSERT INTO allocator_samples (process_id, ts_ms, allocated, reserved, active, inactive_split,
              peak_allocated, alloc_retries, ooms, weights, gradients, optimizer_state)
          SELECT DISTINCT ON (p.id, s.t) p.id, s.t, s.a, s.r, s.ac, s.i, s.pk, s.rt, s.o, s.w, s.g, s.os
@@ -749,6 +758,7 @@ async fn write_allocator_samples(
     .bind(&optimizer)
     .execute(&mut **tx)
     .await?;
+    }
     sqlx::query(
         "UPDATE processes p SET alloc_ts_ms = s.t, alloc_allocated = s.a, alloc_reserved = s.r,
              alloc_inactive_split = s.i, alloc_peak_allocated = s.pk, alloc_retries = s.rt, alloc_ooms = s.o,

@@ -21,7 +21,7 @@ use sqlx::{Row, Sqlite, Transaction};
 use crate::StoreError;
 use crate::chunk_format::{self, Chunk, Compressor, Packable};
 use crate::flush_encoding::{Encoded, encode_off_runtime};
-use crate::model::{GpuSampleRow, ProcessPoint};
+use crate::model::{AllocatorReport, GpuSampleRow, ProcessPoint};
 use crate::open_chunks::{GpuMinute, ProcessMinute, Samples, StreamKey};
 use crate::rollup::{HOUR_MS, MINUTE_MS};
 
@@ -39,6 +39,11 @@ impl ChunkTable for GpuSampleRow {
 
 impl ChunkTable for ProcessPoint {
     const TABLE: &'static str = "process_samples_packed";
+    const KEY: &'static str = "process_id";
+}
+
+impl ChunkTable for AllocatorReport {
+    const TABLE: &'static str = "allocator_samples_packed";
     const KEY: &'static str = "process_id";
 }
 
@@ -78,6 +83,7 @@ pub(super) async fn write_open_chunks(
     }
     insert_chunks::<GpuSampleRow>(&mut tx, &encoded.gpu_chunks).await?;
     insert_chunks::<ProcessPoint>(&mut tx, &encoded.process_chunks).await?;
+    insert_chunks::<AllocatorReport>(&mut tx, &encoded.allocator_chunks).await?;
     for minute in &encoded.gpu_minutes {
         merge_gpu_minute(&mut tx, minute).await?;
     }
@@ -88,13 +94,8 @@ pub(super) async fn write_open_chunks(
     mark_for_compaction(&mut tx, &encoded).await?;
     tx.commit().await?;
     Ok(Flushed {
-        chunks: encoded.gpu_chunks.len() + encoded.process_chunks.len(),
-        chunk_bytes: encoded
-            .gpu_chunks
-            .iter()
-            .chain(&encoded.process_chunks)
-            .map(|c| c.data.len())
-            .sum(),
+        chunks: encoded.chunks().count(),
+        chunk_bytes: encoded.chunks().map(|c| c.data.len()).sum(),
         samples: encoded.samples,
         marks,
     })
@@ -321,6 +322,7 @@ pub(super) async fn compact_closed_hours(
             .await?;
         folded += compact_hour::<GpuSampleRow>(&mut tx, hour).await?;
         folded += compact_hour::<ProcessPoint>(&mut tx, hour).await?;
+        folded += compact_hour::<AllocatorReport>(&mut tx, hour).await?;
         tx.commit().await?;
         if Instant::now() >= deadline {
             break;

@@ -319,7 +319,11 @@ async fn expire(
             .rows_affected();
     }
     // A chunk goes once its newest sample is past raw retention.
-    for table in ["gpu_samples_packed", "process_samples_packed"] {
+    for table in [
+        "gpu_samples_packed",
+        "process_samples_packed",
+        "allocator_samples_packed",
+    ] {
         expired += sqlx::query(&format!(
             "DELETE FROM {table} WHERE hour_ms < ?1 AND last_ts_ms < ?1"
         ))

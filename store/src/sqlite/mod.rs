@@ -21,10 +21,10 @@ mod maintenance;
 
 use crate::chart_fold as fold;
 use crate::model::{
-    AllocatorRow, FlushReport, GpuSampleRow, NodeSession, ProcessPoint, Registration, StoreBatch,
-    WriteOutcome,
+    AllocatorReport, AllocatorRow, FlushReport, GpuSampleRow, NodeSession, ProcessPoint,
+    Registration, StoreBatch, WriteOutcome,
 };
-use crate::open_chunks::OpenChunks;
+use crate::open_chunks::{HeldBatch, OpenChunks};
 use crate::rollup::{
     MINUTE_MS, MaintenanceReport, SampleWrites, StorageConfig, Watermarks, fleet_source_bounds,
     late_minutes, resolution_for, source_bounds,
@@ -35,9 +35,8 @@ use crate::rows::{
 };
 use crate::views::{AlertBucketRow, FleetBucketRow, fleet_points};
 use crate::{
-    AllocatorPoint, AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, FleetDevices,
-    FleetHistoryPoint, NodeView, ProcessSeries, ProcessView, ProcessesOn, SeriesPoint, Store,
-    StoreError,
+    AllocatorSeries, AllocatorSeriesQuery, DeviceView, EventView, FleetDevices, FleetHistoryPoint,
+    NodeView, ProcessSeries, ProcessView, ProcessesOn, SeriesPoint, Store, StoreError,
 };
 use headroom_common::Clock;
 
@@ -164,15 +163,19 @@ impl SqliteStore {
 
     /// Puts the samples of batches just committed (or replayed) into the
     /// open chunks: a failed write leaves the agent to send them again.
-    fn hold(&self, held: Vec<HeldBatch<'_>>) {
+    fn hold(&self, held: Vec<CommittedBatch<'_>>) {
         let Some(mut open) = self.open() else { return };
         let now_ms = Clock::System.now_ms();
-        for (batch, processes) in held {
+        for (batch, processes, allocator) in held {
+            let samples = HeldBatch {
+                gpu: &batch.gpu_samples,
+                processes: &processes,
+                allocator: &allocator,
+            };
             open.push(
                 &(batch.node_id, batch.boot_id.clone()),
                 batch.seq,
-                &batch.gpu_samples,
-                &processes,
+                &samples,
                 now_ms,
             );
         }
@@ -796,44 +799,64 @@ impl Store for SqliteStore {
         let Some(process) = process else {
             return Ok(None);
         };
-        let points = sqlx::query_as::<_, AllocatorPoint>(
-            "SELECT MAX(ts_ms) AS timestamp_ms, COUNT(*) AS reports, MAX(allocated) AS allocated_bytes,
-                 MAX(reserved) AS reserved_bytes, MAX(reserved - allocated) AS fragmentation_bytes,
-                 MAX(inactive_split) AS inactive_split_bytes, MAX(peak_allocated) AS peak_allocated_bytes,
-                 MAX(alloc_retries) AS alloc_retries, MAX(ooms) AS ooms, MAX(weights) AS weights_bytes,
-                 MAX(gradients) AS gradients_bytes, MAX(optimizer_state) AS optimizer_state_bytes
-             FROM allocator_samples WHERE process_id = ?1 AND ts_ms BETWEEN ?2 AND ?3
-             GROUP BY (ts_ms - ?2) / ?4 ORDER BY 1",
-        )
-        .bind(process.id)
-        .bind(q.from_ms)
-        .bind(q.to_ms)
-        .bind(bucket_width_ms(q.from_ms, q.to_ms, q.max_points))
-        .fetch_all(&self.reader)
-        .await?;
+        // Held first: a flush committing meanwhile leaves a report in both
+        // (counted once), never in neither.
+        let mut reports = self
+            .open()
+            .map(|open| open.allocator_between(&[process.id], q.from_ms, q.to_ms))
+            .unwrap_or_default();
+        reports.extend(
+            chunks::samples_between::<AllocatorReport>(
+                &self.reader,
+                &[process.id],
+                q.from_ms,
+                q.to_ms,
+            )
+            .await?,
+        );
+        // Written before allocator chunks, or with `sample_writes = "rows"`.
+        reports.extend(
+            sqlx::query_as::<_, AllocatorReport>(
+                "SELECT process_id, ts_ms AS timestamp_ms, allocated, reserved, active, inactive_split,
+                     peak_allocated, alloc_retries, ooms, weights, gradients, optimizer_state
+                 FROM allocator_samples WHERE process_id = ?1 AND ts_ms BETWEEN ?2 AND ?3",
+            )
+            .bind(process.id)
+            .bind(q.from_ms)
+            .bind(q.to_ms)
+            .fetch_all(&self.reader)
+            .await?,
+        );
         Ok(Some(AllocatorSeries {
             device_uuid: q.device_uuid.to_owned(),
             pid: q.pid,
             start_time_ms: process.start_time_ms,
-            points,
+            points: fold::allocator_points(
+                reports,
+                q.from_ms,
+                bucket_width_ms(q.from_ms, q.to_ms, q.max_points),
+            ),
         }))
     }
 }
 
-/// One allocator report joined to a process sample: stored once however
-/// many intervals it was joined to, and kept on the process's row while it
-/// is the newest.
+/// One allocator report joined to a process sample: kept on the process's
+/// row while it is the newest and, where samples are written as rows,
+/// stored once however many intervals it was joined to (as chunks, the
+/// report waits in open chunks).
 async fn write_allocator_sample(
     tx: &mut Transaction<'_, Sqlite>,
     process_id: i64,
     a: &AllocatorRow,
+    chunked: bool,
 ) -> Result<(), StoreError> {
     let [
         (weights, weights_dtype),
         (gradients, gradients_dtype),
         (optimizer, optimizer_dtype),
     ] = a.parts();
-    sqlx::query(
+    if !chunked {
+        sqlx::query(
         "INSERT INTO allocator_samples (process_id, ts_ms, allocated, reserved, active, inactive_split,
              peak_allocated, alloc_retries, ooms, weights, gradients, optimizer_state)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
@@ -853,6 +876,7 @@ async fn write_allocator_sample(
     .bind(optimizer)
     .execute(&mut **tx)
     .await?;
+    }
     sqlx::query(
         "UPDATE processes SET alloc_ts_ms = ?2, alloc_allocated = ?3, alloc_reserved = ?4,
              alloc_inactive_split = ?5, alloc_peak_allocated = ?6, alloc_retries = ?7, alloc_ooms = ?8,
@@ -911,8 +935,9 @@ fn gpu_buckets_json(buckets: &[fold::GpuBucket]) -> Result<String, StoreError> {
 }
 
 /// A batch whose samples go to the open chunks once its transaction
-/// commits, with its process samples by their rows' ids.
-type HeldBatch<'b> = (&'b StoreBatch, Vec<ProcessPoint>);
+/// commits, with its process samples and allocator reports by their
+/// processes' row ids.
+type CommittedBatch<'b> = (&'b StoreBatch, Vec<ProcessPoint>, Vec<AllocatorReport>);
 
 /// Writes one batch inside the group's transaction, unless its seq was
 /// already committed: the claim comes first, so a duplicate writes nothing.
@@ -925,7 +950,7 @@ async fn write_one<'b>(
     batch: &'b StoreBatch,
     chunked: bool,
     accepted: &HashMap<(i64, &str), u64>,
-    held: &mut Vec<HeldBatch<'b>>,
+    held: &mut Vec<CommittedBatch<'b>>,
 ) -> Result<WriteOutcome, StoreError> {
     let seq = i64::try_from(batch.seq).unwrap_or(i64::MAX);
     // A write first, so the transaction holds the write lock from its start.
@@ -958,7 +983,8 @@ async fn write_one<'b>(
             .get(&(batch.node_id, batch.boot_id.as_str()))
             .is_some_and(|&last| batch.seq <= last);
         if chunked && durable < seq && seq <= committed && !accepted_here {
-            held.push((batch, replayed_process_points(tx, batch).await?));
+            let (points, reports) = replayed_process_points(tx, batch).await?;
+            held.push((batch, points, reports));
             return Ok(WriteOutcome::Replayed);
         }
         // In open chunks, only the durable mark may be acknowledged.
@@ -1014,6 +1040,7 @@ async fn write_one<'b>(
     }
 
     let mut points = Vec::new();
+    let mut reports = Vec::new();
     for p in &batch.process_samples {
         let process_id: i64 = sqlx::query_scalar(
                 "INSERT INTO processes AS p (device_id, pid, start_time_ms, name, uid, user_name, container_id, pod_uid,
@@ -1063,7 +1090,10 @@ async fn write_one<'b>(
                 .await?;
         }
         if let Some(a) = &p.allocator {
-            write_allocator_sample(tx, process_id, a).await?;
+            write_allocator_sample(tx, process_id, a, chunked).await?;
+            if chunked {
+                reports.push(a.report(process_id));
+            }
         }
     }
 
@@ -1090,19 +1120,21 @@ async fn write_one<'b>(
             .await?;
     }
     if chunked {
-        held.push((batch, points));
+        held.push((batch, points, reports));
     }
     Ok(WriteOutcome::Committed)
 }
 
-/// The process samples of a batch accepted before, by the ids its write
-/// gave their processes. A process whose row is gone (its node deleted
-/// since) has no chart to draw on, and its samples are dropped.
+/// The process samples and allocator reports of a batch accepted before,
+/// by the ids its write gave their processes. A process whose row is gone
+/// (its node deleted since) has no chart to draw on, and its samples are
+/// dropped.
 async fn replayed_process_points(
     tx: &mut Transaction<'_, Sqlite>,
     batch: &StoreBatch,
-) -> Result<Vec<ProcessPoint>, StoreError> {
+) -> Result<(Vec<ProcessPoint>, Vec<AllocatorReport>), StoreError> {
     let mut points = Vec::with_capacity(batch.process_samples.len());
+    let mut reports = Vec::new();
     for p in &batch.process_samples {
         let id: Option<i64> = sqlx::query_scalar(
             "SELECT id FROM processes WHERE device_id = ?1 AND pid = ?2 AND start_time_ms = ?3",
@@ -1119,7 +1151,8 @@ async fn replayed_process_points(
                 used_last: p.used_last,
                 used_max: p.used_max,
             });
+            reports.extend(p.allocator.map(|a| a.report(process_id)));
         }
     }
-    Ok(points)
+    Ok((points, reports))
 }

@@ -17,7 +17,7 @@ use headroom_store::rollup::{
     DAY_MS, HOUR_MS, MINUTE_MS, SampleWrites, StorageConfig, bucket_start,
 };
 use headroom_store::{PostgresStore, Store};
-use headroom_tests::fixtures::{self, BOOT, NODE, now_ms};
+use headroom_tests::fixtures::{self, BOOT, GIB, NODE, now_ms};
 use headroom_tests::harness::RunningCollector;
 use headroom_tests::postgres::{self, TestDatabase, day_suffix};
 use sqlx::{Connection, PgConnection};
@@ -932,11 +932,25 @@ async fn a_chart_on_one_collector_shows_the_samples_another_holds_open() {
     let start = now - 20_000;
     let session = register(holding_store.as_ref(), &fixtures::register(NODE, BOOT)).await;
     for seq in 1..=10 {
-        let batch = rows_at(
-            &session,
-            &fixtures::batch(seq, start + seq as i64 * 1000),
-            now,
-        );
+        let ts = start + seq as i64 * 1000;
+        let mut batch = fixtures::batch(seq, ts);
+        // A job that reports its allocator every second, beside the
+        // fixture's process.
+        let mut job = fixtures::process_sample(fixtures::GPU0, ts, 900, 20 * GIB);
+        job.start_time_ms = start - 60_000;
+        job.allocator = Some(pb::AllocatorStats {
+            timestamp_ms: ts - 10,
+            allocated_bytes: 10 * GIB + seq,
+            reserved_bytes: 12 * GIB,
+            active_bytes: 10 * GIB,
+            inactive_split_bytes: 0,
+            peak_allocated_bytes: 11 * GIB,
+            alloc_retries: 0,
+            ooms: 0,
+            composition: None,
+        });
+        batch.process_samples.push(job);
+        let batch = rows_at(&session, &batch, now);
         assert_eq!(
             holding_store.write_batch(&batch).await.unwrap(),
             WriteOutcome::Committed
@@ -966,17 +980,25 @@ async fn a_chart_on_one_collector_shows_the_samples_another_holds_open() {
         .await;
     assert_eq!(processes["processes"], held["processes"]);
     // The fixture's process restarts every second: ten processes, a point
-    // each.
+    // each; the job, ten points.
     let points: usize = processes["processes"]
         .as_array()
         .unwrap()
         .iter()
         .map(|p| p["points"].as_array().unwrap().len())
         .sum();
-    assert_eq!(points, 10);
+    assert_eq!(points, 20);
+    // And the job's allocator chart, every report held open.
+    let allocator_path = format!(
+        "/api/v1/gpus/{}/processes/900/allocator?from={start}&to={now}",
+        fixtures::GPU0
+    );
+    let reports = other.get_json(&allocator_path).await;
+    assert_eq!(reports, holding.get_json(&allocator_path).await);
+    assert_eq!(reports["points"].as_array().unwrap().len(), 10);
     let peer_reads =
         |result: &str| format!("headroom_collector_peer_reads_total{{result=\"{result}\"}}");
-    assert_eq!(other.metric(&peer_reads("ok")).await, 2.0);
+    assert_eq!(other.metric(&peer_reads("ok")).await, 3.0);
 
     // The endpoint answers only to the secret the collectors share.
     let client = reqwest::Client::new();
@@ -1018,6 +1040,11 @@ async fn a_chart_on_one_collector_shows_the_samples_another_holds_open() {
     // holder, so nobody asks it.
     holding_store.close().await;
     assert_eq!(chart_points(&other, start, now).await, 10);
+    let written = other.get_json(&allocator_path).await;
+    assert_eq!(
+        written["points"], reports["points"],
+        "the reports as chunks"
+    );
     let holder: Option<String> = sqlx::query_scalar("SELECT stream_holder FROM nodes")
         .fetch_one(other_store.pool())
         .await

@@ -407,7 +407,11 @@ async fn allocator_reports_are_stored_once_per_report(store: Arc<dyn Store>) {
     // does not take the latest back.
     let mut b4 = fixtures::batch(4, ts + 3000);
     b4.process_samples = vec![sample(ts + 3000, Some(report(ts + 1000, 31 * GIB, 3)))];
-    for b in [&b1, &b2, &b3, &b4] {
+    // A flush between two batches carrying one report (written as chunks,
+    // the report is in a chunk and held again) leaves it one point too.
+    write(&*store, &session, &b1).await;
+    store.flush(true).await.unwrap();
+    for b in [&b2, &b3, &b4] {
         write(&*store, &session, b).await;
     }
     let procs = store.processes(ts, ProcessesOn::Fleet).await.unwrap();
@@ -449,6 +453,14 @@ async fn allocator_reports_are_stored_once_per_report(store: Arc<dyn Store>) {
     );
     assert_eq!(series.points[0].fragmentation_bytes, (20 * GIB) as i64);
     assert_eq!(series.points[2].reserved_bytes, (50 * GIB) as i64);
+    // Written (as chunks, where they are), the reports chart the same.
+    store.flush(true).await.unwrap();
+    let written = store
+        .allocator_series(&query(777, None))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(written, series);
     // Folded into one bucket, the highest values survive.
     let one = store
         .allocator_series(&AllocatorSeriesQuery {
@@ -1533,12 +1545,28 @@ async fn closed_hours_are_compacted_and_chart_the_same(store: Arc<dyn Store>) {
     let now = now_ms();
     let hour = rollup::bucket_start(now - 3 * HOUR_MS, HOUR_MS);
     let mut seq = 0u64;
+    // The process's allocator reports ride along, a report per sample.
+    let reporting = |seq: u64, ts: i64, used_gib: u64| {
+        let mut b = gpu0_batch(seq, ts, used_gib);
+        b.process_samples[0].allocator = Some(pb::AllocatorStats {
+            timestamp_ms: ts - 50,
+            allocated_bytes: used_gib * GIB - GIB,
+            reserved_bytes: used_gib * GIB,
+            active_bytes: used_gib * GIB - GIB,
+            inactive_split_bytes: seq % 3 * GIB,
+            peak_allocated_bytes: used_gib * GIB,
+            alloc_retries: seq / 100,
+            ooms: 0,
+            composition: None,
+        });
+        b
+    };
     for minute in 0..60i64 {
         let batches: Vec<StoreBatch> = (0..6i64)
             .map(|i| {
                 seq += 1;
                 let ts = hour + minute * MINUTE_MS + i * 10_000;
-                rows_at(&session, &gpu0_batch(seq, ts, 10 + (seq % 5)), now)
+                rows_at(&session, &reporting(seq, ts, 10 + (seq % 5)), now)
             })
             .collect();
         store.write_batches(&batches).await.unwrap();
@@ -1547,34 +1575,61 @@ async fn closed_hours_are_compacted_and_chart_the_same(store: Arc<dyn Store>) {
     let full = || store.device_series(GPU0, hour, hour + HOUR_MS - 1, 1000);
     let folded = || store.device_series(GPU0, hour, hour + HOUR_MS - 1, 7);
     let processes = || store.process_series(GPU0, hour, hour + HOUR_MS - 1, 1000);
+    let allocator = async |max_points: u32| {
+        store
+            .allocator_series(&AllocatorSeriesQuery {
+                device_uuid: GPU0,
+                pid: 777,
+                start_time_ms: None,
+                // The first report was taken 50 ms before the hour.
+                from_ms: hour - MINUTE_MS,
+                to_ms: hour + HOUR_MS - 1,
+                max_points,
+            })
+            .await
+    };
     let before = (
         full().await.unwrap().unwrap(),
         folded().await.unwrap().unwrap(),
         processes().await.unwrap().unwrap(),
+        allocator(1000).await.unwrap().unwrap(),
+        allocator(7).await.unwrap().unwrap(),
     );
     assert_eq!(before.0.len(), 360, "one point per sample");
+    assert_eq!(before.3.points.len(), 360, "one point per report");
+    assert_eq!(before.4.points.iter().map(|p| p.reports).sum::<i64>(), 360);
     let report = settle(&*store, now).await.unwrap();
-    // 60 chunks of GPU0 and of its process become one each, and the other
-    // GPU and the MIG instances, absent from these batches, have none.
-    assert_eq!(report.chunks_compacted, 2 * 59, "{report:?}");
+    // 60 chunks of GPU0, of its process and of its allocator reports become
+    // one each, and the other GPU and the MIG instances, absent from these
+    // batches, have none.
+    assert_eq!(report.chunks_compacted, 3 * 59, "{report:?}");
     let after = (
         full().await.unwrap().unwrap(),
         folded().await.unwrap().unwrap(),
         processes().await.unwrap().unwrap(),
+        allocator(1000).await.unwrap().unwrap(),
+        allocator(7).await.unwrap().unwrap(),
     );
     assert_eq!(after, before);
 
     let late_ts = hour + 30 * MINUTE_MS + 5_000;
     store
-        .write_batch(&rows_at(&session, &gpu0_batch(seq + 1, late_ts, 70), now))
+        .write_batch(&rows_at(&session, &reporting(seq + 1, late_ts, 70), now))
         .await
         .unwrap();
     let report = settle(&*store, now + 1000).await.unwrap();
-    assert_eq!(report.chunks_compacted, 2, "the late chunks folded in");
+    assert_eq!(report.chunks_compacted, 3, "the late chunks folded in");
     let late = full().await.unwrap().unwrap();
     assert_eq!(late.len(), 361);
     let point = late.iter().find(|p| p.timestamp_ms == late_ts).unwrap();
     assert_eq!(point.memory_used_bytes, (70 * GIB) as i64);
+    let reports = allocator(1000).await.unwrap().unwrap().points;
+    assert_eq!(reports.len(), 361);
+    let late_report = reports
+        .iter()
+        .find(|p| p.timestamp_ms == late_ts - 50)
+        .unwrap();
+    assert_eq!(late_report.reserved_bytes, (70 * GIB) as i64);
     assert_eq!(
         settle(&*store, now + 2000).await.unwrap().chunks_compacted,
         0,

@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""How fast the database grows as a new user runs Headroom on Postgres.
+
+Runs, side by side in one go, one `headroom-collector serve` per setup,
+each on a database of its own on the same Postgres server, each fed by the
+demo fleet's four nodes as four `headroom-agent --source sim` processes
+(32 GPUs and 3 MIG instances, their processes, 1 sample a second), and
+reads every database's size every 10 s. After a warm-up (registration,
+the first flushes and minute rollups) it fits a line to each database's
+size over the window and prints its slope per device-second (a device is a
+GPU or a MIG instance), everything included (tables, indexes, TOAST, free
+space the tables hold), and the tables that grew most.
+
+    python3 bench/database_growth.py [--minutes 3] [--warmup-s 150] \
+        [--setup chunks] [--setup rows] [--setup before=DIR] ...
+
+A setup is `chunks` or `rows` (this build, `[storage] sample_writes`), or
+`NAME=DIR`: the `headroom-collector` and `headroom-agent` binaries in DIR,
+run with their defaults (an earlier build). The default is `chunks` and
+`rows`. Needs `psql` and a Postgres role that may create databases:
+`DATABASE_URL` (default postgres://postgres@127.0.0.1:5432/postgres).
+Build first: `cargo build --release -p headroom-collector -p headroom-agent`.
+"""
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+RELEASE = ROOT / "target" / "release"
+SIM_NODES = ["gpu-node-01", "gpu-node-02", "k8s-gpu-03", "gpu-node-04"]
+READ_EVERY_S = 10
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def with_database(url, name):
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+def psql(url, sql):
+    out = subprocess.run(
+        ["psql", "-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-d", url, "-c", sql],
+        check=True, capture_output=True, text=True,
+    )
+    return out.stdout.strip()
+
+
+def parse_setup(text):
+    if text in ("chunks", "rows"):
+        return text, RELEASE, text
+    name, sep, directory = text.partition("=")
+    if not sep or not name or not directory:
+        sys.exit(f"setup {text!r}: expected chunks, rows or NAME=DIR")
+    return name, Path(directory), None
+
+
+class Setup:
+    def __init__(self, name, binaries, sample_writes, admin_url, work):
+        self.name = name
+        self.binaries = binaries
+        for binary in ("headroom-collector", "headroom-agent"):
+            if not (binaries / binary).is_file():
+                sys.exit(f"setup {name}: {binaries / binary} is missing; build it first")
+        self.database = f"headroom_growth_{name}_{os.getpid()}".replace("-", "_")
+        self.admin_url = admin_url
+        self.url = with_database(admin_url, self.database)
+        self.dir = work / name
+        self.dir.mkdir()
+        self.sample_writes = sample_writes
+        self.processes = []
+        self.sizes = []  # (seconds since the window opened, bytes)
+
+    def start(self):
+        psql(self.admin_url, f'CREATE DATABASE "{self.database}"')
+        grpc = free_port()
+        command = [str(self.binaries / "headroom-collector"), "serve",
+                   "--grpc-listen", f"127.0.0.1:{grpc}",
+                   "--http-listen", f"127.0.0.1:{free_port()}"]
+        if self.sample_writes:
+            config = self.dir / "collector.toml"
+            config.write_text(f'[storage]\nsample_writes = "{self.sample_writes}"\n')
+            command[2:2] = ["--config", str(config)]
+        self.spawn(command, "collector.log", HEADROOM_DATABASE_URL=self.url)
+        for node in SIM_NODES:
+            spool = self.dir / f"spool-{node}"
+            spool.mkdir()
+            self.spawn([str(self.binaries / "headroom-agent"),
+                        "--source", "sim", "--sim-node", node, "--node-name", node,
+                        "--collector-url", f"http://127.0.0.1:{grpc}",
+                        "--metrics-listen", f"127.0.0.1:{free_port()}",
+                        "--no-allocator-socket", "--spool-dir", str(spool)],
+                       f"agent-{node}.log")
+
+    def spawn(self, command, log, **env):
+        with open(self.dir / log, "w") as out:
+            self.processes.append(subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, "RUST_LOG": "warn", **env}))
+
+    def check_running(self):
+        for process in self.processes:
+            if process.poll() is not None:
+                sys.exit(f"setup {self.name}: {process.args[0]} exited with {process.returncode};"
+                         f" logs in {self.dir}")
+
+    def size(self):
+        return int(psql(self.url, "SELECT pg_database_size(current_database())"))
+
+    def devices(self):
+        return int(psql(self.url, "SELECT count(*) FROM devices"))
+
+    def tables(self):
+        rows = psql(self.url, "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c "
+                              "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                              "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')")
+        sizes = {}
+        for line in rows.splitlines():
+            name, size = line.split("|")
+            sizes[name] = int(size)
+        return sizes
+
+    def stop(self):
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        try:
+            psql(self.admin_url, f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+        except subprocess.CalledProcessError as error:
+            print(f"setup {self.name}: could not drop {self.database}: {error.stderr}")
+
+
+def slope(points):
+    """Least-squares bytes per second of (seconds, bytes) points."""
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_b = sum(b for _, b in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    return sum((t - mean_t) * (b - mean_b) for t, b in points) / var
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=3.0, help="the window measured")
+    parser.add_argument("--warmup-s", type=float, default=150.0)
+    parser.add_argument("--setup", action="append", help="chunks, rows or NAME=DIR")
+    args = parser.parse_args()
+    admin_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+    with tempfile.TemporaryDirectory(prefix="headroom-growth-") as work:
+        setups = [Setup(*parse_setup(text), admin_url, Path(work))
+                  for text in (args.setup or ["chunks", "rows"])]
+        try:
+            for setup in setups:
+                setup.start()
+            print(f"warming up {args.warmup_s:.0f} s: {', '.join(s.name for s in setups)}")
+            time.sleep(args.warmup_s)
+            for setup in setups:
+                setup.check_running()
+            before = {s.name: s.tables() for s in setups}
+            opened = time.monotonic()
+            while True:
+                elapsed = time.monotonic() - opened
+                for setup in setups:
+                    setup.sizes.append((elapsed, setup.size()))
+                if elapsed >= args.minutes * 60:
+                    break
+                time.sleep(READ_EVERY_S - (time.monotonic() - opened) % READ_EVERY_S)
+            for setup in setups:
+                setup.check_running()
+            report(setups, before, args)
+        finally:
+            for setup in setups:
+                setup.stop()
+
+
+def report(setups, before, args):
+    seconds = setups[0].sizes[-1][0]
+    print(f"\ndatabase growth over {seconds:.0f} s after {args.warmup_s:.0f} s of warm-up,"
+          f" a size read every {READ_EVERY_S} s, the slope of a line fitted to them:")
+    print(f"{'setup':<10} {'devices':>7} {'bytes/device-s':>15} {'first to last':>15}")
+    for setup in setups:
+        devices = setup.devices()
+        rate = slope(setup.sizes) / devices
+        span = (setup.sizes[-1][1] - setup.sizes[0][1]) / seconds / devices
+        print(f"{setup.name:<10} {devices:>7} {rate:>15.1f} {span:>15.1f}")
+    for setup in setups:
+        after = setup.tables()
+        grown = sorted(((after[t] - before[setup.name].get(t, 0), t) for t in after), reverse=True)
+        devices = setup.devices()
+        print(f"\n{setup.name}: tables that grew most, bytes per device-second (first to last)")
+        for growth, table in grown[:6]:
+            if growth > 0:
+                print(f"  {table:<32} {growth / seconds / devices:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()
