@@ -17,13 +17,19 @@ space the tables hold), and the tables that grew most.
 A setup is `chunks` or `rows` (this build, `[storage] sample_writes`), or
 `NAME=DIR`: the `headroom-collector` and `headroom-agent` binaries in DIR,
 run with their defaults (an earlier build). The default is `chunks` and
-`rows`. Needs `psql` and a Postgres role that may create databases:
-`DATABASE_URL` (default postgres://postgres@127.0.0.1:5432/postgres).
-Build first: `cargo build --release -p headroom-collector -p headroom-agent`.
+`rows`.
+
+The databases live on a throwaway cluster with Postgres' stock settings
+(`initdb`, `pg_ctl`; as root, run as the `postgres` user), so autovacuum
+reclaims what updates leave behind as it would in production; `--server
+URL` uses a running server instead (a role that may create databases) and
+says whether its autovacuum is on. Needs `psql`. Build first:
+`cargo build --release -p headroom-collector -p headroom-agent`.
 """
 
 import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -55,6 +61,40 @@ def psql(url, sql):
         check=True, capture_output=True, text=True,
     )
     return out.stdout.strip()
+
+
+def postgres_tool(name):
+    found = shutil.which(name)
+    if found:
+        return found
+    versions = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+    if not versions:
+        sys.exit(f"{name} not found: install postgresql, or pass --server URL")
+    return str(versions[-1])
+
+
+class ThrowawayCluster:
+    """A Postgres cluster with stock settings in a temporary folder."""
+
+    def __init__(self, work):
+        self.dir = work / "pgdata"
+        self.as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        self.port = free_port()
+        work.chmod(0o755)
+        self.dir.mkdir()
+        if self.as_postgres:
+            shutil.chown(self.dir, "postgres")
+        self.tool("initdb", "-D", str(self.dir), "-A", "trust", "-U", "postgres", "--no-sync")
+        self.tool("pg_ctl", "-D", str(self.dir), "-w", "-l", str(self.dir / "postgres.log"),
+                  "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1", "start")
+        self.url = f"postgres://postgres@127.0.0.1:{self.port}/postgres"
+
+    def tool(self, name, *args):
+        subprocess.run(self.as_postgres + [postgres_tool(name), *args], check=True,
+                       stdout=subprocess.DEVNULL)
+
+    def stop(self):
+        self.tool("pg_ctl", "-D", str(self.dir), "-m", "fast", "stop")
 
 
 def parse_setup(text):
@@ -122,14 +162,19 @@ class Setup:
         return int(psql(self.url, "SELECT count(*) FROM devices"))
 
     def tables(self):
-        rows = psql(self.url, "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c "
+        """Each table's size with its indexes and TOAST, and its rows
+        inserted, updated and of those updated in place (HOT) so far."""
+        rows = psql(self.url, "SELECT c.relname, pg_total_relation_size(c.oid), "
+                              "COALESCE(s.n_tup_ins, 0), COALESCE(s.n_tup_upd, 0), "
+                              "COALESCE(s.n_tup_hot_upd, 0) FROM pg_class c "
                               "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                              "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid "
                               "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')")
-        sizes = {}
+        tables = {}
         for line in rows.splitlines():
-            name, size = line.split("|")
-            sizes[name] = int(size)
-        return sizes
+            name, *figures = line.split("|")
+            tables[name] = [int(f) for f in figures]
+        return tables
 
     def stop(self):
         for process in self.processes:
@@ -159,9 +204,13 @@ def main():
     parser.add_argument("--minutes", type=float, default=3.0, help="the window measured")
     parser.add_argument("--warmup-s", type=float, default=150.0)
     parser.add_argument("--setup", action="append", help="chunks, rows or NAME=DIR")
+    parser.add_argument("--server", help="a running Postgres server's URL instead of a throwaway cluster")
     args = parser.parse_args()
-    admin_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
     with tempfile.TemporaryDirectory(prefix="headroom-growth-") as work:
+        cluster = None if args.server else ThrowawayCluster(Path(work))
+        admin_url = args.server or cluster.url
+        autovacuum = psql(admin_url, "SHOW autovacuum")
+        print(f"Postgres at {urlsplit(admin_url).netloc}, autovacuum {autovacuum}")
         setups = [Setup(*parse_setup(text), admin_url, Path(work))
                   for text in (args.setup or ["chunks", "rows"])]
         try:
@@ -186,6 +235,8 @@ def main():
         finally:
             for setup in setups:
                 setup.stop()
+            if cluster:
+                cluster.stop()
 
 
 def report(setups, before, args):
@@ -200,12 +251,16 @@ def report(setups, before, args):
         print(f"{setup.name:<10} {devices:>7} {rate:>15.1f} {span:>15.1f}")
     for setup in setups:
         after = setup.tables()
-        grown = sorted(((after[t] - before[setup.name].get(t, 0), t) for t in after), reverse=True)
+        start = before[setup.name]
+        change = {t: [a - b for a, b in zip(after[t], start.get(t, [0, 0, 0, 0]))] for t in after}
+        grown = sorted(change, key=lambda t: change[t][0], reverse=True)
         devices = setup.devices()
-        print(f"\n{setup.name}: tables that grew most, bytes per device-second (first to last)")
-        for growth, table in grown[:6]:
+        print(f"\n{setup.name}: tables that grew most, per device-second (first to last)")
+        print(f"  {'table':<34} {'bytes':>8} {'inserts':>8} {'updates':>8} {'in place':>8}")
+        for table in grown[:6]:
+            growth, inserted, updated, hot = (x / seconds / devices for x in change[table])
             if growth > 0:
-                print(f"  {table:<32} {growth / seconds / devices:>8.1f}")
+                print(f"  {table:<34} {growth:>8.1f} {inserted:>8.2f} {updated:>8.2f} {hot:>8.2f}")
 
 
 if __name__ == "__main__":

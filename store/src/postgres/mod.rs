@@ -355,7 +355,8 @@ fn lock(open: &std::sync::Mutex<OpenChunks>) -> std::sync::MutexGuard<'_, OpenCh
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The oldest and newest sample time held in `samples`.
+/// The oldest and newest sample time held in `samples` (an allocator
+/// report's is when its process took it, which may precede its interval).
 fn taken_span(samples: &crate::open_chunks::Samples) -> Option<(i64, i64)> {
     let gpu = samples.gpu.values().flatten().map(|h| h.row.timestamp_ms);
     let processes = samples
@@ -363,10 +364,17 @@ fn taken_span(samples: &crate::open_chunks::Samples) -> Option<(i64, i64)> {
         .values()
         .flatten()
         .map(|h| h.row.timestamp_ms);
-    gpu.chain(processes).fold(None, |span, ts| match span {
-        None => Some((ts, ts)),
-        Some((lo, hi)) => Some((lo.min(ts), hi.max(ts))),
-    })
+    let reports = samples
+        .allocator
+        .values()
+        .flatten()
+        .map(|h| h.row.timestamp_ms);
+    gpu.chain(processes)
+        .chain(reports)
+        .fold(None, |span, ts| match span {
+            None => Some((ts, ts)),
+            Some((lo, hi)) => Some((lo.min(ts), hi.max(ts))),
+        })
 }
 
 /// Every device the node ever registered, present or not: a batch sampled

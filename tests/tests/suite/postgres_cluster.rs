@@ -75,7 +75,13 @@ async fn partitions_exist_ahead_and_go_whole_past_retention() {
     let store = collector(&db).await;
     let now = now_ms();
     let made = partitions(&store).await;
-    for table in ["gpu_samples", "process_samples", "events", "gpu_samples_1m"] {
+    for table in [
+        "gpu_samples",
+        "process_samples",
+        "allocator_samples_packed",
+        "events",
+        "gpu_samples_1m",
+    ] {
         for day in [now - 6 * DAY_MS, now, now + DAY_MS] {
             let name = format!("{table}_p{}", day_suffix(day));
             assert!(made.contains(&name), "{name} missing from {made:?}");

@@ -9,8 +9,8 @@ use headroom_collector::ingest::validate::{self, Limits};
 use headroom_proto::v1 as pb;
 use headroom_store::model::{NodeSession, StoreBatch, WriteOutcome};
 use headroom_store::rollup::{HOUR_MS, MINUTE_MS, SampleWrites, StorageConfig, bucket_start};
-use headroom_store::{Store, connect_with};
-use headroom_tests::fixtures::{self, BOOT, GPU0, NODE, now_ms};
+use headroom_store::{AllocatorSeriesQuery, Store, connect_with};
+use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, NODE, now_ms};
 use sqlx::SqlitePool;
 
 struct Db {
@@ -47,7 +47,7 @@ async fn register(store: &dyn Store) -> NodeSession {
 }
 
 /// GPU0 and GPU1 at `ts`, a process on GPU0, and an XID event.
-fn batch(session: &NodeSession, seq: u64, ts: i64) -> StoreBatch {
+fn sent_batch(seq: u64, ts: i64) -> pb::Batch {
     let mut b: pb::Batch = fixtures::batch(seq, ts);
     b.events = vec![pb::Event {
         kind: pb::EventKind::Xid as i32,
@@ -57,7 +57,52 @@ fn batch(session: &NodeSession, seq: u64, ts: i64) -> StoreBatch {
         pid: 777,
         detail: "MMU fault".into(),
     }];
+    b
+}
+
+fn batch(session: &NodeSession, seq: u64, ts: i64) -> StoreBatch {
+    validate::batch(sent_batch(seq, ts), session, now_ms(), &Limits::default()).unwrap()
+}
+
+/// [`batch`] with a job on GPU0 that started at `job_start` and reports its
+/// allocator (allocated = `seq` GiB).
+fn reporting_batch(session: &NodeSession, seq: u64, ts: i64, job_start: i64) -> StoreBatch {
+    let mut b = sent_batch(seq, ts);
+    let mut job = fixtures::process_sample(GPU0, ts, 900, 20 * GIB);
+    job.start_time_ms = job_start;
+    job.allocator = Some(pb::AllocatorStats {
+        timestamp_ms: ts - 10,
+        allocated_bytes: seq * GIB,
+        reserved_bytes: 100 * GIB,
+        active_bytes: seq * GIB,
+        inactive_split_bytes: 0,
+        peak_allocated_bytes: 100 * GIB,
+        alloc_retries: 0,
+        ooms: 0,
+        composition: None,
+    });
+    b.process_samples.push(job);
     validate::batch(b, session, now_ms(), &Limits::default()).unwrap()
+}
+
+/// The job's allocator chart: allocated GiB of each report.
+async fn job_reports(store: &dyn Store, from: i64, to: i64) -> Vec<i64> {
+    store
+        .allocator_series(&AllocatorSeriesQuery {
+            device_uuid: GPU0,
+            pid: 900,
+            start_time_ms: None,
+            from_ms: from,
+            to_ms: to,
+            max_points: 10_000,
+        })
+        .await
+        .unwrap()
+        .unwrap()
+        .points
+        .iter()
+        .map(|p| p.allocated_bytes / GIB as i64)
+        .collect()
 }
 
 /// The store's id of GPU0.
@@ -153,11 +198,13 @@ async fn a_collector_that_dies_gets_its_open_samples_again_from_the_agent() {
 async fn rows_written_before_the_upgrade_chart_beside_chunks() {
     let db = Db::new();
     let start = bucket_start(now_ms() - 10 * MINUTE_MS, MINUTE_MS);
+    let job_start = start - MINUTE_MS;
     let store = db.open(SampleWrites::Rows).await;
     let session = register(&*store).await;
     for seq in 1..=30 {
+        let ts = start + seq as i64 * 1000;
         store
-            .write_batch(&batch(&session, seq, start + seq as i64 * 1000))
+            .write_batch(&reporting_batch(&session, seq, ts, job_start))
             .await
             .unwrap();
     }
@@ -167,28 +214,38 @@ async fn rows_written_before_the_upgrade_chart_beside_chunks() {
     let session = register(&*store).await;
     assert_eq!((session.committed_seq, session.durable_seq), (30, 30));
     for seq in 31..=90 {
+        let ts = start + seq as i64 * 1000;
         store
-            .write_batch(&batch(&session, seq, start + seq as i64 * 1000))
+            .write_batch(&reporting_batch(&session, seq, ts, job_start))
             .await
             .unwrap();
     }
     let expected: Vec<i64> = (1..=90).map(|s| start + s * 1000).collect();
+    let end = start + 2 * MINUTE_MS;
     assert_eq!(
-        gpu0_samples(&*store, start, start + 2 * MINUTE_MS).await,
+        gpu0_samples(&*store, start, end).await,
         expected,
         "rows and samples still held"
     );
+    let reports: Vec<i64> = (1..=90).collect();
+    assert_eq!(job_reports(&*store, start, end).await, reports);
     store.flush(true).await.unwrap();
     assert_eq!(
-        gpu0_samples(&*store, start, start + 2 * MINUTE_MS).await,
+        gpu0_samples(&*store, start, end).await,
         expected,
         "rows and chunks"
     );
+    assert_eq!(job_reports(&*store, start, end).await, reports);
     let pool = db.inspect().await;
     assert_eq!(
         count(&pool, "SELECT count(*) FROM gpu_samples").await,
         30 * 2,
         "no new rows: two GPUs of the first 30 batches"
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM allocator_samples").await,
+        30,
+        "no new rows: the first 30 reports"
     );
     store.close().await;
 }
