@@ -543,7 +543,7 @@ mod tests {
             .collect();
         let chunk = encode(&rows).unwrap();
         assert_eq!(decode::<AllocatorReport>(41, &chunk).unwrap(), rows);
-        // A row per report took about 170 bytes.
+        // A row per report took about 150 bytes.
         assert!(chunk.len() < 3600 / 4, "{} bytes", chunk.len());
         let extreme = AllocatorReport {
             process_id: 41,

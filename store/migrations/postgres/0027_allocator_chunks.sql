@@ -1,7 +1,7 @@
 -- Allocator reports (a PyTorch job's allocator figures, sent each second by
 -- clients/python) written as compressed chunks at a flush of the open
 -- chunks, with the job's memory samples, instead of a row per report: a
--- row was about 170 bytes a report, the largest part of what a database
+-- row was about 150 bytes a report, the largest part of what a database
 -- of a fleet whose jobs report grew by (bench/database_growth.py). Rows
 -- written before this release stay in allocator_samples, chart beside the
 -- chunks and expire with raw retention; a collector with
