@@ -497,7 +497,7 @@ impl CollectorMetrics {
             out,
             "headroom_collector_chunk_samples_written_total",
             "counter",
-            "GPU and process samples written in chunks.",
+            "GPU samples, process samples and allocator reports written in chunks.",
             &[("", get(&self.chunk_samples_written))],
         );
         let passes = self.maintenance_passes.load(Ordering::Relaxed);

@@ -262,6 +262,7 @@ pub struct FlushReport {
     pub chunks: usize,
     /// Compressed bytes of those chunks (before row and index overhead).
     pub chunk_bytes: usize,
+    /// GPU samples, process samples and allocator reports.
     pub samples: usize,
     /// Samples left out because another collector had written them.
     pub left_out: usize,
