@@ -23,7 +23,8 @@ The databases live on a throwaway cluster with Postgres' stock settings
 (`initdb`, `pg_ctl`; as root, run as the `postgres` user), so autovacuum
 reclaims what updates leave behind as it would in production; `--server
 URL` uses a running server instead (a role that may create databases) and
-says whether its autovacuum is on. Needs `psql`. Build first:
+says whether its autovacuum is on, and `--sqlite` puts each collector on
+an SQLite file, as the demo does. Needs `psql`. Build first:
 `cargo build --release -p headroom-collector -p headroom-agent`.
 """
 
@@ -31,6 +32,7 @@ import argparse
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -106,6 +108,78 @@ def parse_setup(text):
     return name, Path(directory), None
 
 
+class PostgresDatabase:
+    """A database of its own on the server at `admin_url`."""
+
+    def __init__(self, name, admin_url):
+        self.name = f"headroom_growth_{name}_{os.getpid()}".replace("-", "_")
+        self.admin_url = admin_url
+        self.url = with_database(admin_url, self.name)
+
+    def create(self):
+        psql(self.admin_url, f'CREATE DATABASE "{self.name}"')
+
+    def size(self):
+        return int(psql(self.url, "SELECT pg_database_size(current_database())"))
+
+    def devices(self):
+        return int(psql(self.url, "SELECT count(*) FROM devices"))
+
+    def tables(self):
+        """Each table's size with its indexes and TOAST, and its rows
+        inserted, updated and of those updated in place (HOT) so far."""
+        rows = psql(self.url, "SELECT c.relname, pg_total_relation_size(c.oid), "
+                              "COALESCE(s.n_tup_ins, 0), COALESCE(s.n_tup_upd, 0), "
+                              "COALESCE(s.n_tup_hot_upd, 0) FROM pg_class c "
+                              "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                              "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid "
+                              "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')")
+        tables = {}
+        for line in rows.splitlines():
+            name, *figures = line.split("|")
+            tables[name] = [int(f) for f in figures]
+        return tables
+
+    def drop(self):
+        try:
+            psql(self.admin_url, f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        except subprocess.CalledProcessError as error:
+            print(f"could not drop {self.name}: {error.stderr}")
+
+
+class SqliteDatabase:
+    """An SQLite file, as the demo keeps. Its write-ahead log is left out:
+    it grows to about 4 MB between checkpoints and is then reused, so it
+    is a bound, not growth."""
+
+    def __init__(self, folder):
+        self.path = folder / "headroom.db"
+        self.url = f"sqlite://{self.path}"
+
+    def create(self):
+        pass
+
+    def size(self):
+        return self.path.stat().st_size
+
+    def read(self, sql):
+        with sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10) as db:
+            return db.execute(sql).fetchall()
+
+    def devices(self):
+        return self.read("SELECT count(*) FROM devices")[0][0]
+
+    def tables(self):
+        """Each table's pages with its indexes' (SQLite keeps no counts of
+        inserts and updates)."""
+        rows = self.read("SELECT m.tbl_name, sum(s.pgsize) FROM dbstat s "
+                         "JOIN sqlite_master m ON m.name = s.name GROUP BY m.tbl_name")
+        return {name: [size, 0, 0, 0] for name, size in rows}
+
+    def drop(self):
+        pass
+
+
 class Setup:
     def __init__(self, name, binaries, sample_writes, admin_url, work):
         self.name = name
@@ -113,17 +187,15 @@ class Setup:
         for binary in ("headroom-collector", "headroom-agent"):
             if not (binaries / binary).is_file():
                 sys.exit(f"setup {name}: {binaries / binary} is missing; build it first")
-        self.database = f"headroom_growth_{name}_{os.getpid()}".replace("-", "_")
-        self.admin_url = admin_url
-        self.url = with_database(admin_url, self.database)
         self.dir = work / name
         self.dir.mkdir()
+        self.database = PostgresDatabase(name, admin_url) if admin_url else SqliteDatabase(self.dir)
         self.sample_writes = sample_writes
         self.processes = []
         self.sizes = []  # (seconds since the window opened, bytes)
 
     def start(self):
-        psql(self.admin_url, f'CREATE DATABASE "{self.database}"')
+        self.database.create()
         grpc = free_port()
         command = [str(self.binaries / "headroom-collector"), "serve",
                    "--grpc-listen", f"127.0.0.1:{grpc}",
@@ -132,7 +204,7 @@ class Setup:
             config = self.dir / "collector.toml"
             config.write_text(f'[storage]\nsample_writes = "{self.sample_writes}"\n')
             command[2:2] = ["--config", str(config)]
-        self.spawn(command, "collector.log", HEADROOM_DATABASE_URL=self.url)
+        self.spawn(command, "collector.log", HEADROOM_DATABASE_URL=self.database.url)
         for node in SIM_NODES:
             spool = self.dir / f"spool-{node}"
             spool.mkdir()
@@ -156,25 +228,13 @@ class Setup:
                          f" logs in {self.dir}")
 
     def size(self):
-        return int(psql(self.url, "SELECT pg_database_size(current_database())"))
+        return self.database.size()
 
     def devices(self):
-        return int(psql(self.url, "SELECT count(*) FROM devices"))
+        return self.database.devices()
 
     def tables(self):
-        """Each table's size with its indexes and TOAST, and its rows
-        inserted, updated and of those updated in place (HOT) so far."""
-        rows = psql(self.url, "SELECT c.relname, pg_total_relation_size(c.oid), "
-                              "COALESCE(s.n_tup_ins, 0), COALESCE(s.n_tup_upd, 0), "
-                              "COALESCE(s.n_tup_hot_upd, 0) FROM pg_class c "
-                              "JOIN pg_namespace n ON n.oid = c.relnamespace "
-                              "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid "
-                              "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')")
-        tables = {}
-        for line in rows.splitlines():
-            name, *figures = line.split("|")
-            tables[name] = [int(f) for f in figures]
-        return tables
+        return self.database.tables()
 
     def stop(self):
         for process in self.processes:
@@ -184,10 +244,7 @@ class Setup:
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 process.kill()
-        try:
-            psql(self.admin_url, f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
-        except subprocess.CalledProcessError as error:
-            print(f"setup {self.name}: could not drop {self.database}: {error.stderr}")
+        self.database.drop()
 
 
 def slope(points):
@@ -205,12 +262,17 @@ def main():
     parser.add_argument("--warmup-s", type=float, default=150.0)
     parser.add_argument("--setup", action="append", help="chunks, rows or NAME=DIR")
     parser.add_argument("--server", help="a running Postgres server's URL instead of a throwaway cluster")
+    parser.add_argument("--sqlite", action="store_true",
+                        help="each collector on an SQLite file, as the demo runs, instead of Postgres")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="headroom-growth-") as work:
-        cluster = None if args.server else ThrowawayCluster(Path(work))
-        admin_url = args.server or cluster.url
-        autovacuum = psql(admin_url, "SHOW autovacuum")
-        print(f"Postgres at {urlsplit(admin_url).netloc}, autovacuum {autovacuum}")
+        cluster = None if args.server or args.sqlite else ThrowawayCluster(Path(work))
+        admin_url = None if args.sqlite else args.server or cluster.url
+        if admin_url:
+            autovacuum = psql(admin_url, "SHOW autovacuum")
+            print(f"Postgres at {urlsplit(admin_url).netloc}, autovacuum {autovacuum}")
+        else:
+            print("SQLite, a file per collector")
         setups = [Setup(*parse_setup(text), admin_url, Path(work))
                   for text in (args.setup or ["chunks", "rows"])]
         try:
