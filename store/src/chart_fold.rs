@@ -16,42 +16,78 @@ fn bucket(ts_ms: i64, from_ms: i64, width_ms: i64) -> i64 {
 }
 
 /// A process's allocator reports (rows, chunks and those held open, in any
-/// order) as a chart's points, one per bucket: the highest of each figure
-/// and the newest report's time. A report found twice (in rows and a chunk,
-/// or in a chunk and still held as a flush commits, or joined to intervals
-/// that two flushes wrote) counts once.
-pub(crate) fn allocator_points(
-    mut reports: Vec<AllocatorReport>,
+/// order) folded into a chart's points as they are read, one per bucket:
+/// the highest of each figure and the newest report's time. A week of
+/// reports at 1 Hz is 600,000 of them; only their times are kept, to count
+/// a report found twice once (in rows and a chunk, in a chunk and still held
+/// as a flush commits, or joined to intervals that two flushes wrote). The
+/// highest of each figure is the same however often a report is added.
+pub(crate) struct AllocatorFold {
     from_ms: i64,
     width_ms: i64,
-) -> Vec<AllocatorPoint> {
-    reports.sort_by_key(|r| r.timestamp_ms);
-    reports.dedup_by_key(|r| r.timestamp_ms);
-    reports
-        .chunk_by(|a, b| {
-            bucket(a.timestamp_ms, from_ms, width_ms) == bucket(b.timestamp_ms, from_ms, width_ms)
-        })
-        .filter_map(|bucket| {
-            let newest = bucket.last()?;
-            let most = |f: fn(&AllocatorReport) -> i64| bucket.iter().map(f).max().unwrap_or(0);
-            let most_counted =
-                |f: fn(&AllocatorReport) -> Option<i64>| bucket.iter().filter_map(f).max();
-            Some(AllocatorPoint {
-                timestamp_ms: newest.timestamp_ms,
-                reports: i64::try_from(bucket.len()).unwrap_or(i64::MAX),
-                allocated_bytes: most(|r| r.allocated),
-                reserved_bytes: most(|r| r.reserved),
-                fragmentation_bytes: most(|r| r.reserved.saturating_sub(r.allocated)),
-                inactive_split_bytes: most(|r| r.inactive_split),
-                peak_allocated_bytes: most(|r| r.peak_allocated),
-                alloc_retries: most(|r| r.alloc_retries),
-                ooms: most(|r| r.ooms),
-                weights_bytes: most_counted(|r| r.weights),
-                gradients_bytes: most_counted(|r| r.gradients),
-                optimizer_state_bytes: most_counted(|r| r.optimizer_state),
-            })
-        })
-        .collect()
+    buckets: BTreeMap<i64, AllocatorPoint>,
+    times: Vec<i64>,
+}
+
+impl AllocatorFold {
+    pub(crate) fn new(from_ms: i64, width_ms: i64) -> Self {
+        Self {
+            from_ms,
+            width_ms,
+            buckets: BTreeMap::new(),
+            times: Vec::new(),
+        }
+    }
+
+    pub(crate) fn add(&mut self, r: AllocatorReport) {
+        self.times.push(r.timestamp_ms);
+        let fragmentation = r.reserved.saturating_sub(r.allocated);
+        let point = self
+            .buckets
+            .entry(bucket(r.timestamp_ms, self.from_ms, self.width_ms))
+            .or_insert(AllocatorPoint {
+                timestamp_ms: r.timestamp_ms,
+                reports: 0,
+                allocated_bytes: r.allocated,
+                reserved_bytes: r.reserved,
+                fragmentation_bytes: fragmentation,
+                inactive_split_bytes: r.inactive_split,
+                peak_allocated_bytes: r.peak_allocated,
+                alloc_retries: r.alloc_retries,
+                ooms: r.ooms,
+                weights_bytes: r.weights,
+                gradients_bytes: r.gradients,
+                optimizer_state_bytes: r.optimizer_state,
+            });
+        let most = |held: &mut i64, new: i64| *held = (*held).max(new);
+        most(&mut point.timestamp_ms, r.timestamp_ms);
+        most(&mut point.allocated_bytes, r.allocated);
+        most(&mut point.reserved_bytes, r.reserved);
+        most(&mut point.fragmentation_bytes, fragmentation);
+        most(&mut point.inactive_split_bytes, r.inactive_split);
+        most(&mut point.peak_allocated_bytes, r.peak_allocated);
+        most(&mut point.alloc_retries, r.alloc_retries);
+        most(&mut point.ooms, r.ooms);
+        // `None < Some`: a part counted once in the bucket shows.
+        point.weights_bytes = point.weights_bytes.max(r.weights);
+        point.gradients_bytes = point.gradients_bytes.max(r.gradients);
+        point.optimizer_state_bytes = point.optimizer_state_bytes.max(r.optimizer_state);
+    }
+
+    /// The points in time order, each with how many reports it holds.
+    pub(crate) fn points(mut self) -> Vec<AllocatorPoint> {
+        self.times.sort_unstable();
+        self.times.dedup();
+        for t in &self.times {
+            if let Some(point) = self
+                .buckets
+                .get_mut(&bucket(*t, self.from_ms, self.width_ms))
+            {
+                point.reports += 1;
+            }
+        }
+        self.buckets.into_values().collect()
+    }
 }
 
 /// Packed process samples as one point per process and bucket, at the
@@ -195,6 +231,46 @@ fn rounded_mean(total: i128, samples: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_allocator_report_found_twice_counts_once_and_the_peaks_survive() {
+        let report = |ts: i64, allocated: i64, weights: Option<i64>| AllocatorReport {
+            process_id: 3,
+            timestamp_ms: ts,
+            allocated,
+            reserved: 100,
+            active: allocated,
+            inactive_split: 1,
+            peak_allocated: allocated,
+            alloc_retries: ts / 1000,
+            ooms: 0,
+            weights,
+            gradients: None,
+            optimizer_state: None,
+        };
+        let mut folded = AllocatorFold::new(0, 10_000);
+        // Held, then the same reports again from a chunk, out of order.
+        for r in [report(2_000, 60, None), report(1_000, 40, Some(7))] {
+            folded.add(r);
+        }
+        for r in [
+            report(1_000, 40, Some(7)),
+            report(2_000, 60, None),
+            report(12_000, 50, None),
+        ] {
+            folded.add(r);
+        }
+        let points = folded.points();
+        assert_eq!(points.len(), 2);
+        let first = &points[0];
+        assert_eq!((first.timestamp_ms, first.reports), (2_000, 2));
+        assert_eq!(first.allocated_bytes, 60);
+        assert_eq!(first.fragmentation_bytes, 60, "100 reserved less 40");
+        assert_eq!(first.alloc_retries, 2);
+        assert_eq!(first.weights_bytes, Some(7), "counted once in the bucket");
+        assert_eq!((points[1].timestamp_ms, points[1].reports), (12_000, 1));
+        assert_eq!(points[1].weights_bytes, None);
+    }
 
     fn sample(ts: i64, used: i64, util: Option<i16>) -> GpuSampleRow {
         GpuSampleRow {

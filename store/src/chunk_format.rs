@@ -68,6 +68,31 @@ pub(crate) trait Packable: Sized {
     ) -> Result<Vec<Self>, ChunkError>;
 }
 
+/// A kind of sample with a chunk table: its table and series column, the
+/// same in both stores.
+pub(crate) trait ChunkTable: Packable {
+    const TABLE: &'static str;
+    /// The series column.
+    const KEY: &'static str;
+}
+
+impl ChunkTable for GpuSampleRow {
+    const TABLE: &'static str = "gpu_samples_packed";
+    const KEY: &'static str = "device_id";
+}
+
+impl ChunkTable for ProcessPoint {
+    const TABLE: &'static str = "process_samples_packed";
+    const KEY: &'static str = "process_id";
+}
+
+/// Allocator reports have no raw table for Postgres to pack: before
+/// chunks they were rows, which stay rows until retention drops them.
+impl ChunkTable for AllocatorReport {
+    const TABLE: &'static str = "allocator_samples_packed";
+    const KEY: &'static str = "process_id";
+}
+
 /// One series' samples of one hour, ready for a `*_packed` table. The key
 /// is the device id or the process id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -559,8 +584,31 @@ mod tests {
             gradients: None,
             optimizer_state: Some(i64::MAX),
         };
-        let chunk = encode(&[extreme]).unwrap();
-        assert_eq!(decode::<AllocatorReport>(41, &chunk).unwrap(), [extreme]);
+        // Deltas that wrap between one report and the next.
+        let opposite = AllocatorReport {
+            timestamp_ms: 1,
+            allocated: i64::MAX,
+            reserved: i64::MIN,
+            active: i64::MIN,
+            inactive_split: i64::MAX,
+            peak_allocated: i64::MAX,
+            alloc_retries: i64::MIN,
+            ooms: i64::MAX,
+            weights: None,
+            gradients: Some(i64::MIN),
+            optimizer_state: Some(i64::MIN),
+            ..extreme
+        };
+        let swinging = [
+            extreme,
+            opposite,
+            AllocatorReport {
+                timestamp_ms: 2,
+                ..extreme
+            },
+        ];
+        let chunk = encode(&swinging).unwrap();
+        assert_eq!(decode::<AllocatorReport>(41, &chunk).unwrap(), swinging);
     }
 
     fn sample(ts: i64, used: i64) -> GpuSampleRow {

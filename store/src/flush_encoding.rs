@@ -119,14 +119,21 @@ fn encode(samples: &Samples) -> Result<Encoded, StoreError> {
                 })?,
         );
     }
-    Ok(Encoded {
+    let mut encoded = Encoded {
         gpu_chunks,
         process_chunks,
         allocator_chunks,
         gpu_minutes: gpu_minutes(samples),
         process_minutes: process_minutes(samples),
-        samples: samples.sample_count(),
-    })
+        samples: 0,
+    };
+    // What the chunks hold: a time sent twice (a report joined to several
+    // intervals, an agent's clock stepping back) once.
+    encoded.samples = encoded
+        .chunks()
+        .map(|c| usize::try_from(c.samples).unwrap_or(0))
+        .sum();
+    Ok(encoded)
 }
 
 /// One sample per timestamp and series: an agent whose clock stepped back

@@ -360,12 +360,7 @@ impl OpenChunks {
 
     /// Open and flushing samples of `device` in `[from_ms, to_ms]`.
     pub fn gpu_between(&self, device: i64, from_ms: i64, to_ms: i64) -> Vec<GpuSampleRow> {
-        self.held()
-            .filter_map(|s| s.gpu.get(&device))
-            .flatten()
-            .map(|h| h.row)
-            .filter(|r| (from_ms..=to_ms).contains(&r.timestamp_ms))
-            .collect()
+        self.held_between(|s| &s.gpu, &[device], (from_ms, to_ms), |r| r.timestamp_ms)
     }
 
     /// Open and flushing samples of `processes` in `[from_ms, to_ms]`.
@@ -375,12 +370,12 @@ impl OpenChunks {
         from_ms: i64,
         to_ms: i64,
     ) -> Vec<ProcessPoint> {
-        self.held()
-            .flat_map(|s| processes.iter().filter_map(|p| s.processes.get(p)))
-            .flatten()
-            .map(|h| h.row)
-            .filter(|r| (from_ms..=to_ms).contains(&r.timestamp_ms))
-            .collect()
+        self.held_between(
+            |s| &s.processes,
+            processes,
+            (from_ms, to_ms),
+            |r| r.timestamp_ms,
+        )
     }
 
     /// Open and flushing allocator reports of `processes` in `[from_ms, to_ms]`.
@@ -390,11 +385,28 @@ impl OpenChunks {
         from_ms: i64,
         to_ms: i64,
     ) -> Vec<AllocatorReport> {
+        self.held_between(
+            |s| &s.allocator,
+            processes,
+            (from_ms, to_ms),
+            |r| r.timestamp_ms,
+        )
+    }
+
+    /// The samples of `keys` in one kind of `series`, open and flushing,
+    /// whose time is in `[from_ms, to_ms]`.
+    fn held_between<T: Copy>(
+        &self,
+        series: fn(&Samples) -> &Series<T>,
+        keys: &[i64],
+        (from_ms, to_ms): (i64, i64),
+        timestamp_ms: fn(&T) -> i64,
+    ) -> Vec<T> {
         self.held()
-            .flat_map(|s| processes.iter().filter_map(|p| s.allocator.get(p)))
+            .flat_map(|s| keys.iter().filter_map(|k| series(s).get(k)))
             .flatten()
             .map(|h| h.row)
-            .filter(|r| (from_ms..=to_ms).contains(&r.timestamp_ms))
+            .filter(|r| (from_ms..=to_ms).contains(&timestamp_ms(r)))
             .collect()
     }
 

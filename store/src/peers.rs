@@ -123,6 +123,17 @@ mod tests {
         assert_eq!(silent.peer(Some("http://a:8080")), Some("http://a:8080"));
     }
 
+    /// A collector older than allocator chunks sends and reads neither
+    /// field.
+    #[test]
+    fn a_query_and_an_answer_without_allocator_reports_still_read() {
+        let query: OpenSamplesQuery =
+            serde_json::from_str(r#"{"device_id": 1, "from_ms": 0, "to_ms": 1}"#).unwrap();
+        assert!(!query.allocator);
+        let answer: OpenSamples = serde_json::from_str(r#"{"gpu": [], "processes": []}"#).unwrap();
+        assert!(answer.allocator.is_empty());
+    }
+
     #[tokio::test]
     async fn a_peer_that_cannot_answer_adds_nothing() {
         let link = PeerLink {

@@ -20,10 +20,10 @@ use std::time::Instant;
 use sqlx::postgres::PgPool;
 use sqlx::{Postgres, Transaction};
 
-use super::packing::{ChunkTable, chunk_row, insert_chunks};
+use super::packing::{chunk_row, insert_chunks};
 use super::rollup_packing::pack_hour;
 use crate::StoreError;
-use crate::chunk_format::{self as packed, Chunk, Compressor};
+use crate::chunk_format::{self as packed, Chunk, ChunkTable, Compressor};
 use crate::model::{AllocatorReport, GpuSampleRow, ProcessPoint};
 use crate::rollup::{HOUR_MS, MINUTE_MS};
 
@@ -110,7 +110,7 @@ async fn series_of_hour<T: ChunkTable>(pool: &PgPool, hour: i64) -> Result<Vec<i
     Ok(sqlx::query_scalar(&format!(
         "SELECT DISTINCT {key}::int8 FROM {packed} WHERE hour_ms = $1 ORDER BY 1",
         key = T::KEY,
-        packed = T::PACKED,
+        packed = T::TABLE,
     ))
     .bind(hour)
     .fetch_all(pool)
@@ -128,7 +128,7 @@ async fn compact_hour<T: ChunkTable>(pool: &PgPool, hour: i64) -> Result<u64, St
             "SELECT {key}::int8 AS key, hour_ms, first_ts_ms, last_ts_ms, samples, data FROM {packed}
              WHERE {key} = ANY($1) AND hour_ms = $2 FOR UPDATE",
             key = T::KEY,
-            packed = T::PACKED,
+            packed = T::TABLE,
         ))
         .bind(batch)
         .bind(hour)
@@ -144,7 +144,7 @@ async fn compact_hour<T: ChunkTable>(pool: &PgPool, hour: i64) -> Result<u64, St
         for (key, chunks) in &by_series {
             let chunks: Vec<&Chunk> = chunks.iter().collect();
             let Some((folded_away, compacted)) =
-                packed::compact_series::<T>(&mut compressor, T::PACKED, &chunks).map_err(|e| {
+                packed::compact_series::<T>(&mut compressor, T::TABLE, &chunks).map_err(|e| {
                     StoreError::Damaged(format!("compacting {} {key}: {e}", T::KEY))
                 })?
             else {
@@ -174,7 +174,7 @@ async fn delete_chunks<T: ChunkTable>(
         "DELETE FROM {packed} WHERE hour_ms = $1 AND ({key}, first_ts_ms, last_ts_ms) IN
              (SELECT * FROM UNNEST($2::int8[], $3::int8[], $4::int8[]))",
         key = T::KEY,
-        packed = T::PACKED,
+        packed = T::TABLE,
     ))
     .bind(hour)
     .bind(chunks.iter().map(|c| c.key).collect::<Vec<_>>())

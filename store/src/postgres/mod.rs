@@ -4,6 +4,7 @@
 //! and whose inserts send whole columns as arrays (`UNNEST`), one round trip
 //! per table rather than one per row.
 
+use futures::TryStreamExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -1097,33 +1098,35 @@ impl Store for PostgresStore {
                 },
             )
             .await;
+        let width = bucket_width_ms(q.from_ms, q.to_ms, q.max_points);
+        let mut folded = fold::AllocatorFold::new(q.from_ms, width);
+        open.allocator.into_iter().for_each(|r| folded.add(r));
         let mut tx = chart_transaction(&self.pool).await?;
-        let mut reports =
-            packing::samples_between::<AllocatorReport>(&mut tx, &[process_id], q.from_ms, q.to_ms)
-                .await?;
+        packing::each_sample_between::<AllocatorReport>(
+            &mut tx,
+            &[process_id],
+            (q.from_ms, q.to_ms),
+            |r| folded.add(r),
+        )
+        .await?;
         // Written before allocator chunks, or by a collector writing rows.
-        reports.extend(
-            sqlx::query_as::<_, AllocatorReport>(
-                "SELECT process_id, ts_ms AS timestamp_ms, allocated, reserved, active, inactive_split,
-                     peak_allocated, alloc_retries, ooms, weights, gradients, optimizer_state
-                 FROM allocator_samples WHERE process_id = $1 AND ts_ms BETWEEN $2 AND $3",
-            )
-            .bind(process_id)
-            .bind(q.from_ms)
-            .bind(q.to_ms)
-            .fetch_all(&mut *tx)
-            .await?,
-        );
-        reports.extend(open.allocator);
+        let mut rows = sqlx::query_as::<_, AllocatorReport>(
+            "SELECT process_id, ts_ms AS timestamp_ms, allocated, reserved, active, inactive_split,
+                 peak_allocated, alloc_retries, ooms, weights, gradients, optimizer_state
+             FROM allocator_samples WHERE process_id = $1 AND ts_ms BETWEEN $2 AND $3",
+        )
+        .bind(process_id)
+        .bind(q.from_ms)
+        .bind(q.to_ms)
+        .fetch(&mut *tx);
+        while let Some(report) = rows.try_next().await? {
+            folded.add(report);
+        }
         Ok(Some(AllocatorSeries {
             device_uuid: q.device_uuid.to_owned(),
             pid: q.pid,
             start_time_ms,
-            points: fold::allocator_points(
-                reports,
-                q.from_ms,
-                bucket_width_ms(q.from_ms, q.to_ms, q.max_points),
-            ),
+            points: folded.points(),
         }))
     }
 }

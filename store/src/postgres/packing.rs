@@ -25,33 +25,9 @@ use super::copy::{BinaryRows, copy_in};
 use super::maintenance::{PACKING_LOCK, Partition, partitions_of};
 use super::write::{GPU_SAMPLES_COPY, PROCESS_SAMPLES_COPY, gpu_sample_rows, process_sample_rows};
 use crate::StoreError;
-use crate::chunk_format::{self as packed, Chunk, Packable};
-use crate::model::{AllocatorReport, GpuSampleRow, ProcessPoint};
+use crate::chunk_format::{self as packed, Chunk, ChunkTable};
+use crate::model::{GpuSampleRow, ProcessPoint};
 use crate::rollup::{HOUR_MS, MINUTE_MS, StorageConfig, bucket_start};
-
-/// A kind of sample with a chunk table.
-pub(super) trait ChunkTable: Packable {
-    const PACKED: &'static str;
-    /// The series column.
-    const KEY: &'static str;
-}
-
-impl ChunkTable for GpuSampleRow {
-    const PACKED: &'static str = "gpu_samples_packed";
-    const KEY: &'static str = "device_id";
-}
-
-impl ChunkTable for ProcessPoint {
-    const PACKED: &'static str = "process_samples_packed";
-    const KEY: &'static str = "process_id";
-}
-
-/// Allocator reports have no raw table to pack: before chunks they were
-/// rows, which stay rows until retention drops them.
-impl ChunkTable for AllocatorReport {
-    const PACKED: &'static str = "allocator_samples_packed";
-    const KEY: &'static str = "process_id";
-}
 
 /// A raw sample table whose cold days are packed (its series column named
 /// as in its chunk table).
@@ -494,7 +470,7 @@ pub(super) async fn insert_chunks<T: ChunkTable>(
     sqlx::query(&format!(
         "INSERT INTO {} ({}, hour_ms, first_ts_ms, last_ts_ms, samples, data)
          SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::int8[], $5::int4[], $6::bytea[])",
-        T::PACKED,
+        T::TABLE,
         T::KEY
     ))
     .bind(chunks.iter().map(|c| c.key).collect::<Vec<_>>())
@@ -533,7 +509,7 @@ pub(super) async fn unpack_for_rollup<T: PackedTable>(
          WHERE p.{key} = late.series AND p.hour_ms = late.hour
            AND p.hour_ms >= $4 AND p.hour_ms < $2
          RETURNING p.{key}::int8 AS key, p.hour_ms, p.first_ts_ms, p.last_ts_ms, p.samples, p.data",
-        packed = T::PACKED,
+        packed = T::TABLE,
         raw = T::RAW,
     ))
     .bind(from_ms)
@@ -550,7 +526,7 @@ pub(super) async fn unpack_for_rollup<T: PackedTable>(
         match packed::decode_checked::<T>(&chunk) {
             Ok(decoded) => rows.extend(decoded),
             Err(error) => {
-                tracing::error!(table = T::PACKED, series = chunk.key, hour_ms = chunk.hour_ms, %error,
+                tracing::error!(table = T::TABLE, series = chunk.key, hour_ms = chunk.hour_ms, %error,
                     "a packed chunk is damaged: kept as it is; its late samples stay out of the rollup");
                 damaged.push(chunk);
             }
@@ -593,15 +569,28 @@ pub(super) async fn samples_between<T: ChunkTable>(
     from_ms: i64,
     to_ms: i64,
 ) -> Result<Vec<T>, StoreError> {
+    let mut rows = Vec::new();
+    each_sample_between(conn, series, (from_ms, to_ms), |r| rows.push(r)).await?;
+    Ok(rows)
+}
+
+/// [`samples_between`] handed to `each` a chunk at a time, so that a long
+/// range is never in memory decoded all at once.
+pub(super) async fn each_sample_between<T: ChunkTable>(
+    conn: &mut PgConnection,
+    series: &[i64],
+    (from_ms, to_ms): (i64, i64),
+    mut each: impl FnMut(T),
+) -> Result<(), StoreError> {
     if series.is_empty() || from_ms > to_ms {
-        return Ok(Vec::new());
+        return Ok(());
     }
     let chunks = sqlx::query(&format!(
         "SELECT {key}::int8 AS key, hour_ms, first_ts_ms, last_ts_ms, samples, data FROM {packed}
          WHERE {key} = ANY($1) AND hour_ms >= $2 AND hour_ms <= $3 AND last_ts_ms >= $4
            AND first_ts_ms <= $3",
         key = T::KEY,
-        packed = T::PACKED,
+        packed = T::TABLE,
     ))
     .bind(series)
     .bind(bucket_start(from_ms, HOUR_MS))
@@ -609,11 +598,12 @@ pub(super) async fn samples_between<T: ChunkTable>(
     .bind(from_ms)
     .fetch_all(&mut *conn)
     .await?;
-    let mut rows = Vec::new();
+    let mut decoded = Vec::new();
     for chunk in &chunks {
-        packed::extend_for_chart(&mut rows, &chunk_row(chunk)?, T::PACKED, from_ms, to_ms);
+        packed::extend_for_chart(&mut decoded, &chunk_row(chunk)?, T::TABLE, from_ms, to_ms);
+        decoded.drain(..).for_each(&mut each);
     }
-    Ok(rows)
+    Ok(())
 }
 
 pub(super) fn chunk_row(row: &PgRow) -> Result<Chunk, sqlx::Error> {

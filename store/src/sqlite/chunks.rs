@@ -19,33 +19,11 @@ use sqlx::sqlite::{SqlitePool, SqliteRow};
 use sqlx::{Row, Sqlite, Transaction};
 
 use crate::StoreError;
-use crate::chunk_format::{self, Chunk, Compressor, Packable};
+use crate::chunk_format::{self, Chunk, ChunkTable, Compressor};
 use crate::flush_encoding::{Encoded, encode_off_runtime};
 use crate::model::{AllocatorReport, GpuSampleRow, ProcessPoint};
 use crate::open_chunks::{GpuMinute, ProcessMinute, Samples, StreamKey};
 use crate::rollup::{HOUR_MS, MINUTE_MS};
-
-/// A kind of sample with a chunk table.
-pub(super) trait ChunkTable: Packable {
-    const TABLE: &'static str;
-    /// The series column.
-    const KEY: &'static str;
-}
-
-impl ChunkTable for GpuSampleRow {
-    const TABLE: &'static str = "gpu_samples_packed";
-    const KEY: &'static str = "device_id";
-}
-
-impl ChunkTable for ProcessPoint {
-    const TABLE: &'static str = "process_samples_packed";
-    const KEY: &'static str = "process_id";
-}
-
-impl ChunkTable for AllocatorReport {
-    const TABLE: &'static str = "allocator_samples_packed";
-    const KEY: &'static str = "process_id";
-}
 
 /// What a flush wrote.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -269,8 +247,21 @@ pub(super) async fn samples_between<T: ChunkTable>(
     from_ms: i64,
     to_ms: i64,
 ) -> Result<Vec<T>, StoreError> {
+    let mut rows = Vec::new();
+    each_sample_between(pool, series, (from_ms, to_ms), |r| rows.push(r)).await?;
+    Ok(rows)
+}
+
+/// [`samples_between`] handed to `each` a chunk at a time, so that a long
+/// range is never in memory decoded all at once.
+pub(super) async fn each_sample_between<T: ChunkTable>(
+    pool: &SqlitePool,
+    series: &[i64],
+    (from_ms, to_ms): (i64, i64),
+    mut each: impl FnMut(T),
+) -> Result<(), StoreError> {
     if series.is_empty() || from_ms > to_ms {
-        return Ok(Vec::new());
+        return Ok(());
     }
     let keys = serde_json::to_string(series)
         .map_err(|e| StoreError::Invalid(format!("series ids as JSON: {e}")))?;
@@ -287,11 +278,12 @@ pub(super) async fn samples_between<T: ChunkTable>(
     .bind(from_ms)
     .fetch_all(pool)
     .await?;
-    let mut rows = Vec::new();
+    let mut decoded = Vec::new();
     for chunk in &chunks {
-        chunk_format::extend_for_chart(&mut rows, &chunk_of(chunk)?, T::TABLE, from_ms, to_ms);
+        chunk_format::extend_for_chart(&mut decoded, &chunk_of(chunk)?, T::TABLE, from_ms, to_ms);
+        decoded.drain(..).for_each(&mut each);
     }
-    Ok(rows)
+    Ok(())
 }
 
 /// An hour is compacted once it ended this long ago: its last flush (at

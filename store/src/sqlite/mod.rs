@@ -4,6 +4,7 @@
 //! wait in open chunks and are written as compressed chunks at a flush
 //! (chunks.rs), unless `[storage] sample_writes = "rows"`.
 
+use futures::TryStreamExt;
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
@@ -799,43 +800,40 @@ impl Store for SqliteStore {
         let Some(process) = process else {
             return Ok(None);
         };
+        let width = bucket_width_ms(q.from_ms, q.to_ms, q.max_points);
+        let mut folded = fold::AllocatorFold::new(q.from_ms, width);
         // Held first: a flush committing meanwhile leaves a report in both
         // (counted once), never in neither.
-        let mut reports = self
-            .open()
-            .map(|open| open.allocator_between(&[process.id], q.from_ms, q.to_ms))
-            .unwrap_or_default();
-        reports.extend(
-            chunks::samples_between::<AllocatorReport>(
-                &self.reader,
-                &[process.id],
-                q.from_ms,
-                q.to_ms,
-            )
-            .await?,
-        );
+        if let Some(open) = self.open() {
+            for report in open.allocator_between(&[process.id], q.from_ms, q.to_ms) {
+                folded.add(report);
+            }
+        }
+        chunks::each_sample_between::<AllocatorReport>(
+            &self.reader,
+            &[process.id],
+            (q.from_ms, q.to_ms),
+            |r| folded.add(r),
+        )
+        .await?;
         // Written before allocator chunks, or with `sample_writes = "rows"`.
-        reports.extend(
-            sqlx::query_as::<_, AllocatorReport>(
-                "SELECT process_id, ts_ms AS timestamp_ms, allocated, reserved, active, inactive_split,
-                     peak_allocated, alloc_retries, ooms, weights, gradients, optimizer_state
-                 FROM allocator_samples WHERE process_id = ?1 AND ts_ms BETWEEN ?2 AND ?3",
-            )
-            .bind(process.id)
-            .bind(q.from_ms)
-            .bind(q.to_ms)
-            .fetch_all(&self.reader)
-            .await?,
-        );
+        let mut rows = sqlx::query_as::<_, AllocatorReport>(
+            "SELECT process_id, ts_ms AS timestamp_ms, allocated, reserved, active, inactive_split,
+                 peak_allocated, alloc_retries, ooms, weights, gradients, optimizer_state
+             FROM allocator_samples WHERE process_id = ?1 AND ts_ms BETWEEN ?2 AND ?3",
+        )
+        .bind(process.id)
+        .bind(q.from_ms)
+        .bind(q.to_ms)
+        .fetch(&self.reader);
+        while let Some(report) = rows.try_next().await? {
+            folded.add(report);
+        }
         Ok(Some(AllocatorSeries {
             device_uuid: q.device_uuid.to_owned(),
             pid: q.pid,
             start_time_ms: process.start_time_ms,
-            points: fold::allocator_points(
-                reports,
-                q.from_ms,
-                bucket_width_ms(q.from_ms, q.to_ms, q.max_points),
-            ),
+            points: folded.points(),
         }))
     }
 }
