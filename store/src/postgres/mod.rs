@@ -4,12 +4,12 @@
 //! and whose inserts send whole columns as arrays (`UNNEST`), one round trip
 //! per table rather than one per row.
 
-use futures::TryStreamExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::TryStreamExt;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Row, Transaction};
 

@@ -4,13 +4,13 @@
 //! wait in open chunks and are written as compressed chunks at a flush
 //! (chunks.rs), unless `[storage] sample_writes = "rows"`.
 
-use futures::TryStreamExt;
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::TryStreamExt;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
