@@ -5,9 +5,10 @@
 use std::sync::Arc;
 
 use crate::StoreError;
-use crate::chunk_format::{Chunk, Compressor, chunks_by_hour_with};
-use crate::model::{AllocatorReport, GpuSampleRow, ProcessPoint};
-use crate::open_chunks::{GpuMinute, ProcessMinute, Samples, gpu_minutes, process_minutes};
+use std::collections::BTreeMap;
+
+use crate::chunk_format::{Chunk, Compressor, Packable, chunks_by_hour_with};
+use crate::open_chunks::{GpuMinute, Held, ProcessMinute, Samples, gpu_minutes, process_minutes};
 use crate::rollup::{HOUR_MS, bucket_start};
 
 /// Chunks and rollups of a set of samples, computed off the async runtime.
@@ -17,7 +18,6 @@ pub(crate) struct Encoded {
     pub allocator_chunks: Vec<Chunk>,
     pub gpu_minutes: Vec<GpuMinute>,
     pub process_minutes: Vec<ProcessMinute>,
-    pub samples: usize,
 }
 
 impl Encoded {
@@ -27,6 +27,13 @@ impl Encoded {
             .iter()
             .chain(&self.process_chunks)
             .chain(&self.allocator_chunks)
+    }
+
+    /// The samples its chunks hold, a time held twice once.
+    pub fn samples(&self) -> usize {
+        self.chunks()
+            .map(|c| usize::try_from(c.samples).unwrap_or(0))
+            .sum()
     }
 
     /// The hours its chunks go into, each once, in order: for compaction
@@ -92,48 +99,36 @@ fn series_hours_before(
 fn encode(samples: &Samples) -> Result<Encoded, StoreError> {
     let mut compressor =
         Compressor::new().map_err(|e| StoreError::Invalid(format!("no zstd context: {e}")))?;
-    let mut gpu_chunks = Vec::new();
-    for (device, held) in &samples.gpu {
-        let rows: Vec<GpuSampleRow> = held.iter().map(|h| h.row).collect();
-        gpu_chunks.extend(
-            chunks_by_hour_with(&mut compressor, *device, dedup(rows, |r| r.timestamp_ms))
-                .map_err(|e| StoreError::Damaged(format!("chunking device {device}: {e}")))?,
-        );
-    }
-    let mut process_chunks = Vec::new();
-    for (process, held) in &samples.processes {
-        let rows: Vec<ProcessPoint> = held.iter().map(|h| h.row).collect();
-        process_chunks.extend(
-            chunks_by_hour_with(&mut compressor, *process, dedup(rows, |r| r.timestamp_ms))
-                .map_err(|e| StoreError::Damaged(format!("chunking process {process}: {e}")))?,
-        );
-    }
-    // A report joined to several intervals came with each of them.
-    let mut allocator_chunks = Vec::new();
-    for (process, held) in &samples.allocator {
-        let rows: Vec<AllocatorReport> = held.iter().map(|h| h.row).collect();
-        allocator_chunks.extend(
-            chunks_by_hour_with(&mut compressor, *process, dedup(rows, |r| r.timestamp_ms))
-                .map_err(|e| {
-                    StoreError::Damaged(format!("chunking process {process}'s allocator: {e}"))
-                })?,
-        );
-    }
-    let mut encoded = Encoded {
-        gpu_chunks,
-        process_chunks,
-        allocator_chunks,
+    Ok(Encoded {
+        gpu_chunks: series_chunks(&mut compressor, &samples.gpu, "device")?,
+        process_chunks: series_chunks(&mut compressor, &samples.processes, "process")?,
+        allocator_chunks: series_chunks(
+            &mut compressor,
+            &samples.allocator,
+            "allocator reports of process",
+        )?,
         gpu_minutes: gpu_minutes(samples),
         process_minutes: process_minutes(samples),
-        samples: 0,
-    };
-    // What the chunks hold: a time sent twice (a report joined to several
-    // intervals, an agent's clock stepping back) once.
-    encoded.samples = encoded
-        .chunks()
-        .map(|c| usize::try_from(c.samples).unwrap_or(0))
-        .sum();
-    Ok(encoded)
+    })
+}
+
+/// Every series' held samples of one kind as chunks, a time held twice
+/// (an agent's clock stepping back, a report joined to several intervals)
+/// once. `series_name` names the series in an error.
+fn series_chunks<T: Packable + Copy>(
+    compressor: &mut Compressor,
+    series: &BTreeMap<i64, Vec<Held<T>>>,
+    series_name: &str,
+) -> Result<Vec<Chunk>, StoreError> {
+    let mut chunks = Vec::new();
+    for (key, held) in series {
+        let rows: Vec<T> = held.iter().map(|h| h.row).collect();
+        chunks.extend(
+            chunks_by_hour_with(compressor, *key, dedup(rows, T::timestamp_ms))
+                .map_err(|e| StoreError::Damaged(format!("chunking {series_name} {key}: {e}")))?,
+        );
+    }
+    Ok(chunks)
 }
 
 /// One sample per timestamp and series: an agent whose clock stepped back

@@ -164,7 +164,8 @@ impl Samples {
         self.streams.is_empty()
     }
 
-    pub fn sample_count(&self) -> usize {
+    #[cfg(test)]
+    fn sample_count(&self) -> usize {
         self.gpu.values().map(Vec::len).sum::<usize>()
             + self.processes.values().map(Vec::len).sum::<usize>()
             + self.allocator.values().map(Vec::len).sum::<usize>()

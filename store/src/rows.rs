@@ -115,6 +115,12 @@ pub(crate) struct ProcessRow {
     pub(crate) alloc_optimizer_state_dtype: Option<String>,
 }
 
+/// The columns of an allocator report row as [`crate::model::AllocatorReport`]
+/// reads them.
+pub(crate) const ALLOCATOR_REPORT_COLUMNS: &str = "process_id, ts_ms AS timestamp_ms, allocated,
+    reserved, active, inactive_split, peak_allocated, alloc_retries, ooms, weights, gradients,
+    optimizer_state";
+
 /// The process columns of [`ProcessRow`] besides its node and device.
 pub(crate) const PROCESS_COLUMNS: &str = "p.pid, p.start_time_ms, p.name, p.uid, p.user_name AS user,
     p.container_id, p.container_runtime, p.pod_uid, p.pod_qos_class, p.slurm_job_id,

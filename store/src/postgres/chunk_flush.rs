@@ -92,7 +92,7 @@ pub(super) async fn write_open_chunks(
     Ok(Flushed {
         chunks: encoded.chunks().count(),
         chunk_bytes: encoded.chunks().map(|c| c.data.len()).sum(),
-        samples: encoded.samples,
+        samples: encoded.samples(),
         left_out,
         marks,
     })

@@ -31,8 +31,8 @@ use crate::rollup::{
     late_minutes, resolution_for, source_bounds,
 };
 use crate::rows::{
-    DeviceRow, PROCESS_COLUMNS, ProcessBucket, ProcessKey, ProcessMeta, ProcessRow, SessionDevice,
-    bucket_width_ms, counted_with, process_series_from, session_from,
+    ALLOCATOR_REPORT_COLUMNS, DeviceRow, PROCESS_COLUMNS, ProcessBucket, ProcessKey, ProcessMeta,
+    ProcessRow, SessionDevice, bucket_width_ms, counted_with, process_series_from, session_from,
 };
 use crate::views::{AlertBucketRow, FleetBucketRow, fleet_points};
 use crate::{
@@ -817,15 +817,15 @@ impl Store for SqliteStore {
         )
         .await?;
         // Written before allocator chunks, or with `sample_writes = "rows"`.
-        let mut rows = sqlx::query_as::<_, AllocatorReport>(
-            "SELECT process_id, ts_ms AS timestamp_ms, allocated, reserved, active, inactive_split,
-                 peak_allocated, alloc_retries, ooms, weights, gradients, optimizer_state
-             FROM allocator_samples WHERE process_id = ?1 AND ts_ms BETWEEN ?2 AND ?3",
-        )
-        .bind(process.id)
-        .bind(q.from_ms)
-        .bind(q.to_ms)
-        .fetch(&self.reader);
+        let select = format!(
+            "SELECT {ALLOCATOR_REPORT_COLUMNS} FROM allocator_samples
+             WHERE process_id = ?1 AND ts_ms BETWEEN ?2 AND ?3"
+        );
+        let mut rows = sqlx::query_as::<_, AllocatorReport>(&select)
+            .bind(process.id)
+            .bind(q.from_ms)
+            .bind(q.to_ms)
+            .fetch(&self.reader);
         while let Some(report) = rows.try_next().await? {
             folded.add(report);
         }
