@@ -115,6 +115,26 @@ pub(crate) struct ProcessRow {
     pub(crate) alloc_optimizer_state_dtype: Option<String>,
 }
 
+impl ProcessRow {
+    /// Puts `report` in the `alloc_*` columns, as its checkpoint would
+    /// write them: for a read that knows a newer report than the row.
+    pub(crate) fn lay_allocator_over(&mut self, report: &crate::model::AllocatorRow) {
+        let [weights, gradients, optimizer_state] = report.parts();
+        self.alloc_ts_ms = Some(report.timestamp_ms);
+        self.alloc_allocated = Some(report.allocated);
+        self.alloc_reserved = Some(report.reserved);
+        self.alloc_inactive_split = Some(report.inactive_split);
+        self.alloc_peak_allocated = Some(report.peak_allocated);
+        self.alloc_retries = Some(report.alloc_retries);
+        self.alloc_ooms = Some(report.ooms);
+        (self.alloc_weights, self.alloc_weights_dtype) = (weights.0, weights.1.map(String::from));
+        (self.alloc_gradients, self.alloc_gradients_dtype) =
+            (gradients.0, gradients.1.map(String::from));
+        (self.alloc_optimizer_state, self.alloc_optimizer_state_dtype) =
+            (optimizer_state.0, optimizer_state.1.map(String::from));
+    }
+}
+
 /// The columns of an allocator report row as [`crate::model::AllocatorReport`]
 /// reads them.
 pub(crate) const ALLOCATOR_REPORT_COLUMNS: &str = "process_id, ts_ms AS timestamp_ms, allocated,

@@ -1,14 +1,14 @@
 //! Rows that hold only the newest of something, rewritten as checkpoints:
 //! each device's `gpu_latest` row (what the fleet overview reads), each
-//! node's last-seen time, and each steady process's last-seen time and
-//! memory. For every key this remembers the newest value this collector
+//! node's last-seen time, each process's last-seen time and memory, and
+//! each process's newest allocator report. For every key this remembers the newest value this collector
 //! committed and what it last wrote to the row.
 //!
 //! Rewriting such a row costs Postgres about as much as inserting the
 //! sample did, and every GPU sends one a second; so the row is a
 //! checkpoint, rewritten when the value moved far enough that a reader of
-//! the row alone should see it now (for a GPU, memory by 1 % of its total),
-//! or at least every [`Checkpoint::EVERY_MS`] of wall-clock time (5 s for
+//! the row alone should see it now (for a GPU, memory by 1 % of its total;
+//! for a process, memory by a sixteenth), or at least every [`Checkpoint::EVERY_MS`] of wall-clock time (5 s for
 //! devices and nodes, 10 s for processes). This collector's reads lay its
 //! newest committed values over the rows, so for the agents it serves they
 //! are current to the second; another collector on the same database sees
@@ -25,7 +25,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
-use crate::model::GpuSampleRow;
+use crate::model::{AllocatorRow, GpuSampleRow};
 
 /// A steady device's or node's row trails its newest value by at most this
 /// much wall-clock time.
@@ -91,8 +91,8 @@ impl Checkpoint for NodeSeen {
 }
 
 /// A steady process's newest sample: its row's `last_seen_ms` and
-/// `memory_last`. (A process whose memory or attribution changed has its
-/// whole row upserted at once instead.)
+/// `memory_last`. (A process with a new peak or attribution has its whole
+/// row upserted at once instead.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct ProcessSeen {
     pub(super) process_id: i64,
@@ -121,6 +121,57 @@ impl Checkpoint for ProcessSeen {
     fn timestamp_ms(&self) -> i64 {
         self.timestamp_ms
     }
+
+    /// Memory moved by a sixteenth of the larger value: a job that grows
+    /// or sheds a real share of its memory shows at once on every
+    /// collector's list, while one that wobbles by a few megabytes a
+    /// second (most do, between the allocator's growth steps) rewrites its
+    /// row at the pace alone. A new peak upserts the whole row anyway.
+    fn moved_from(&self, written: &Self) -> bool {
+        moved_by_a_sixteenth(self.memory, written.memory)
+    }
+}
+
+/// True when `now` differs from `then` by at least a sixteenth of the
+/// larger of the two.
+fn moved_by_a_sixteenth(now: i64, then: i64) -> bool {
+    now != then && now.abs_diff(then) >= now.unsigned_abs().max(then.unsigned_abs()) / 16
+}
+
+/// A process's newest allocator report: the `alloc_*` columns of its row,
+/// which the process list and the job pages read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct AllocatorSeen {
+    pub(super) process_id: i64,
+    pub(super) report: AllocatorRow,
+}
+
+impl Checkpoint for AllocatorSeen {
+    /// As the process's last-seen time: the reports come every second and
+    /// copying each onto the row was a third of the rewrites of
+    /// `processes` on the demo fleet.
+    const EVERY_MS: i64 = ProcessSeen::EVERY_MS;
+
+    fn key(&self) -> i64 {
+        self.process_id
+    }
+
+    fn timestamp_ms(&self) -> i64 {
+        self.report.timestamp_ms
+    }
+
+    /// A new OOM or allocator retry, a part counted or dropped, or
+    /// allocated or reserved memory moved by a sixteenth: what an operator
+    /// reading the list would want at once.
+    fn moved_from(&self, written: &Self) -> bool {
+        let (now, then) = (&self.report, &written.report);
+        let counted = |r: &AllocatorRow| r.parts().map(|(bytes, _)| bytes.is_some());
+        now.ooms != then.ooms
+            || now.alloc_retries != then.alloc_retries
+            || counted(now) != counted(then)
+            || moved_by_a_sixteenth(now.allocated, then.allocated)
+            || moved_by_a_sixteenth(now.reserved, then.reserved)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -146,6 +197,8 @@ pub(super) type LatestCache = Checkpoints<GpuSampleRow>;
 pub(super) type NodeCache = Checkpoints<NodeSeen>;
 /// The steady processes' last-seen checkpoints.
 pub(super) type ProcessSeenCache = Checkpoints<ProcessSeen>;
+/// The processes' newest allocator reports.
+pub(super) type AllocatorSeenCache = Checkpoints<AllocatorSeen>;
 
 impl<V> Default for Checkpoints<V> {
     fn default() -> Self {
@@ -670,5 +723,111 @@ mod tests {
         newest.sort_by_key(|s| s.device_id);
         let picked: Vec<(i64, i64)> = newest.iter().map(|s| (s.device_id, s.used_last)).collect();
         assert_eq!(picked, vec![(3, 2), (9, 4)]);
+    }
+
+    /// Whether `value` is due at `now_ms`, learning it as committed (and
+    /// written where due).
+    fn learned_due<V: Checkpoint>(cache: &Checkpoints<V>, value: V, now_ms: i64) -> bool {
+        let due = cache.due(&[&value], now_ms);
+        cache.learn(&[&value], &due, now_ms);
+        due.iter().any(|d| d.key() == value.key())
+    }
+
+    #[test]
+    fn a_process_wobbling_under_its_peak_is_written_at_the_pace_and_a_real_move_at_once() {
+        let cache = ProcessSeenCache::default();
+        let seen = |ts: i64, memory: i64| ProcessSeen {
+            process_id: 5,
+            timestamp_ms: ts,
+            memory,
+        };
+        assert!(learned_due(&cache, seen(0, 10 * GIB), 0), "first sight");
+        for s in 1..10 {
+            let wobble = 10 * GIB - s * (8 << 20);
+            assert!(
+                !learned_due(&cache, seen(s * 1000, wobble), s * 1000),
+                "{s} s: a few MiB"
+            );
+        }
+        assert!(
+            learned_due(&cache, seen(10_000, 10 * GIB), 10_000),
+            "10 s on"
+        );
+        assert!(
+            !learned_due(&cache, seen(11_000, 10 * GIB - GIB / 17), 11_000),
+            "under a sixteenth"
+        );
+        assert!(
+            learned_due(&cache, seen(12_000, 10 * GIB - GIB), 12_000),
+            "a tenth down"
+        );
+        assert!(learned_due(&cache, seen(13_000, 0), 13_000), "all freed");
+        assert!(
+            learned_due(&cache, seen(14_000, 1 << 20), 14_000),
+            "from nothing"
+        );
+    }
+
+    #[test]
+    fn an_allocator_report_is_written_at_the_pace_or_when_it_counts_something_new() {
+        let cache = AllocatorSeenCache::default();
+        let report = |ts: i64, allocated: i64, ooms: i64, retries: i64| AllocatorSeen {
+            process_id: 5,
+            report: AllocatorRow {
+                timestamp_ms: ts,
+                allocated,
+                reserved: 12 * GIB,
+                active: allocated,
+                inactive_split: 0,
+                peak_allocated: 11 * GIB,
+                alloc_retries: retries,
+                ooms,
+                composition: None,
+            },
+        };
+        assert!(learned_due(&cache, report(0, 8 * GIB, 0, 0), 0), "first");
+        assert!(
+            !learned_due(&cache, report(1000, 8 * GIB + (64 << 20), 0, 0), 1000),
+            "64 MiB more allocated"
+        );
+        assert!(
+            learned_due(&cache, report(2000, 8 * GIB, 0, 1), 2000),
+            "a retry"
+        );
+        assert!(
+            learned_due(&cache, report(3000, 8 * GIB, 1, 1), 3000),
+            "an OOM"
+        );
+        assert!(
+            learned_due(&cache, report(4000, 10 * GIB, 1, 1), 4000),
+            "a quarter more allocated"
+        );
+        assert!(
+            !learned_due(&cache, report(5000, 10 * GIB, 1, 1), 13_999),
+            "steady, 9.999 s on"
+        );
+        assert!(
+            learned_due(&cache, report(6000, 10 * GIB, 1, 1), 14_000),
+            "steady, 10 s on"
+        );
+        assert_eq!(
+            cache
+                .newer_than(5, Some(5000))
+                .map(|r| r.report.timestamp_ms),
+            Some(6000),
+            "the newest committed report, for a read of the row"
+        );
+        let mut counted = report(7000, 10 * GIB, 1, 1);
+        counted.report.composition = Some(headroom_common::Composition::default());
+        assert!(!learned_due(&cache, counted, 14_500), "nothing counted yet");
+        let mut weights = report(8000, 10 * GIB, 1, 1);
+        weights.report.composition = Some(headroom_common::Composition {
+            weights: Some(headroom_common::Part {
+                bytes: 6 << 30,
+                dtype: headroom_common::Dtype::Bfloat16,
+            }),
+            ..headroom_common::Composition::default()
+        });
+        assert!(learned_due(&cache, weights, 15_000), "weights counted");
     }
 }

@@ -65,6 +65,7 @@ pub struct PostgresStore {
     writer: i64,
     node_cache: Arc<checkpoints::NodeCache>,
     process_seen: Arc<checkpoints::ProcessSeenCache>,
+    allocator_seen: Arc<checkpoints::AllocatorSeenCache>,
     /// Paces the checkpoint rows (`gpu_latest`, process last-seen times).
     clock: Clock,
     writers: Arc<write_connections::WriteConnections>,
@@ -137,6 +138,7 @@ impl PostgresStore {
             layout_cache: Arc::default(),
             node_cache: Arc::default(),
             process_seen: Arc::default(),
+            allocator_seen: Arc::default(),
             clock: Clock::System,
             writers: Arc::new(write_connections::WriteConnections::new(primary.clone())),
             open_chunks: (storage.sample_writes == SampleWrites::Chunks).then(|| {
@@ -180,6 +182,7 @@ impl PostgresStore {
                 latest: &self.latest_cache,
                 nodes: &self.node_cache,
                 process_seen: &self.process_seen,
+                allocator_seen: &self.allocator_seen,
                 chunks: self.open_chunks.as_deref(),
                 now_ms: self.clock.now_ms(),
                 writer: self.writer,
@@ -654,16 +657,29 @@ impl Store for PostgresStore {
         let devices = self.latest_cache.take_unwritten();
         let nodes = self.node_cache.take_unwritten();
         let processes = self.process_seen.take_unwritten();
-        if !devices.is_empty() || !nodes.is_empty() || !processes.is_empty() {
+        let reports = self.allocator_seen.take_unwritten();
+        if !devices.is_empty() || !nodes.is_empty() || !processes.is_empty() || !reports.is_empty()
+        {
             let written = match self.pool.acquire().await {
                 Ok(mut conn) => {
-                    write::write_checkpoints(&mut conn, self.writer, &devices, &nodes, &processes)
-                        .await
+                    match write::write_checkpoints(
+                        &mut conn,
+                        self.writer,
+                        &devices,
+                        &nodes,
+                        &processes,
+                    )
+                    .await
+                    {
+                        Ok(()) => write::write_allocator_checkpoints(&mut conn, &reports).await,
+                        Err(e) => Err(e),
+                    }
                 }
                 Err(e) => Err(e.into()),
             };
             if let Err(error) = written {
                 tracing::warn!(%error, devices = devices.len(), nodes = nodes.len(), processes = processes.len(),
+                    allocator_reports = reports.len(),
                     "could not write the newest samples to gpu_latest, nodes and processes on close");
             }
         }
@@ -950,6 +966,10 @@ impl Store for PostgresStore {
                     {
                         row.last_seen_ms = newer.timestamp_ms;
                         row.memory_used_bytes = newer.memory;
+                    }
+                    if let Some(newer) = self.allocator_seen.newer_than(process_id, row.alloc_ts_ms)
+                    {
+                        row.lay_allocator_over(&newer.report);
                     }
                     row
                 },

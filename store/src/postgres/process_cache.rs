@@ -1,14 +1,17 @@
 //! What this collector knows of each process's row, so that a steady
-//! process's samples go straight into `process_samples` by id, without
-//! rewriting its row (a new row version and three index entries) and
-//! without looking its id up, every second. Its last-seen time and memory
-//! are then a checkpoint (`checkpoints::ProcessSeen`). The database stays
-//! the truth: peaks and first-seen times here are ones the row already has
-//! or beats (peaks only grow, last-seen times only move forward), so a
-//! stale entry costs at worst a write that was not needed, never a lost
-//! peak. The last memory value is the exception (another collector may
-//! have written a different one since), so every checkpoint of a steady
-//! process writes its memory too.
+//! process's samples go straight into the open chunks (or `process_samples`)
+//! by id, without rewriting its row (a new row version and three index
+//! entries) and without looking its id up, every second. A process is
+//! steady while it sets no new peak, is not seen earlier than its row
+//! says, and keeps its attribution; its memory may move. Its last-seen time
+//! and memory are then a checkpoint (`checkpoints::ProcessSeen`), written
+//! at a pace or when memory moved far. The database stays the truth:
+//! peaks and first-seen times here are ones the row already has or beats
+//! (peaks only grow, last-seen times only move forward), so a stale entry
+//! costs at worst a write that was not needed, never a lost peak. The last
+//! memory value is the exception (another collector may have written a
+//! different one since), so every checkpoint of a steady process writes
+//! its memory too.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -60,8 +63,6 @@ struct Written {
     first_seen_ms: i64,
     /// The newest sample committed (the row may trail it: a checkpoint).
     last_seen_ms: i64,
-    /// The memory of that sample.
-    memory_last: i64,
     memory_peak: i64,
     attribution: Attribution,
 }
@@ -132,9 +133,7 @@ impl ProcessCache {
                 let same = row.used_max <= known.memory_peak
                     && row.timestamp_ms >= known.first_seen_ms
                     && known.attribution.matches(row);
-                if !same
-                    || (row.timestamp_ms > known.last_seen_ms && row.used_last != known.memory_last)
-                {
+                if !same {
                     RowState::Upsert
                 } else {
                     RowState::Steady(known.id)
@@ -158,7 +157,6 @@ impl ProcessCache {
                     id: *id,
                     first_seen_ms: row.timestamp_ms,
                     last_seen_ms: row.timestamp_ms,
-                    memory_last: row.used_last,
                     memory_peak: row.used_max,
                     attribution: Attribution::of(row),
                 });
@@ -168,10 +166,7 @@ impl ProcessCache {
             if !entry.attribution.matches(row) {
                 entry.attribution = Attribution::of(row);
             }
-            if row.timestamp_ms >= entry.last_seen_ms {
-                entry.last_seen_ms = row.timestamp_ms;
-                entry.memory_last = row.used_last;
-            }
+            entry.last_seen_ms = entry.last_seen_ms.max(row.timestamp_ms);
             inner.newest_ms = inner.newest_ms.max(row.timestamp_ms);
         }
         if inner.written.len() > inner.size_after_sweep * 2 + 1024 {
@@ -220,11 +215,10 @@ mod tests {
         );
         let grew = sample(3_000, 150);
         assert_eq!(cache.states(&[&grew]), vec![RowState::Upsert], "new peak");
-        let shrank = sample(3_000, 50);
         assert_eq!(
-            cache.states(&[&shrank]),
-            vec![RowState::Upsert],
-            "new last value"
+            cache.states(&[&sample(3_000, 50)]),
+            vec![RowState::Steady(7)],
+            "memory that moves under the peak is a checkpoint's"
         );
         let older = sample(500, 50);
         assert_eq!(
@@ -242,12 +236,12 @@ mod tests {
     }
 
     #[test]
-    fn learning_keeps_the_peak_and_the_newest_value() {
+    fn learning_keeps_the_peak_whatever_the_order() {
         let cache = ProcessCache::default();
         let peak = sample(1_000, 300);
         let later = sample(2_000, 100);
         cache.learn(&[(7, &later), (7, &peak)]);
-        // The peak of 300 is known, the last value is the later one's.
+        // The peak of 300 is known though it came last.
         assert_eq!(
             cache.states(&[&sample(2_500, 100)]),
             vec![RowState::Steady(7)]

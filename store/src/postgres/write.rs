@@ -24,7 +24,8 @@ use sqlx::postgres::PgConnection;
 use sqlx::{Connection, Postgres, Row, Transaction};
 
 use super::checkpoints::{
-    LatestCache, NodeCache, NodeSeen, ProcessSeen, ProcessSeenCache, newest_per_key,
+    AllocatorSeen, AllocatorSeenCache, LatestCache, NodeCache, NodeSeen, ProcessSeen,
+    ProcessSeenCache, newest_per_key,
 };
 use super::copy::{BinaryRows, copy_in};
 use super::process_cache::{ProcessCache, ProcessKey, RowState};
@@ -58,6 +59,7 @@ pub(super) struct Caches<'c> {
     pub(super) latest: &'c LatestCache,
     pub(super) nodes: &'c NodeCache,
     pub(super) process_seen: &'c ProcessSeenCache,
+    pub(super) allocator_seen: &'c AllocatorSeenCache,
     /// Where samples go when they are written as chunks at a flush; `None`
     /// where they are written as rows.
     pub(super) chunks: Option<&'c Mutex<OpenChunks>>,
@@ -116,7 +118,13 @@ async fn write_claimed(
         copy_in(&mut tx, PROCESS_SAMPLES_COPY, copy).await?;
     }
     let refreshed = process_refreshes(caches, &processes_written);
-    write_allocator_samples(&mut tx, &processes, chunked).await?;
+    if !chunked {
+        write_allocator_rows(&mut tx, &processes).await?;
+    }
+    let reports = newest_allocator_reports(&processes_written.committed);
+    let report_refs: Vec<&AllocatorSeen> = reports.iter().collect();
+    let reports_due = caches.allocator_seen.due(&report_refs, caches.now_ms);
+    write_allocator_checkpoints(&mut tx, &reports_due).await?;
     write_events(&mut tx, &events).await?;
     // Chunks are rolled up as they are written, late ones too.
     let minutes = if chunked {
@@ -161,6 +169,9 @@ async fn write_claimed(
         .learn(&newest_per_key(&seen_refs), &written, caches.now_ms);
     caches.latest.learn(&newest, &latest, caches.now_ms);
     caches.nodes.learn(&seen_newest, &nodes, caches.now_ms);
+    caches
+        .allocator_seen
+        .learn(&report_refs, &reports_due, caches.now_ms);
     if let Some(chunks) = caches.chunks {
         hold_samples(chunks, claim, &processes_written.committed, caches.now_ms);
     }
@@ -698,14 +709,12 @@ async fn upsert_processes(
     Ok(ids)
 }
 
-/// The allocator reports that came with the process samples: the newest one
-/// on the process's row, and, where samples are written as rows, one row
-/// per report (a report joined to several intervals is stored once); where
-/// they are written as chunks, the reports wait in open chunks with them.
-async fn write_allocator_samples(
+/// Where samples are written as rows, a row per allocator report (a
+/// report joined to several intervals is stored once); where they are
+/// written as chunks, the reports wait in open chunks with them instead.
+async fn write_allocator_rows(
     tx: &mut Transaction<'_, Postgres>,
     samples: &[&ProcessSampleRow],
-    chunked: bool,
 ) -> Result<(), StoreError> {
     let reporting: Vec<(&ProcessSampleRow, &AllocatorRow)> = samples
         .iter()
@@ -716,23 +725,9 @@ async fn write_allocator_samples(
     }
     let column =
         |f: fn(&AllocatorRow) -> i64| -> Vec<i64> { reporting.iter().map(|(_, a)| f(a)).collect() };
-    let device = device_ids(reporting.iter().map(|(s, _)| s.device_id))?;
-    let pid: Vec<i64> = reporting.iter().map(|(s, _)| s.pid).collect();
-    let start: Vec<i64> = reporting.iter().map(|(s, _)| s.start_time_ms).collect();
-    let ts = column(|a| a.timestamp_ms);
-    let allocated = column(|a| a.allocated);
-    let reserved = column(|a| a.reserved);
-    let active = column(|a| a.active);
-    let inactive_split = column(|a| a.inactive_split);
-    let peak = column(|a| a.peak_allocated);
-    let retries = column(|a| a.alloc_retries);
-    let ooms = column(|a| a.ooms);
-    let parts: Vec<_> = reporting.iter().map(|(_, a)| a.parts()).collect();
-    let part_bytes = |i: usize| -> Vec<Option<i64>> { parts.iter().map(|p| p[i].0).collect() };
-    let part_dtype = |i: usize| -> Vec<Option<&str>> { parts.iter().map(|p| p[i].1).collect() };
-    let (weights, gradients, optimizer) = (part_bytes(0), part_bytes(1), part_bytes(2));
-    if !chunked {
-        sqlx::query(
+    let part_bytes =
+        |i: usize| -> Vec<Option<i64>> { reporting.iter().map(|(_, a)| a.parts()[i].0).collect() };
+    sqlx::query(
         "INSERT INTO allocator_samples (process_id, ts_ms, allocated, reserved, active, inactive_split,
              peak_allocated, alloc_retries, ooms, weights, gradients, optimizer_state)
          SELECT DISTINCT ON (p.id, s.t) p.id, s.t, s.a, s.r, s.ac, s.i, s.pk, s.rt, s.o, s.w, s.g, s.os
@@ -742,53 +737,82 @@ async fn write_allocator_samples(
          JOIN processes p ON p.device_id = s.d AND p.pid = s.pid AND p.start_time_ms = s.st
          ON CONFLICT (process_id, ts_ms) DO NOTHING",
     )
-    .bind(&device)
-    .bind(&pid)
-    .bind(&start)
-    .bind(&ts)
-    .bind(&allocated)
-    .bind(&reserved)
-    .bind(&active)
-    .bind(&inactive_split)
-    .bind(&peak)
-    .bind(&retries)
-    .bind(&ooms)
-    .bind(&weights)
-    .bind(&gradients)
-    .bind(&optimizer)
+    .bind(device_ids(reporting.iter().map(|(s, _)| s.device_id))?)
+    .bind(reporting.iter().map(|(s, _)| s.pid).collect::<Vec<_>>())
+    .bind(reporting.iter().map(|(s, _)| s.start_time_ms).collect::<Vec<_>>())
+    .bind(column(|a| a.timestamp_ms))
+    .bind(column(|a| a.allocated))
+    .bind(column(|a| a.reserved))
+    .bind(column(|a| a.active))
+    .bind(column(|a| a.inactive_split))
+    .bind(column(|a| a.peak_allocated))
+    .bind(column(|a| a.alloc_retries))
+    .bind(column(|a| a.ooms))
+    .bind(part_bytes(0))
+    .bind(part_bytes(1))
+    .bind(part_bytes(2))
     .execute(&mut **tx)
     .await?;
+    Ok(())
+}
+
+/// Each reporting process's newest report among the stored samples, in
+/// process id order.
+fn newest_allocator_reports(committed: &[(i64, &ProcessSampleRow)]) -> Vec<AllocatorSeen> {
+    let reports: Vec<AllocatorSeen> = committed
+        .iter()
+        .filter_map(|(id, row)| {
+            row.allocator.map(|report| AllocatorSeen {
+                process_id: *id,
+                report,
+            })
+        })
+        .collect();
+    let refs: Vec<&AllocatorSeen> = reports.iter().collect();
+    newest_per_key(&refs).into_iter().copied().collect()
+}
+
+/// Copies each of `reports` (one per process, in id order) onto its
+/// process's row, where the row holds no newer one: the `alloc_*` columns
+/// that the process list and the job pages read.
+pub(super) async fn write_allocator_checkpoints(
+    conn: &mut PgConnection,
+    reports: &[AllocatorSeen],
+) -> Result<(), StoreError> {
+    if reports.is_empty() {
+        return Ok(());
     }
+    let column = |f: fn(&AllocatorRow) -> i64| -> Vec<i64> {
+        reports.iter().map(|r| f(&r.report)).collect()
+    };
+    let parts: Vec<_> = reports.iter().map(|r| r.report.parts()).collect();
+    let part_bytes = |i: usize| -> Vec<Option<i64>> { parts.iter().map(|p| p[i].0).collect() };
+    let part_dtype = |i: usize| -> Vec<Option<&str>> { parts.iter().map(|p| p[i].1).collect() };
     sqlx::query(
         "UPDATE processes p SET alloc_ts_ms = s.t, alloc_allocated = s.a, alloc_reserved = s.r,
              alloc_inactive_split = s.i, alloc_peak_allocated = s.pk, alloc_retries = s.rt, alloc_ooms = s.o,
              alloc_weights = s.w, alloc_weights_dtype = s.wd, alloc_gradients = s.g,
              alloc_gradients_dtype = s.gd, alloc_optimizer_state = s.os, alloc_optimizer_state_dtype = s.od
-         FROM (SELECT DISTINCT ON (d, pid, st) *
-               FROM UNNEST($1::int4[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
-                   $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::text[], $13::int8[], $14::text[],
-                   $15::int8[], $16::text[]) AS u(d, pid, st, t, a, r, i, pk, rt, o, w, wd, g, gd, os, od)
-               ORDER BY d, pid, st, t DESC) s
-         WHERE p.device_id = s.d AND p.pid = s.pid AND p.start_time_ms = s.st
-             AND (p.alloc_ts_ms IS NULL OR p.alloc_ts_ms <= s.t)",
+         FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
+             $8::int8[], $9::int8[], $10::text[], $11::int8[], $12::text[], $13::int8[], $14::text[])
+             AS s(id, t, a, r, i, pk, rt, o, w, wd, g, gd, os, od)
+         WHERE p.id = s.id AND (p.alloc_ts_ms IS NULL OR p.alloc_ts_ms <= s.t)",
     )
-    .bind(&device)
-    .bind(&pid)
-    .bind(&start)
-    .bind(&ts)
-    .bind(&allocated)
-    .bind(&reserved)
-    .bind(&inactive_split)
-    .bind(&peak)
-    .bind(&retries)
-    .bind(&ooms)
-    .bind(&weights)
+    .bind(reports.iter().map(|r| r.process_id).collect::<Vec<_>>())
+    .bind(column(|a| a.timestamp_ms))
+    .bind(column(|a| a.allocated))
+    .bind(column(|a| a.reserved))
+    .bind(column(|a| a.inactive_split))
+    .bind(column(|a| a.peak_allocated))
+    .bind(column(|a| a.alloc_retries))
+    .bind(column(|a| a.ooms))
+    .bind(part_bytes(0))
     .bind(part_dtype(0))
-    .bind(&gradients)
+    .bind(part_bytes(1))
     .bind(part_dtype(1))
-    .bind(&optimizer)
+    .bind(part_bytes(2))
     .bind(part_dtype(2))
-    .execute(&mut **tx)
+    .execute(conn)
     .await?;
     Ok(())
 }

@@ -416,6 +416,104 @@ async fn a_replayed_steady_process_is_seen_where_served_and_written_once_quiet()
     db.drop_database().await;
 }
 
+/// A process's memory and its allocator's newest report are checkpoints
+/// too: the collector serving the agent lists them to the second; another
+/// lists them at most 10 s late, at once when memory moves by a sixteenth
+/// or the allocator counts an OOM, and as they were last when the first
+/// one closes. A job that reports every second no longer rewrites its row
+/// every second.
+#[tokio::test]
+async fn a_process_and_its_allocator_report_are_current_where_served_and_checkpointed_elsewhere() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let now = now_ms();
+    let start = now - 60_000;
+    // The agent is live: each batch is written at the time it was sampled.
+    let (serving, other, clock) = two_collectors(&db, start).await;
+    let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
+    let at = |seq: u64| start + seq as i64 * 1000;
+    let batch = |seq: u64, used: u64, ooms: u64| {
+        clock.set_ms(at(seq));
+        let mut b = hop_batch(BOOT, seq, at(seq), 40 * GIB, used, true);
+        b.process_samples[0].allocator = Some(pb::AllocatorStats {
+            timestamp_ms: at(seq) - 10,
+            allocated_bytes: 8 * GIB - seq * (1 << 20),
+            reserved_bytes: 9 * GIB,
+            active_bytes: 8 * GIB,
+            inactive_split_bytes: 0,
+            peak_allocated_bytes: 8 * GIB,
+            alloc_retries: 0,
+            ooms,
+            composition: None,
+        });
+        rows_at(&session, &b, now)
+    };
+    // What a collector lists for the process: its memory, last-seen time
+    // and newest allocator report's time.
+    let listed = |store: &PostgresStore| {
+        let store = store.clone();
+        async move {
+            let listed = store.processes(start, ProcessesOn::Fleet).await.unwrap();
+            let p = listed.iter().find(|p| p.pid == 777).unwrap();
+            let report = p.allocator.as_ref().unwrap();
+            (
+                p.memory_used_bytes,
+                p.last_seen_ms,
+                report.timestamp_ms,
+                report.ooms,
+            )
+        }
+    };
+    // Its peak first, then memory a few MiB under it each second, and a
+    // report each second.
+    let peak = 10 * GIB;
+    serving.write_batches(&[batch(1, peak, 0)]).await.unwrap();
+    for seq in 2..=10 {
+        let used = peak - seq * (4 << 20);
+        serving.write_batches(&[batch(seq, used, 0)]).await.unwrap();
+        assert_eq!(
+            listed(&serving).await,
+            (used as i64, at(seq), at(seq) - 10, 0),
+            "the serving collector a second behind"
+        );
+        assert_eq!(
+            listed(&other).await,
+            (peak as i64, at(1), at(1) - 10, 0),
+            "another collector: the row as first written"
+        );
+    }
+    // Ten seconds on, the checkpoints move.
+    let used = peak - 11 * (4 << 20);
+    serving.write_batches(&[batch(11, used, 0)]).await.unwrap();
+    assert_eq!(listed(&other).await, (used as i64, at(11), at(11) - 10, 0));
+    // An OOM counted by the allocator shows at once.
+    serving.write_batches(&[batch(12, used, 1)]).await.unwrap();
+    let (_, _, report_ms, ooms) = listed(&other).await;
+    assert_eq!((report_ms, ooms), (at(12) - 10, 1), "an OOM at once");
+    // So does memory that drops by a sixteenth or more.
+    serving
+        .write_batches(&[batch(13, 6 * GIB, 1)])
+        .await
+        .unwrap();
+    let (memory, seen, _, _) = listed(&other).await;
+    assert_eq!((memory, seen), ((6 * GIB) as i64, at(13)), "a drop at once");
+    // A small move, then the serving collector closes: its newest goes to
+    // the row.
+    serving
+        .write_batches(&[batch(14, 6 * GIB - (1 << 20), 1)])
+        .await
+        .unwrap();
+    assert_ne!(listed(&other).await.1, at(14));
+    serving.close().await;
+    assert_eq!(
+        listed(&other).await,
+        ((6 * GIB - (1 << 20)) as i64, at(14), at(14) - 10, 1)
+    );
+    other.close().await;
+    db.drop_database().await;
+}
+
 #[tokio::test]
 async fn late_samples_written_by_two_collectors_during_rollups_are_all_rolled_up() {
     let Some(db) = postgres::fresh_database().await else {
