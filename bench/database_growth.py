@@ -9,7 +9,12 @@ reads every database's size every 10 s. After a warm-up (registration,
 the first flushes and minute rollups) it fits a line to each database's
 size over the window and prints its slope per device-second (a device is a
 GPU or a MIG instance), everything included (tables, indexes, TOAST, free
-space the tables hold), and the tables that grew most.
+space the tables hold), and the tables that grew most. Beside it, per
+device-second over the same window: the write-ahead log the database's
+statements wrote (`pg_stat_statements`, on the throwaway cluster or where
+the server has it loaded), and the CPU of the collector and of its
+database's Postgres connections (`/proc`; a connection that closed within
+the window is left out).
 
     python3 bench/database_growth.py [--minutes 3] [--warmup-s 150] \
         [--setup chunks] [--setup rows] [--setup before=DIR] ...
@@ -87,9 +92,14 @@ class ThrowawayCluster:
         if self.as_postgres:
             shutil.chown(self.dir, "postgres")
         self.tool("initdb", "-D", str(self.dir), "-A", "trust", "-U", "postgres", "--no-sync")
+        # pg_stat_statements counts each statement's WAL by database; it
+        # changes nothing the collectors write.
         self.tool("pg_ctl", "-D", str(self.dir), "-w", "-l", str(self.dir / "postgres.log"),
-                  "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1", "start")
+                  "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1"
+                  " -c shared_preload_libraries=pg_stat_statements"
+                  " -c pg_stat_statements.max=10000", "start")
         self.url = f"postgres://postgres@127.0.0.1:{self.port}/postgres"
+        psql(self.url, "CREATE EXTENSION pg_stat_statements")
 
     def tool(self, name, *args):
         subprocess.run(self.as_postgres + [postgres_tool(name), *args], check=True,
@@ -140,6 +150,22 @@ class PostgresDatabase:
             tables[name] = [int(f) for f in figures]
         return tables
 
+    def work(self):
+        """The WAL bytes its statements wrote so far (None where the server
+        has no pg_stat_statements), and its connections' CPU seconds so
+        far (None where the server is not on this machine)."""
+        try:
+            wal = int(psql(self.admin_url,
+                           "SELECT COALESCE(sum(s.wal_bytes), 0)::int8 FROM pg_stat_statements s "
+                           f"JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = '{self.name}'"))
+        except subprocess.CalledProcessError:
+            wal = None
+        pids = psql(self.admin_url, "SELECT pid FROM pg_stat_activity "
+                                    f"WHERE datname = '{self.name}' AND pid <> pg_backend_pid()")
+        cpu = {int(pid): cpu_seconds(int(pid)) for pid in pids.split()}
+        local = all(seconds is not None for seconds in cpu.values())
+        return wal, (cpu if local else None)
+
     def drop(self):
         try:
             psql(self.admin_url, f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
@@ -161,6 +187,9 @@ class SqliteDatabase:
 
     def size(self):
         return self.path.stat().st_size
+
+    def work(self):
+        return None, None
 
     def read(self, sql):
         with sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10) as db:
@@ -193,6 +222,7 @@ class Setup:
         self.sample_writes = sample_writes
         self.processes = []
         self.sizes = []  # (seconds since the window opened, bytes)
+        self.work = []  # the database's and the collector's, at open and close
 
     def start(self):
         self.database.create()
@@ -236,6 +266,9 @@ class Setup:
     def tables(self):
         return self.database.tables()
 
+    def read_work(self):
+        self.work.append((self.database.work(), cpu_seconds(self.processes[0].pid)))
+
     def stop(self):
         for process in self.processes:
             process.terminate()
@@ -245,6 +278,27 @@ class Setup:
             except subprocess.TimeoutExpired:
                 process.kill()
         self.database.drop()
+
+
+def cpu_seconds(pid):
+    """User and system CPU of process `pid` so far, or None where it is not
+    on this machine."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def work_between(opened, closed):
+    """WAL bytes and CPU seconds of the Postgres connections between two
+    readings of `PostgresDatabase.work`: a connection opened within the
+    window counts whole, one closed within it is left out."""
+    (wal_a, cpu_a), (wal_b, cpu_b) = opened, closed
+    wal = None if wal_a is None or wal_b is None else wal_b - wal_a
+    cpu = None if cpu_a is None or cpu_b is None else sum(
+        seconds - cpu_a.get(pid, 0.0) for pid, seconds in cpu_b.items())
+    return wal, cpu
 
 
 def slope(points):
@@ -283,12 +337,16 @@ def main():
             for setup in setups:
                 setup.check_running()
             before = {s.name: s.tables() for s in setups}
+            for setup in setups:
+                setup.read_work()
             opened = time.monotonic()
             while True:
                 elapsed = time.monotonic() - opened
                 for setup in setups:
                     setup.sizes.append((elapsed, setup.size()))
                 if elapsed >= args.minutes * 60:
+                    for setup in setups:
+                        setup.read_work()
                     break
                 time.sleep(READ_EVERY_S - (time.monotonic() - opened) % READ_EVERY_S)
             for setup in setups:
@@ -311,17 +369,28 @@ def report(setups, before, args):
         rate = slope(setup.sizes) / devices
         span = (setup.sizes[-1][1] - setup.sizes[0][1]) / seconds / devices
         print(f"{setup.name:<10} {devices:>7} {rate:>15.1f} {span:>15.1f}")
+    print(f"\nper device-second over the window: WAL its statements wrote, CPU of the collector"
+          f" and of its Postgres connections")
+    print(f"{'setup':<10} {'WAL bytes':>10} {'collector ms':>13} {'Postgres ms':>12}")
+    for setup in setups:
+        devices = setup.devices()
+        (db_open, collector_open), (db_close, collector_close) = setup.work
+        wal, postgres_cpu = work_between(db_open, db_close)
+        per = lambda x, scale: "-" if x is None else f"{x * scale / seconds / devices:.2f}"
+        print(f"{setup.name:<10} {per(wal, 1):>10} "
+              f"{per(collector_close - collector_open, 1000):>13} {per(postgres_cpu, 1000):>12}")
     for setup in setups:
         after = setup.tables()
         start = before[setup.name]
         change = {t: [a - b for a, b in zip(after[t], start.get(t, [0, 0, 0, 0]))] for t in after}
         grown = sorted(change, key=lambda t: change[t][0], reverse=True)
         devices = setup.devices()
-        print(f"\n{setup.name}: tables that grew most, per device-second (first to last)")
+        print(f"\n{setup.name}: tables that grew most, and any updated more than once a"
+              f" device-minute, per device-second (first to last)")
         print(f"  {'table':<34} {'bytes':>8} {'inserts':>8} {'updates':>8} {'in place':>8}")
-        for table in grown[:6]:
+        for table in grown:
             growth, inserted, updated, hot = (x / seconds / devices for x in change[table])
-            if growth > 0:
+            if (growth > 0 and table in grown[:6]) or updated * 60 > 1:
                 print(f"  {table:<34} {growth:>8.1f} {inserted:>8.2f} {updated:>8.2f} {hot:>8.2f}")
 
 
