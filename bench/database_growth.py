@@ -93,13 +93,24 @@ class ThrowawayCluster:
             shutil.chown(self.dir, "postgres")
         self.tool("initdb", "-D", str(self.dir), "-A", "trust", "-U", "postgres", "--no-sync")
         # pg_stat_statements counts each statement's WAL by database; it
-        # changes nothing the collectors write.
-        self.tool("pg_ctl", "-D", str(self.dir), "-w", "-l", str(self.dir / "postgres.log"),
-                  "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1"
-                  " -c shared_preload_libraries=pg_stat_statements"
-                  " -c pg_stat_statements.max=10000", "start")
+        # changes nothing the collectors write. Where it is not installed
+        # the WAL column stays empty.
+        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1"
+        statements = " -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.max=10000"
+        try:
+            self.start(options + statements)
+        except subprocess.CalledProcessError:
+            print("pg_stat_statements not available: no WAL figures")
+            self.start(options)
         self.url = f"postgres://postgres@127.0.0.1:{self.port}/postgres"
-        psql(self.url, "CREATE EXTENSION pg_stat_statements")
+        try:
+            psql(self.url, "CREATE EXTENSION pg_stat_statements")
+        except subprocess.CalledProcessError:
+            pass
+
+    def start(self, options):
+        self.tool("pg_ctl", "-D", str(self.dir), "-w", "-l", str(self.dir / "postgres.log"),
+                  "-o", options, "start")
 
     def tool(self, name, *args):
         subprocess.run(self.as_postgres + [postgres_tool(name), *args], check=True,
@@ -160,11 +171,21 @@ class PostgresDatabase:
                            f"JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = '{self.name}'"))
         except subprocess.CalledProcessError:
             wal = None
-        pids = psql(self.admin_url, "SELECT pid FROM pg_stat_activity "
-                                    f"WHERE datname = '{self.name}' AND pid <> pg_backend_pid()")
-        cpu = {int(pid): cpu_seconds(int(pid)) for pid in pids.split()}
-        local = all(seconds is not None for seconds in cpu.values())
-        return wal, (cpu if local else None)
+        # The collector's connections only: autovacuum and parallel workers
+        # come and go within the window.
+        backends = psql(self.admin_url,
+                        "SELECT pid || ':' || extract(epoch FROM backend_start) FROM pg_stat_activity "
+                        f"WHERE datname = '{self.name}' AND backend_type = 'client backend' "
+                        "AND pid <> pg_backend_pid()")
+        cpu = {}
+        for backend in backends.split():
+            pid = int(backend.split(":")[0])
+            if not is_postgres(pid):
+                return wal, None  # the server is not on this machine
+            seconds = cpu_seconds(pid)
+            if seconds is not None:  # None: it closed since the query
+                cpu[backend] = seconds
+        return wal, cpu
 
     def drop(self):
         try:
@@ -290,14 +311,24 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def is_postgres(pid):
+    """Whether process `pid` on this machine is a Postgres backend (or has
+    just gone)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() in ("postgres", "postmaster")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
 def work_between(opened, closed):
     """WAL bytes and CPU seconds of the Postgres connections between two
-    readings of `PostgresDatabase.work`: a connection opened within the
-    window counts whole, one closed within it is left out."""
+    readings of `PostgresDatabase.work`, each connection known by its pid
+    and start: one opened within the window counts whole, one closed within
+    it is left out."""
     (wal_a, cpu_a), (wal_b, cpu_b) = opened, closed
     wal = None if wal_a is None or wal_b is None else wal_b - wal_a
     cpu = None if cpu_a is None or cpu_b is None else sum(
-        seconds - cpu_a.get(pid, 0.0) for pid, seconds in cpu_b.items())
+        seconds - cpu_a.get(backend, 0.0) for backend, seconds in cpu_b.items())
     return wal, cpu
 
 

@@ -586,12 +586,21 @@ async fn write_process_samples<'r>(
     if p.is_empty() {
         return Ok(ProcessesWritten::default());
     }
-    let steady_ids: Vec<Option<i64>> = cache
-        .states(p)
-        .into_iter()
-        .map(|state| match state {
-            RowState::Steady(id) => Some(id),
-            RowState::Upsert => None,
+    let states = cache.states(p);
+    // A process upserted for one sample is upserted from all of them: the
+    // row then takes the newest sample's memory, not an older peak's.
+    let upserted: HashSet<ProcessKey> = p
+        .iter()
+        .zip(&states)
+        .filter(|(_, state)| **state == RowState::Upsert)
+        .map(|(row, _)| ProcessKey::of(row))
+        .collect();
+    let steady_ids: Vec<Option<i64>> = p
+        .iter()
+        .zip(states)
+        .map(|(row, state)| match state {
+            RowState::Steady(id) if !upserted.contains(&ProcessKey::of(row)) => Some(id),
+            _ => None,
         })
         .collect();
     let mut ids = steady_ids.clone();
@@ -796,7 +805,7 @@ pub(super) async fn write_allocator_checkpoints(
          FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
              $8::int8[], $9::int8[], $10::text[], $11::int8[], $12::text[], $13::int8[], $14::text[])
              AS s(id, t, a, r, i, pk, rt, o, w, wd, g, gd, os, od)
-         WHERE p.id = s.id AND (p.alloc_ts_ms IS NULL OR p.alloc_ts_ms <= s.t)",
+         WHERE p.id = ANY($1) AND p.id = s.id AND (p.alloc_ts_ms IS NULL OR p.alloc_ts_ms <= s.t)",
     )
     .bind(reports.iter().map(|r| r.process_id).collect::<Vec<_>>())
     .bind(column(|a| a.timestamp_ms))
