@@ -514,6 +514,45 @@ async fn a_process_and_its_allocator_report_are_current_where_served_and_checkpo
     db.drop_database().await;
 }
 
+/// One write holding a new peak and then a lower sample of the same
+/// process: the row takes the peak and the newest memory, so another
+/// collector lists what the process holds now.
+#[tokio::test]
+async fn a_peak_and_a_drop_in_one_write_leave_the_row_at_the_drop() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let now = now_ms();
+    let start = now - 60_000;
+    let (serving, other, clock) = two_collectors(&db, start).await;
+    let session = register(&serving, &fixtures::register(NODE, BOOT)).await;
+    let at = |seq: u64| start + seq as i64 * 1000;
+    let batch = |seq: u64, used: u64| {
+        rows_at(
+            &session,
+            &hop_batch(BOOT, seq, at(seq), 40 * GIB, used, true),
+            now,
+        )
+    };
+    clock.set_ms(at(1));
+    serving.write_batches(&[batch(1, 10 * GIB)]).await.unwrap();
+    clock.set_ms(at(3));
+    serving
+        .write_batches(&[batch(2, 12 * GIB), batch(3, 9 * GIB)])
+        .await
+        .unwrap();
+    let listed = other.processes(start, ProcessesOn::Fleet).await.unwrap();
+    let p = listed.iter().find(|p| p.pid == 777).unwrap();
+    assert_eq!(
+        (p.memory_used_bytes, p.memory_peak_bytes, p.last_seen_ms),
+        ((9 * GIB) as i64, (12 * GIB + GIB / 4) as i64, at(3)),
+        "the newest memory, the peak of the interval before"
+    );
+    serving.close().await;
+    other.close().await;
+    db.drop_database().await;
+}
+
 #[tokio::test]
 async fn late_samples_written_by_two_collectors_during_rollups_are_all_rolled_up() {
     let Some(db) = postgres::fresh_database().await else {
