@@ -657,7 +657,9 @@ impl Store for PostgresStore {
         let devices = self.latest_cache.take_unwritten();
         let nodes = self.node_cache.take_unwritten();
         let processes = self.process_seen.take_unwritten();
-        let reports = self.allocator_seen.take_unwritten();
+        let reports: Vec<_> = (self.allocator_seen.take_unwritten().into_iter())
+            .map(|report| (report, None))
+            .collect();
         if !devices.is_empty() || !nodes.is_empty() || !processes.is_empty() || !reports.is_empty()
         {
             let written = match self.pool.acquire().await {

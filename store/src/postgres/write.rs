@@ -117,14 +117,18 @@ async fn write_claimed(
         );
         copy_in(&mut tx, PROCESS_SAMPLES_COPY, copy).await?;
     }
-    let refreshed = process_refreshes(caches, &processes_written);
     if !chunked {
         write_allocator_rows(&mut tx, &processes).await?;
     }
     let reports = newest_allocator_reports(&processes_written.committed);
     let report_refs: Vec<&AllocatorSeen> = reports.iter().collect();
-    let reports_due = caches.allocator_seen.due(&report_refs, caches.now_ms);
-    write_allocator_checkpoints(&mut tx, &reports_due).await?;
+    let checkpointed = pair_checkpoints(
+        process_refreshes(caches, &processes_written),
+        caches.allocator_seen.due(&report_refs, caches.now_ms),
+        &reports,
+        &processes_written,
+    );
+    write_allocator_checkpoints(&mut tx, &checkpointed.reports).await?;
     write_events(&mut tx, &events).await?;
     // Chunks are rolled up as they are written, late ones too.
     let minutes = if chunked {
@@ -143,7 +147,7 @@ async fn write_claimed(
             durable_at_commit: !chunked,
             nodes: &nodes,
             latest: &latest,
-            refreshed: &refreshed,
+            refreshed: &checkpointed.seen_alone,
             minutes,
             writer: caches.writer,
         },
@@ -162,8 +166,14 @@ async fn write_claimed(
     let mut seen = processes_written.steady;
     seen.extend_from_slice(&processes_written.upserted);
     let seen_refs: Vec<&ProcessSeen> = seen.iter().collect();
-    let mut written = refreshed;
+    let mut written = checkpointed.seen_alone;
+    written.extend(checkpointed.reports.iter().filter_map(|(_, seen)| *seen));
     written.extend_from_slice(&processes_written.upserted);
+    let reports_written: Vec<AllocatorSeen> = checkpointed
+        .reports
+        .iter()
+        .map(|(report, _)| *report)
+        .collect();
     caches
         .process_seen
         .learn(&newest_per_key(&seen_refs), &written, caches.now_ms);
@@ -171,7 +181,7 @@ async fn write_claimed(
     caches.nodes.learn(&seen_newest, &nodes, caches.now_ms);
     caches
         .allocator_seen
-        .learn(&report_refs, &reports_due, caches.now_ms);
+        .learn(&report_refs, &reports_written, caches.now_ms);
     if let Some(chunks) = caches.chunks {
         hold_samples(chunks, claim, &processes_written.committed, caches.now_ms);
     }
@@ -373,6 +383,55 @@ fn process_refreshes(caches: &Caches<'_>, written: &ProcessesWritten<'_>) -> Vec
     let mut due = caches.process_seen.due(&steady, caches.now_ms);
     due.retain(|s| !upserted.contains(&s.process_id));
     due
+}
+
+/// The process checkpoints a write makes, a row version each.
+#[derive(Debug, Default, PartialEq)]
+struct ProcessCheckpoints {
+    /// Memory and last-seen times written alone, in id order.
+    seen_alone: Vec<ProcessSeen>,
+    /// Newest allocator reports, each with its process's memory and
+    /// last-seen time where this write has them, in id order.
+    reports: Vec<(AllocatorSeen, Option<ProcessSeen>)>,
+}
+
+/// Pairs the checkpoints due: a reporting process whose memory or report
+/// is due gets both written, in one row version (the two keep the same
+/// pace, so they would otherwise fall due together and make two). Writing
+/// a value earlier than due is always right: it is the newest committed.
+fn pair_checkpoints(
+    seen_due: Vec<ProcessSeen>,
+    reports_due: Vec<AllocatorSeen>,
+    reports: &[AllocatorSeen],
+    written: &ProcessesWritten<'_>,
+) -> ProcessCheckpoints {
+    let upserted: HashSet<i64> = written.upserted.iter().map(|u| u.process_id).collect();
+    let steady: HashMap<i64, ProcessSeen> = written
+        .steady
+        .iter()
+        .filter(|s| !upserted.contains(&s.process_id))
+        .map(|s| (s.process_id, *s))
+        .collect();
+    let report_of: HashMap<i64, AllocatorSeen> =
+        reports.iter().map(|r| (r.process_id, *r)).collect();
+    let mut paired: BTreeMap<i64, (AllocatorSeen, Option<ProcessSeen>)> = reports_due
+        .into_iter()
+        .map(|r| (r.process_id, (r, steady.get(&r.process_id).copied())))
+        .collect();
+    let mut seen_alone = Vec::new();
+    for seen in seen_due {
+        if let Some((_, with)) = paired.get_mut(&seen.process_id) {
+            *with = Some(seen);
+        } else if let Some(report) = report_of.get(&seen.process_id) {
+            paired.insert(seen.process_id, (*report, Some(seen)));
+        } else {
+            seen_alone.push(seen);
+        }
+    }
+    ProcessCheckpoints {
+        seen_alone,
+        reports: paired.into_values().collect(),
+    }
 }
 
 /// Each node's newest sample time in `batches`, in node order.
@@ -783,31 +842,40 @@ fn newest_allocator_reports(committed: &[(i64, &ProcessSampleRow)]) -> Vec<Alloc
 
 /// Copies each of `reports` (one per process, in id order) onto its
 /// process's row, where the row holds no newer one: the `alloc_*` columns
-/// that the process list and the job pages read.
+/// that the process list and the job pages read; with the process's memory
+/// and last-seen time where they come along. A row holding a newer report
+/// (another collector's) takes neither: its last-seen time then trails
+/// until the next checkpoint, as a steady one does.
 pub(super) async fn write_allocator_checkpoints(
     conn: &mut PgConnection,
-    reports: &[AllocatorSeen],
+    reports: &[(AllocatorSeen, Option<ProcessSeen>)],
 ) -> Result<(), StoreError> {
     if reports.is_empty() {
         return Ok(());
     }
     let column = |f: fn(&AllocatorRow) -> i64| -> Vec<i64> {
-        reports.iter().map(|r| f(&r.report)).collect()
+        reports.iter().map(|(r, _)| f(&r.report)).collect()
     };
-    let parts: Vec<_> = reports.iter().map(|r| r.report.parts()).collect();
+    let seen = |f: fn(&ProcessSeen) -> i64| -> Vec<Option<i64>> {
+        reports.iter().map(|(_, s)| s.as_ref().map(f)).collect()
+    };
+    let parts: Vec<_> = reports.iter().map(|(r, _)| r.report.parts()).collect();
     let part_bytes = |i: usize| -> Vec<Option<i64>> { parts.iter().map(|p| p[i].0).collect() };
     let part_dtype = |i: usize| -> Vec<Option<&str>> { parts.iter().map(|p| p[i].1).collect() };
     sqlx::query(
         "UPDATE processes p SET alloc_ts_ms = s.t, alloc_allocated = s.a, alloc_reserved = s.r,
              alloc_inactive_split = s.i, alloc_peak_allocated = s.pk, alloc_retries = s.rt, alloc_ooms = s.o,
              alloc_weights = s.w, alloc_weights_dtype = s.wd, alloc_gradients = s.g,
-             alloc_gradients_dtype = s.gd, alloc_optimizer_state = s.os, alloc_optimizer_state_dtype = s.od
+             alloc_gradients_dtype = s.gd, alloc_optimizer_state = s.os, alloc_optimizer_state_dtype = s.od,
+             memory_last = CASE WHEN s.seen >= p.last_seen_ms THEN s.mem ELSE p.memory_last END,
+             last_seen_ms = GREATEST(p.last_seen_ms, s.seen)
          FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
-             $8::int8[], $9::int8[], $10::text[], $11::int8[], $12::text[], $13::int8[], $14::text[])
-             AS s(id, t, a, r, i, pk, rt, o, w, wd, g, gd, os, od)
+             $8::int8[], $9::int8[], $10::text[], $11::int8[], $12::text[], $13::int8[], $14::text[],
+             $15::int8[], $16::int8[])
+             AS s(id, t, a, r, i, pk, rt, o, w, wd, g, gd, os, od, seen, mem)
          WHERE p.id = ANY($1) AND p.id = s.id AND (p.alloc_ts_ms IS NULL OR p.alloc_ts_ms <= s.t)",
     )
-    .bind(reports.iter().map(|r| r.process_id).collect::<Vec<_>>())
+    .bind(reports.iter().map(|(r, _)| r.process_id).collect::<Vec<_>>())
     .bind(column(|a| a.timestamp_ms))
     .bind(column(|a| a.allocated))
     .bind(column(|a| a.reserved))
@@ -821,6 +889,8 @@ pub(super) async fn write_allocator_checkpoints(
     .bind(part_dtype(1))
     .bind(part_bytes(2))
     .bind(part_dtype(2))
+    .bind(seen(|s| s.timestamp_ms))
+    .bind(seen(|s| s.memory))
     .execute(conn)
     .await?;
     Ok(())
@@ -897,6 +967,58 @@ mod tests {
             seq,
             ..StoreBatch::default()
         }
+    }
+
+    #[test]
+    fn a_reporting_process_gets_its_memory_and_report_in_one_row_version() {
+        let seen = |id: i64, ts: i64| ProcessSeen {
+            process_id: id,
+            timestamp_ms: ts,
+            memory: ts * 10,
+        };
+        let report = |id: i64, ts: i64| AllocatorSeen {
+            process_id: id,
+            report: AllocatorRow {
+                timestamp_ms: ts,
+                allocated: 1,
+                reserved: 2,
+                active: 1,
+                inactive_split: 0,
+                peak_allocated: 1,
+                alloc_retries: 0,
+                ooms: 0,
+                composition: None,
+            },
+        };
+        // In the write: 1, 2 and 3 steady, 4 upserted; 1, 2 and 4 report.
+        let written = ProcessesWritten {
+            committed: Vec::new(),
+            steady: vec![seen(1, 100), seen(2, 100), seen(3, 100)],
+            upserted: vec![seen(4, 100)],
+        };
+        let reports = [report(1, 90), report(2, 90), report(4, 90)];
+        let paired = pair_checkpoints(
+            // 1's and 3's memory are due, and 6's, gone quiet.
+            vec![seen(1, 100), seen(3, 100), seen(6, 50)],
+            // 2's and 4's reports are due, and 5's, gone quiet.
+            vec![report(2, 90), report(4, 90), report(5, 40)],
+            &reports,
+            &written,
+        );
+        assert_eq!(
+            paired,
+            ProcessCheckpoints {
+                seen_alone: vec![seen(3, 100), seen(6, 50)],
+                reports: vec![
+                    (report(1, 90), Some(seen(1, 100))),
+                    (report(2, 90), Some(seen(2, 100))),
+                    (report(4, 90), None),
+                    (report(5, 40), None),
+                ],
+            },
+            "a report rides with its memory's checkpoint and the other way \
+             round; an upserted row has its memory already"
+        );
     }
 
     #[test]
