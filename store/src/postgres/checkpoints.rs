@@ -1,15 +1,17 @@
 //! Rows that hold only the newest of something, rewritten as checkpoints:
 //! each device's `gpu_latest` row (what the fleet overview reads), each
 //! node's last-seen time, each process's last-seen time and memory, and
-//! each process's newest allocator report. For every key this remembers the newest value this collector
-//! committed and what it last wrote to the row.
+//! each process's newest allocator report. For every key this remembers
+//! the newest value this collector committed and what it last wrote to the
+//! row.
 //!
 //! Rewriting such a row costs Postgres about as much as inserting the
 //! sample did, and every GPU sends one a second; so the row is a
 //! checkpoint, rewritten when the value moved far enough that a reader of
 //! the row alone should see it now (for a GPU, memory by 1 % of its total;
-//! for a process, memory by a sixteenth), or at least every [`Checkpoint::EVERY_MS`] of wall-clock time (5 s for
-//! devices and nodes, 10 s for processes). This collector's reads lay its
+//! for a process, memory by a sixteenth), or at least every
+//! [`Checkpoint::EVERY_MS`] of wall-clock time (5 s for devices and nodes,
+//! 10 s for processes). This collector's reads lay its
 //! newest committed values over the rows, so for the agents it serves they
 //! are current to the second; another collector on the same database sees
 //! a steady row at most that late. A key that stops reporting gets its last
@@ -509,10 +511,12 @@ mod tests {
         learn_due_at(cache, s, s.timestamp_ms)
     }
 
-    fn learn_due_at(cache: &LatestCache, s: &GpuSampleRow, now_ms: i64) -> bool {
-        let due = cache.due(&[s], now_ms);
-        cache.learn(&[s], &due, now_ms);
-        due.iter().any(|d| d.device_id == s.device_id)
+    /// Whether `value` is due at `now_ms`, learning it as committed (and
+    /// written where due).
+    fn learn_due_at<V: Checkpoint>(cache: &Checkpoints<V>, value: &V, now_ms: i64) -> bool {
+        let due = cache.due(&[value], now_ms);
+        cache.learn(&[value], &due, now_ms);
+        due.iter().any(|d| d.key() == value.key())
     }
 
     #[test]
@@ -725,14 +729,6 @@ mod tests {
         assert_eq!(picked, vec![(3, 2), (9, 4)]);
     }
 
-    /// Whether `value` is due at `now_ms`, learning it as committed (and
-    /// written where due).
-    fn learned_due<V: Checkpoint>(cache: &Checkpoints<V>, value: V, now_ms: i64) -> bool {
-        let due = cache.due(&[&value], now_ms);
-        cache.learn(&[&value], &due, now_ms);
-        due.iter().any(|d| d.key() == value.key())
-    }
-
     #[test]
     fn a_process_wobbling_under_its_peak_is_written_at_the_pace_and_a_real_move_at_once() {
         let cache = ProcessSeenCache::default();
@@ -741,29 +737,29 @@ mod tests {
             timestamp_ms: ts,
             memory,
         };
-        assert!(learned_due(&cache, seen(0, 10 * GIB), 0), "first sight");
+        assert!(learn_due_at(&cache, &seen(0, 10 * GIB), 0), "first sight");
         for s in 1..10 {
             let wobble = 10 * GIB - s * (8 << 20);
             assert!(
-                !learned_due(&cache, seen(s * 1000, wobble), s * 1000),
+                !learn_due_at(&cache, &seen(s * 1000, wobble), s * 1000),
                 "{s} s: a few MiB"
             );
         }
         assert!(
-            learned_due(&cache, seen(10_000, 10 * GIB), 10_000),
+            learn_due_at(&cache, &seen(10_000, 10 * GIB), 10_000),
             "10 s on"
         );
         assert!(
-            !learned_due(&cache, seen(11_000, 10 * GIB - GIB / 17), 11_000),
+            !learn_due_at(&cache, &seen(11_000, 10 * GIB - GIB / 17), 11_000),
             "under a sixteenth"
         );
         assert!(
-            learned_due(&cache, seen(12_000, 10 * GIB - GIB), 12_000),
+            learn_due_at(&cache, &seen(12_000, 10 * GIB - GIB), 12_000),
             "a tenth down"
         );
-        assert!(learned_due(&cache, seen(13_000, 0), 13_000), "all freed");
+        assert!(learn_due_at(&cache, &seen(13_000, 0), 13_000), "all freed");
         assert!(
-            learned_due(&cache, seen(14_000, 1 << 20), 14_000),
+            learn_due_at(&cache, &seen(14_000, 1 << 20), 14_000),
             "from nothing"
         );
     }
@@ -785,29 +781,29 @@ mod tests {
                 composition: None,
             },
         };
-        assert!(learned_due(&cache, report(0, 8 * GIB, 0, 0), 0), "first");
+        assert!(learn_due_at(&cache, &report(0, 8 * GIB, 0, 0), 0), "first");
         assert!(
-            !learned_due(&cache, report(1000, 8 * GIB + (64 << 20), 0, 0), 1000),
+            !learn_due_at(&cache, &report(1000, 8 * GIB + (64 << 20), 0, 0), 1000),
             "64 MiB more allocated"
         );
         assert!(
-            learned_due(&cache, report(2000, 8 * GIB, 0, 1), 2000),
+            learn_due_at(&cache, &report(2000, 8 * GIB, 0, 1), 2000),
             "a retry"
         );
         assert!(
-            learned_due(&cache, report(3000, 8 * GIB, 1, 1), 3000),
+            learn_due_at(&cache, &report(3000, 8 * GIB, 1, 1), 3000),
             "an OOM"
         );
         assert!(
-            learned_due(&cache, report(4000, 10 * GIB, 1, 1), 4000),
+            learn_due_at(&cache, &report(4000, 10 * GIB, 1, 1), 4000),
             "a quarter more allocated"
         );
         assert!(
-            !learned_due(&cache, report(5000, 10 * GIB, 1, 1), 13_999),
+            !learn_due_at(&cache, &report(5000, 10 * GIB, 1, 1), 13_999),
             "steady, 9.999 s on"
         );
         assert!(
-            learned_due(&cache, report(6000, 10 * GIB, 1, 1), 14_000),
+            learn_due_at(&cache, &report(6000, 10 * GIB, 1, 1), 14_000),
             "steady, 10 s on"
         );
         assert_eq!(
@@ -819,7 +815,10 @@ mod tests {
         );
         let mut counted = report(7000, 10 * GIB, 1, 1);
         counted.report.composition = Some(headroom_common::Composition::default());
-        assert!(!learned_due(&cache, counted, 14_500), "nothing counted yet");
+        assert!(
+            !learn_due_at(&cache, &counted, 14_500),
+            "nothing counted yet"
+        );
         let mut weights = report(8000, 10 * GIB, 1, 1);
         weights.report.composition = Some(headroom_common::Composition {
             weights: Some(headroom_common::Part {
@@ -828,6 +827,6 @@ mod tests {
             }),
             ..headroom_common::Composition::default()
         });
-        assert!(learned_due(&cache, weights, 15_000), "weights counted");
+        assert!(learn_due_at(&cache, &weights, 15_000), "weights counted");
     }
 }

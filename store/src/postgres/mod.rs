@@ -662,23 +662,13 @@ impl Store for PostgresStore {
             .collect();
         if !devices.is_empty() || !nodes.is_empty() || !processes.is_empty() || !reports.is_empty()
         {
-            let written = match self.pool.acquire().await {
-                Ok(mut conn) => {
-                    match write::write_checkpoints(
-                        &mut conn,
-                        self.writer,
-                        &devices,
-                        &nodes,
-                        &processes,
-                    )
-                    .await
-                    {
-                        Ok(()) => write::write_allocator_checkpoints(&mut conn, &reports).await,
-                        Err(e) => Err(e),
-                    }
-                }
-                Err(e) => Err(e.into()),
-            };
+            let written: Result<(), StoreError> = async {
+                let mut conn = self.pool.acquire().await?;
+                write::write_checkpoints(&mut conn, self.writer, &devices, &nodes, &processes)
+                    .await?;
+                write::write_allocator_checkpoints(&mut conn, &reports).await
+            }
+            .await;
             if let Err(error) = written {
                 tracing::warn!(%error, devices = devices.len(), nodes = nodes.len(), processes = processes.len(),
                     allocator_reports = reports.len(),
