@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use crate::model::{AllocatorReport, GpuSampleRow, ProcessPoint};
+use crate::rollup::MINUTE_MS;
 use crate::views::{AllocatorPoint, SeriesPoint};
 
 /// The chart bucket `ts_ms` falls in, as the chart query numbers them:
@@ -22,10 +23,19 @@ fn bucket(ts_ms: i64, from_ms: i64, width_ms: i64) -> i64 {
 /// a report found twice once (in rows and a chunk, in a chunk and still held
 /// as a flush commits, or joined to intervals that two flushes wrote). The
 /// highest of each figure is the same however often a report is added.
+///
+/// Where the buckets are a minute or wider, reports are folded a minute
+/// each first and a minute goes whole to the bucket of its newest report,
+/// as a chunk's stored minutes ([`allocator_minutes`]) do: a chart then
+/// reads the same from a chunk's reports as from its minutes, before and
+/// after compaction. A bucket's edge moves by less than a minute, as
+/// charts read from minute rollups do.
 pub(crate) struct AllocatorFold {
     from_ms: i64,
     width_ms: i64,
-    buckets: BTreeMap<i64, AllocatorPoint>,
+    minutes_first: bool,
+    /// By chart bucket, or by minute where `minutes_first`.
+    points: BTreeMap<i64, AllocatorPoint>,
     times: Vec<i64>,
 }
 
@@ -34,44 +44,47 @@ impl AllocatorFold {
         Self {
             from_ms,
             width_ms,
-            buckets: BTreeMap::new(),
+            minutes_first: width_ms >= MINUTE_MS,
+            points: BTreeMap::new(),
             times: Vec::new(),
+        }
+    }
+
+    fn key(&self, ts_ms: i64) -> i64 {
+        if self.minutes_first {
+            ts_ms.div_euclid(MINUTE_MS)
+        } else {
+            bucket(ts_ms, self.from_ms, self.width_ms)
         }
     }
 
     pub(crate) fn add(&mut self, r: AllocatorReport) {
         self.times.push(r.timestamp_ms);
-        let fragmentation = r.reserved.saturating_sub(r.allocated);
-        let point = self
-            .buckets
-            .entry(bucket(r.timestamp_ms, self.from_ms, self.width_ms))
-            .or_insert(AllocatorPoint {
-                timestamp_ms: r.timestamp_ms,
-                reports: 0,
-                allocated_bytes: r.allocated,
-                reserved_bytes: r.reserved,
-                fragmentation_bytes: fragmentation,
-                inactive_split_bytes: r.inactive_split,
-                peak_allocated_bytes: r.peak_allocated,
-                alloc_retries: r.alloc_retries,
-                ooms: r.ooms,
-                weights_bytes: r.weights,
-                gradients_bytes: r.gradients,
-                optimizer_state_bytes: r.optimizer_state,
-            });
-        let most = |held: &mut i64, new: i64| *held = (*held).max(new);
-        most(&mut point.timestamp_ms, r.timestamp_ms);
-        most(&mut point.allocated_bytes, r.allocated);
-        most(&mut point.reserved_bytes, r.reserved);
-        most(&mut point.fragmentation_bytes, fragmentation);
-        most(&mut point.inactive_split_bytes, r.inactive_split);
-        most(&mut point.peak_allocated_bytes, r.peak_allocated);
-        most(&mut point.alloc_retries, r.alloc_retries);
-        most(&mut point.ooms, r.ooms);
-        // `None < Some`: a part counted once in the bucket shows.
-        point.weights_bytes = point.weights_bytes.max(r.weights);
-        point.gradients_bytes = point.gradients_bytes.max(r.gradients);
-        point.optimizer_state_bytes = point.optimizer_state_bytes.max(r.optimizer_state);
+        let point = AllocatorPoint {
+            timestamp_ms: r.timestamp_ms,
+            reports: 0,
+            allocated_bytes: r.allocated,
+            reserved_bytes: r.reserved,
+            fragmentation_bytes: r.reserved.saturating_sub(r.allocated),
+            inactive_split_bytes: r.inactive_split,
+            peak_allocated_bytes: r.peak_allocated,
+            alloc_retries: r.alloc_retries,
+            ooms: r.ooms,
+            weights_bytes: r.weights,
+            gradients_bytes: r.gradients,
+            optimizer_state_bytes: r.optimizer_state,
+        };
+        let key = self.key(r.timestamp_ms);
+        merge_into(&mut self.points, key, point);
+    }
+
+    /// A minute of reports already folded (a chunk's minutes). Its reports
+    /// are counted as the minute counted them, beside those added one by
+    /// one: a chunk's minutes are taken only where the chunk lies wholly
+    /// inside the chart, and a compacted chunk holds each time once.
+    pub(crate) fn add_minute(&mut self, minute: AllocatorPoint) {
+        let key = self.key(minute.timestamp_ms);
+        merge_into(&mut self.points, key, minute);
     }
 
     /// The points in time order, each with how many reports it holds.
@@ -79,15 +92,53 @@ impl AllocatorFold {
         self.times.sort_unstable();
         self.times.dedup();
         for t in &self.times {
-            if let Some(point) = self
-                .buckets
-                .get_mut(&bucket(*t, self.from_ms, self.width_ms))
-            {
+            let key = self.key(*t);
+            if let Some(point) = self.points.get_mut(&key) {
                 point.reports += 1;
             }
         }
-        self.buckets.into_values().collect()
+        if !self.minutes_first {
+            return self.points.into_values().collect();
+        }
+        let mut buckets = BTreeMap::new();
+        for minute in self.points.into_values() {
+            let key = bucket(minute.timestamp_ms, self.from_ms, self.width_ms);
+            merge_into(&mut buckets, key, minute);
+        }
+        buckets.into_values().collect()
     }
+}
+
+/// `add` merged into the point at `key`: the highest of each figure, the
+/// newest time, the reports summed.
+fn merge_into(points: &mut BTreeMap<i64, AllocatorPoint>, key: i64, add: AllocatorPoint) {
+    let Some(point) = points.get_mut(&key) else {
+        points.insert(key, add);
+        return;
+    };
+    point.reports += add.reports;
+    let most = |held: &mut i64, new: i64| *held = (*held).max(new);
+    most(&mut point.timestamp_ms, add.timestamp_ms);
+    most(&mut point.allocated_bytes, add.allocated_bytes);
+    most(&mut point.reserved_bytes, add.reserved_bytes);
+    most(&mut point.fragmentation_bytes, add.fragmentation_bytes);
+    most(&mut point.inactive_split_bytes, add.inactive_split_bytes);
+    most(&mut point.peak_allocated_bytes, add.peak_allocated_bytes);
+    most(&mut point.alloc_retries, add.alloc_retries);
+    most(&mut point.ooms, add.ooms);
+    // `None < Some`: a part counted once in the bucket shows.
+    point.weights_bytes = point.weights_bytes.max(add.weights_bytes);
+    point.gradients_bytes = point.gradients_bytes.max(add.gradients_bytes);
+    point.optimizer_state_bytes = point.optimizer_state_bytes.max(add.optimizer_state_bytes);
+}
+
+/// `reports` (one series, any order) folded a minute each, in time order:
+/// what an allocator chunk keeps for charts of minute-wide buckets or
+/// wider.
+pub(crate) fn allocator_minutes(reports: &[AllocatorReport]) -> Vec<AllocatorPoint> {
+    let mut fold = AllocatorFold::new(0, MINUTE_MS);
+    reports.iter().for_each(|r| fold.add(*r));
+    fold.points()
 }
 
 /// Packed process samples as one point per process and bucket, at the
@@ -270,6 +321,43 @@ mod tests {
         assert_eq!(first.weights_bytes, Some(7), "counted once in the bucket");
         assert_eq!((points[1].timestamp_ms, points[1].reports), (12_000, 1));
         assert_eq!(points[1].weights_bytes, None);
+    }
+
+    /// Reports from rows, held ones and chunks' minutes, mixed: a chart of
+    /// buckets a minute or wider is the same whichever way each minute came.
+    #[test]
+    fn a_chart_reads_the_same_from_reports_and_from_their_minutes() {
+        let report = |s: i64| AllocatorReport {
+            process_id: 3,
+            timestamp_ms: 1_764_547_200_000 + s * 1000 + s % 7,
+            allocated: 1000 + (s * 7919) % 500,
+            reserved: 2000 + (s * 104_729) % 300,
+            active: 0,
+            inactive_split: s % 13,
+            peak_allocated: 1600,
+            alloc_retries: s / 1000,
+            ooms: 0,
+            weights: (s % 30 == 0).then_some(s),
+            gradients: None,
+            optimizer_state: None,
+        };
+        let reports: Vec<AllocatorReport> = (0..7200).map(report).collect();
+        let from = 1_764_547_200_000 - 12_345;
+        for width in [MINUTE_MS, 90_000, 433_000, 3 * 3_600_000] {
+            let mut one_by_one = AllocatorFold::new(from, width);
+            reports.iter().for_each(|r| one_by_one.add(*r));
+            let mut mixed = AllocatorFold::new(from, width);
+            let (first_hour, second) = reports.split_at(3600);
+            allocator_minutes(first_hour)
+                .into_iter()
+                .for_each(|m| mixed.add_minute(m));
+            second.iter().for_each(|r| mixed.add(*r));
+            // The second hour's last minute held open as well: counted once.
+            second[3540..].iter().for_each(|r| mixed.add(*r));
+            let (expected, got) = (one_by_one.points(), mixed.points());
+            assert_eq!(got, expected, "buckets of {width} ms");
+            assert_eq!(got.iter().map(|p| p.reports).sum::<i64>(), 7200);
+        }
     }
 
     fn sample(ts: i64, used: i64, util: Option<i16>) -> GpuSampleRow {

@@ -12,10 +12,12 @@
 //! then zstd over the lot where that helps. Steady columns shrink to almost
 //! nothing; noisy ones keep about their entropy.
 
+use crate::chart_fold::{self, AllocatorFold};
 use crate::chunk_columns::{ColumnFormat, ColumnWriter, Reader, put_varint};
 pub(crate) use crate::model::ProcessPoint;
 use crate::model::{AllocatorReport, GpuSampleRow};
 use crate::rollup::{HOUR_MS, bucket_start};
+use crate::views::AllocatorPoint;
 
 /// Samples in one chunk at most: an hour at 10 Hz is 36,000. A larger count
 /// is a damaged chunk, not a long hour.
@@ -30,6 +32,11 @@ const MAX_HEADER_BYTES: u64 = 14 * 64;
 const STORED: u8 = 0;
 const ZSTD: u8 = 1;
 const ZSTD_LEVEL: i32 = 3;
+/// A chunk keeps its minutes (where its kind does) from this many on, and
+/// where they are at most a quarter of its samples: a flush's chunk (a
+/// minute at most, so two minutes at most) decodes in microseconds, and
+/// its minutes would cost more bytes than they save time.
+const MINUTES_KEPT_FROM: usize = 3;
 
 /// A chunk that cannot be read back. Chunks are only written by this
 /// module, so each of these means damage on disk or a newer format.
@@ -66,6 +73,15 @@ pub(crate) trait Packable: Sized {
         timestamps: Vec<i64>,
         r: &mut Reader<'_>,
     ) -> Result<Vec<Self>, ChunkError>;
+    /// The chunk's samples folded a minute each, encoded, for charts whose
+    /// buckets are a minute or wider: kinds without a rollup table of
+    /// their own keep them (allocator reports). `None` where not kept.
+    fn minutes(
+        _compressor: &mut Compressor,
+        _rows: &[Self],
+    ) -> Result<Option<Vec<u8>>, ChunkError> {
+        Ok(None)
+    }
 }
 
 /// A kind of sample with a chunk table: its table and series column, the
@@ -74,6 +90,8 @@ pub(crate) trait ChunkTable: Packable {
     const TABLE: &'static str;
     /// The series column.
     const KEY: &'static str;
+    /// Whether the table has a `minutes` column for [`Packable::minutes`].
+    const MINUTES: bool = false;
 }
 
 impl ChunkTable for GpuSampleRow {
@@ -91,6 +109,7 @@ impl ChunkTable for ProcessPoint {
 impl ChunkTable for AllocatorReport {
     const TABLE: &'static str = "allocator_samples_packed";
     const KEY: &'static str = "process_id";
+    const MINUTES: bool = true;
 }
 
 /// One series' samples of one hour, ready for a `*_packed` table. The key
@@ -102,7 +121,17 @@ pub(crate) struct Chunk {
     pub first_ts_ms: i64,
     pub last_ts_ms: i64,
     pub samples: i32,
+    /// Empty where a chart read took the chunk's minutes instead.
     pub data: Vec<u8>,
+    /// The samples folded a minute each ([`Packable::minutes`]).
+    pub minutes: Option<Vec<u8>>,
+}
+
+impl Chunk {
+    /// The bytes it puts on disk, before the database's own.
+    pub(crate) fn bytes(&self) -> usize {
+        self.data.len() + self.minutes.as_ref().map_or(0, Vec::len)
+    }
 }
 
 /// Groups one series' samples (any order) into a chunk per hour.
@@ -152,6 +181,7 @@ pub(crate) fn chunks_by_hour_with<T: Packable>(
             samples: i32::try_from(hour.len())
                 .map_err(|_| ChunkError::TooLarge(hour.len() as u64))?,
             data: encode_with(compressor, hour)?,
+            minutes: T::minutes(compressor, hour)?,
         });
     }
     Ok(chunks)
@@ -244,6 +274,55 @@ pub(crate) fn extend_for_chart<T: Packable>(
         Err(error) => tracing::error!(table, series = chunk.key, hour_ms = chunk.hour_ms,
             %error, "a chunk is damaged; left out of the chart"),
     }
+}
+
+/// Folds an allocator chunk read for a chart into `fold`: its minutes
+/// where the read took them (a chunk wholly inside a chart of minute-wide
+/// buckets or wider), else its reports in `[from_ms, to_ms]`. `false`
+/// where its minutes do not decode (named in the log): the caller reads
+/// its reports instead. A chunk that does not decode is named in the log
+/// and left out, as [`extend_for_chart`] leaves it.
+pub(crate) fn fold_allocator_chunk(
+    fold: &mut AllocatorFold,
+    chunk: &Chunk,
+    from_ms: i64,
+    to_ms: i64,
+) -> bool {
+    if let Some(minutes) = &chunk.minutes {
+        return match decode_minutes_checked(chunk, minutes) {
+            Ok(points) => {
+                points.into_iter().for_each(|p| fold.add_minute(p));
+                true
+            }
+            Err(error) => {
+                tracing::error!(table = AllocatorReport::TABLE, series = chunk.key,
+                    hour_ms = chunk.hour_ms, %error,
+                    "a chunk's minutes are damaged; the chart reads its reports");
+                false
+            }
+        };
+    }
+    let mut reports = Vec::new();
+    extend_for_chart(&mut reports, chunk, AllocatorReport::TABLE, from_ms, to_ms);
+    reports.into_iter().for_each(|r| fold.add(r));
+    true
+}
+
+/// A chunk's minutes, checked against its row: each within the chunk's
+/// span, every report it holds counted once.
+fn decode_minutes_checked(
+    chunk: &Chunk,
+    minutes: &[u8],
+) -> Result<Vec<AllocatorPoint>, ChunkError> {
+    let points: Vec<AllocatorPoint> = decode(chunk.key, minutes)?;
+    let reports: i64 = points.iter().map(|p| p.reports).sum();
+    let in_span = |p: &AllocatorPoint| {
+        (chunk.first_ts_ms..=chunk.last_ts_ms).contains(&p.timestamp_ms) && p.reports > 0
+    };
+    if reports != i64::from(chunk.samples) || !points.iter().all(in_span) {
+        return Err(ChunkError::Mismatch);
+    }
+    Ok(points)
 }
 
 /// What compacting a series' hour does: the indexes (into the chunks
@@ -448,6 +527,17 @@ impl Packable for AllocatorReport {
         self.timestamp_ms
     }
 
+    /// Allocator reports have no rollup tables: a week's chart of a
+    /// process read every report (600,000 at 1 Hz) until its hours kept
+    /// their minutes.
+    fn minutes(compressor: &mut Compressor, rows: &[Self]) -> Result<Option<Vec<u8>>, ChunkError> {
+        let minutes = chart_fold::allocator_minutes(rows);
+        if minutes.len() < MINUTES_KEPT_FROM || minutes.len() * 4 > rows.len() {
+            return Ok(None);
+        }
+        encode_with(compressor, &minutes).map(Some)
+    }
+
     fn put_columns(rows: &[Self], out: &mut ColumnWriter) {
         out.deltas(rows.iter().map(|r| r.allocated));
         out.deltas(rows.iter().map(|r| r.reserved.wrapping_sub(r.allocated)));
@@ -512,6 +602,83 @@ impl Packable for AllocatorReport {
     }
 }
 
+/// A process's allocator reports folded a minute each, as a chart's
+/// points are: each figure's highest and the newest report's time.
+impl Packable for AllocatorPoint {
+    fn timestamp_ms(&self) -> i64 {
+        self.timestamp_ms
+    }
+
+    fn put_columns(rows: &[Self], out: &mut ColumnWriter) {
+        out.deltas(rows.iter().map(|r| r.reports));
+        out.deltas(rows.iter().map(|r| r.allocated_bytes));
+        out.deltas(
+            rows.iter()
+                .map(|r| r.reserved_bytes.wrapping_sub(r.allocated_bytes)),
+        );
+        out.deltas(rows.iter().map(|r| r.fragmentation_bytes));
+        out.deltas(rows.iter().map(|r| r.inactive_split_bytes));
+        out.deltas(
+            rows.iter()
+                .map(|r| r.peak_allocated_bytes.wrapping_sub(r.allocated_bytes)),
+        );
+        out.deltas(rows.iter().map(|r| r.alloc_retries));
+        out.deltas(rows.iter().map(|r| r.ooms));
+        out.optional(rows.iter().map(|r| r.weights_bytes));
+        out.optional(rows.iter().map(|r| r.gradients_bytes));
+        out.optional(rows.iter().map(|r| r.optimizer_state_bytes));
+    }
+
+    fn read_columns(
+        _key: i64,
+        timestamps: Vec<i64>,
+        r: &mut Reader<'_>,
+    ) -> Result<Vec<Self>, ChunkError> {
+        let n = timestamps.len();
+        let mut rows: Vec<Self> = timestamps
+            .into_iter()
+            .map(|timestamp_ms| AllocatorPoint {
+                timestamp_ms,
+                ..AllocatorPoint::default()
+            })
+            .collect();
+        for (row, v) in rows.iter_mut().zip(r.deltas("reports", n)?) {
+            row.reports = v;
+        }
+        for (row, v) in rows.iter_mut().zip(r.deltas("allocated", n)?) {
+            row.allocated_bytes = v;
+        }
+        for (row, v) in rows.iter_mut().zip(r.deltas("reserved", n)?) {
+            row.reserved_bytes = row.allocated_bytes.wrapping_add(v);
+        }
+        for (row, v) in rows.iter_mut().zip(r.deltas("fragmentation", n)?) {
+            row.fragmentation_bytes = v;
+        }
+        for (row, v) in rows.iter_mut().zip(r.deltas("inactive split", n)?) {
+            row.inactive_split_bytes = v;
+        }
+        for (row, v) in rows.iter_mut().zip(r.deltas("peak allocated", n)?) {
+            row.peak_allocated_bytes = row.allocated_bytes.wrapping_add(v);
+        }
+        for (row, v) in rows.iter_mut().zip(r.deltas("alloc retries", n)?) {
+            row.alloc_retries = v;
+        }
+        for (row, v) in rows.iter_mut().zip(r.deltas("ooms", n)?) {
+            row.ooms = v;
+        }
+        for (row, v) in rows.iter_mut().zip(r.optional("weights", n)?) {
+            row.weights_bytes = v;
+        }
+        for (row, v) in rows.iter_mut().zip(r.optional("gradients", n)?) {
+            row.gradients_bytes = v;
+        }
+        for (row, v) in rows.iter_mut().zip(r.optional("optimizer state", n)?) {
+            row.optimizer_state_bytes = v;
+        }
+        Ok(rows)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -544,6 +711,76 @@ mod tests {
 
     /// A training job's hour of reports, one a second: allocated moving
     /// with each step, the rest steady, its composition counted every 10 s.
+    /// A training job's allocator report `i` seconds into an hour.
+    fn job_report(i: i64) -> AllocatorReport {
+        let allocated = (30 << 30) + (i % 7) * (512 << 20);
+        AllocatorReport {
+            process_id: 41,
+            timestamp_ms: 1_764_547_200_000 + i * 1000 + i % 3,
+            allocated,
+            reserved: (50 << 30) + (i % 11) * (2 << 20),
+            active: allocated + (1 << 20),
+            inactive_split: (i / 600) * (64 << 20),
+            peak_allocated: 40 << 30,
+            alloc_retries: i / 900,
+            ooms: i64::from(i == 1234),
+            weights: (i % 10 == 0).then_some(7 << 30),
+            gradients: None,
+            optimizer_state: (i % 10 == 0).then_some(14 << 30),
+        }
+    }
+
+    /// A week's chart of a process reads an hour's 60 minutes, not its
+    /// 3,600 reports; a flush's minute of reports keeps none.
+    #[test]
+    fn an_allocator_hour_keeps_its_minutes_and_charts_the_same_from_them() {
+        let reports: Vec<AllocatorReport> = (0..3600).map(job_report).collect();
+        let chunks = chunks_by_hour(41, reports.clone()).unwrap();
+        let [hour] = &chunks[..] else {
+            panic!("one chunk, not {}", chunks.len())
+        };
+        let minutes = hour.minutes.as_deref().expect("an hour keeps its minutes");
+        let points = decode_minutes_checked(hour, minutes).unwrap();
+        assert_eq!(points.len(), 60);
+        assert_eq!(points.iter().map(|p| p.reports).sum::<i64>(), 3600);
+        assert!(minutes.len() < 60 * 8, "{} bytes of minutes", minutes.len());
+        let a_minute = chunks_by_hour(41, reports[..60].to_vec()).unwrap();
+        assert_eq!(a_minute[0].minutes, None);
+
+        // Buckets of 7 min 13 s from an odd start: the same from the
+        // minutes as from the reports, the OOM and the counted parts kept.
+        let (from, to, width) = (hour.hour_ms - 17_321, hour.hour_ms + HOUR_MS, 433_000);
+        let chart = |chunk: &Chunk| {
+            let mut fold = AllocatorFold::new(from, width);
+            assert!(fold_allocator_chunk(&mut fold, chunk, from, to));
+            fold.points()
+        };
+        let from_reports = chart(&Chunk {
+            minutes: None,
+            ..hour.clone()
+        });
+        assert_eq!(chart(hour), from_reports);
+        assert_eq!(from_reports.iter().map(|p| p.ooms).max(), Some(1));
+        assert_eq!(from_reports[0].optimizer_state_bytes, Some(14 << 30));
+
+        // Minutes that do not decode, or miscount the chunk, are refused:
+        // the caller reads the reports instead.
+        let mut fold = AllocatorFold::new(from, width);
+        let damaged = Chunk {
+            minutes: Some(minutes[..minutes.len() / 2].to_vec()),
+            ..hour.clone()
+        };
+        assert!(!fold_allocator_chunk(&mut fold, &damaged, from, to));
+        let miscounted = Chunk {
+            samples: 3599,
+            ..hour.clone()
+        };
+        assert_eq!(
+            decode_minutes_checked(&miscounted, minutes),
+            Err(ChunkError::Mismatch)
+        );
+    }
+
     #[test]
     fn an_hour_of_allocator_reports_reads_back_exactly_and_small() {
         let rows: Vec<AllocatorReport> = (0..3600i64)

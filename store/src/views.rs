@@ -55,7 +55,7 @@ pub struct AllocatorSeries {
 /// One bucket of a process's allocator reports: the highest value of each
 /// counter in the bucket, so a burst of fragmentation between two points is
 /// not averaged away.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, sqlx::FromRow)]
 pub struct AllocatorPoint {
     pub timestamp_ms: i64,
     pub reports: i64,

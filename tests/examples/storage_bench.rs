@@ -86,8 +86,12 @@
 //!    bytes of the snapshot and of the updates a second.
 //! 8. A late hour in a packed day (`late-hour`, alone): see
 //!    [`late_hour`].
+//! 9. Allocator charts over days (`allocator-chart`, alone): see
+//!    [`allocator_chart`].
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: fail loudly
 
+#[path = "storage_bench/allocator_chart.rs"]
+mod allocator_chart;
 #[path = "storage_bench/late_hour.rs"]
 mod late_hour;
 
@@ -972,6 +976,7 @@ async fn main() {
     let overview_phase = asked("overview");
     let own_overview_phase = asked("overview-own");
     let late_hour_phase = asked("late-hour");
+    let allocator_chart_phase = asked("allocator-chart");
     if ![
         ingest_phase,
         storage_phase,
@@ -981,11 +986,12 @@ async fn main() {
         overview_phase,
         own_overview_phase,
         late_hour_phase,
+        allocator_chart_phase,
     ]
     .contains(&true)
     {
         eprintln!(
-            "PHASES is a comma-separated list of `ingest`, `storage`, `fleet`, `sqlite`, `peers`, `overview`, `overview-own` and `late-hour`, not {phases:?}"
+            "PHASES is a comma-separated list of `ingest`, `storage`, `fleet`, `sqlite`, `peers`, `overview`, `overview-own`, `late-hour` and `allocator-chart`, not {phases:?}"
         );
         std::process::exit(2);
     }
@@ -1013,6 +1019,10 @@ async fn main() {
     }
     if late_hour_phase {
         late_hour::late_hour_in_packed_day(agents).await;
+    }
+    if allocator_chart_phase {
+        // SECONDS is the days loaded here, ROUNDS the reads of each chart.
+        allocator_chart::allocator_charts_over_days(seconds as i64, arg(3, 100)).await;
     }
 }
 

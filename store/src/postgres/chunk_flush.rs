@@ -91,7 +91,10 @@ pub(super) async fn write_open_chunks(
     }
     Ok(Flushed {
         chunks: encoded.chunks().count(),
-        chunk_bytes: encoded.chunks().map(|c| c.data.len()).sum(),
+        chunk_bytes: encoded
+            .chunks()
+            .map(crate::chunk_format::Chunk::bytes)
+            .sum(),
         samples: encoded.samples(),
         left_out,
         marks,

@@ -35,8 +35,8 @@ use crate::model::{
 use crate::open_chunks::OpenChunks;
 use crate::peers::{OpenSamples, OpenSamplesQuery, PeerLink};
 use crate::rollup::{
-    self, MaintenanceReport, SampleWrites, StorageConfig, Watermarks, fleet_source_bounds,
-    resolution_for, source_bounds,
+    self, MINUTE_MS, MaintenanceReport, SampleWrites, StorageConfig, Watermarks,
+    fleet_source_bounds, resolution_for, source_bounds,
 };
 use crate::rows::{
     ALLOCATOR_REPORT_COLUMNS, PROCESS_COLUMNS, ProcessBucket, ProcessMeta, ProcessRow,
@@ -1114,11 +1114,12 @@ impl Store for PostgresStore {
         let mut folded = fold::AllocatorFold::new(q.from_ms, width);
         open.allocator.into_iter().for_each(|r| folded.add(r));
         let mut tx = chart_transaction(&self.pool).await?;
-        packing::each_sample_between::<AllocatorReport>(
+        packing::fold_allocator_chunks(
             &mut tx,
-            &[process_id],
+            process_id,
             (q.from_ms, q.to_ms),
-            |r| folded.add(r),
+            width >= MINUTE_MS,
+            &mut folded,
         )
         .await?;
         // Written before allocator chunks, or by a collector writing rows.

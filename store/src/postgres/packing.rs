@@ -25,6 +25,7 @@ use super::copy::{BinaryRows, copy_in};
 use super::maintenance::{PACKING_LOCK, Partition, partitions_of};
 use super::write::{GPU_SAMPLES_COPY, PROCESS_SAMPLES_COPY, gpu_sample_rows, process_sample_rows};
 use crate::StoreError;
+use crate::chart_fold::AllocatorFold;
 use crate::chunk_format::{self as packed, Chunk, ChunkTable};
 use crate::model::{GpuSampleRow, ProcessPoint};
 use crate::rollup::{HOUR_MS, MINUTE_MS, StorageConfig, bucket_start};
@@ -467,20 +468,35 @@ pub(super) async fn insert_chunks<T: ChunkTable>(
     if chunks.is_empty() {
         return Ok(());
     }
-    sqlx::query(&format!(
-        "INSERT INTO {} ({}, hour_ms, first_ts_ms, last_ts_ms, samples, data)
-         SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::int8[], $5::int4[], $6::bytea[])",
+    let (minutes_column, minutes_array) = if T::MINUTES {
+        (", minutes", ", $7::bytea[]")
+    } else {
+        ("", "")
+    };
+    let sql = format!(
+        "INSERT INTO {} ({}, hour_ms, first_ts_ms, last_ts_ms, samples, data{minutes_column})
+         SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::int8[], $5::int4[], $6::bytea[]{minutes_array})",
         T::TABLE,
         T::KEY
-    ))
-    .bind(chunks.iter().map(|c| c.key).collect::<Vec<_>>())
-    .bind(chunks.iter().map(|c| c.hour_ms).collect::<Vec<_>>())
-    .bind(chunks.iter().map(|c| c.first_ts_ms).collect::<Vec<_>>())
-    .bind(chunks.iter().map(|c| c.last_ts_ms).collect::<Vec<_>>())
-    .bind(chunks.iter().map(|c| c.samples).collect::<Vec<_>>())
-    .bind(chunks.iter().map(|c| c.data.as_slice()).collect::<Vec<_>>())
-    .execute(&mut **tx)
-    .await?;
+    );
+    let insert = sqlx::query(&sql)
+        .bind(chunks.iter().map(|c| c.key).collect::<Vec<_>>())
+        .bind(chunks.iter().map(|c| c.hour_ms).collect::<Vec<_>>())
+        .bind(chunks.iter().map(|c| c.first_ts_ms).collect::<Vec<_>>())
+        .bind(chunks.iter().map(|c| c.last_ts_ms).collect::<Vec<_>>())
+        .bind(chunks.iter().map(|c| c.samples).collect::<Vec<_>>())
+        .bind(chunks.iter().map(|c| c.data.as_slice()).collect::<Vec<_>>());
+    let insert = if T::MINUTES {
+        insert.bind(
+            chunks
+                .iter()
+                .map(|c| c.minutes.as_deref())
+                .collect::<Vec<_>>(),
+        )
+    } else {
+        insert
+    };
+    insert.execute(&mut **tx).await?;
     Ok(())
 }
 
@@ -606,14 +622,85 @@ pub(super) async fn each_sample_between<T: ChunkTable>(
     Ok(())
 }
 
-pub(super) fn chunk_row(row: &PgRow) -> Result<Chunk, sqlx::Error> {
+/// The allocator chunks of process `process_id` in `[from_ms, to_ms]`
+/// folded into `fold`, read on `conn` (the chart's transaction). Where
+/// `by_minute` (the chart's buckets are a minute or wider), a chunk that
+/// lies wholly in the range and keeps its minutes is read as those alone:
+/// its reports are not fetched.
+pub(super) async fn fold_allocator_chunks(
+    conn: &mut PgConnection,
+    process_id: i64,
+    (from_ms, to_ms): (i64, i64),
+    by_minute: bool,
+    fold: &mut AllocatorFold,
+) -> Result<(), StoreError> {
+    if from_ms > to_ms {
+        return Ok(());
+    }
+    let chunks = sqlx::query(
+        "SELECT process_id AS key, hour_ms, first_ts_ms, last_ts_ms, samples,
+             CASE WHEN whole THEN NULL ELSE data END AS data, CASE WHEN whole THEN minutes END AS minutes
+         FROM (SELECT *, $5 AND minutes IS NOT NULL AND first_ts_ms >= $4 AND last_ts_ms <= $3 AS whole
+               FROM allocator_samples_packed
+               WHERE process_id = $1 AND hour_ms >= $2 AND hour_ms <= $3 AND last_ts_ms >= $4
+                 AND first_ts_ms <= $3) c",
+    )
+    .bind(process_id)
+    .bind(bucket_start(from_ms, HOUR_MS))
+    .bind(to_ms)
+    .bind(from_ms)
+    .bind(by_minute)
+    .fetch_all(&mut *conn)
+    .await?;
+    for row in &chunks {
+        let chunk = Chunk {
+            data: row
+                .try_get::<Option<Vec<u8>>, _>("data")?
+                .unwrap_or_default(),
+            minutes: row.try_get("minutes")?,
+            ..chunk_header(row)?
+        };
+        if packed::fold_allocator_chunk(fold, &chunk, from_ms, to_ms) {
+            continue;
+        }
+        // Its minutes are damaged: its reports, then.
+        let data: Vec<u8> = sqlx::query_scalar(
+            "SELECT data FROM allocator_samples_packed
+             WHERE process_id = $1 AND hour_ms = $2 AND first_ts_ms = $3 AND last_ts_ms = $4",
+        )
+        .bind(chunk.key)
+        .bind(chunk.hour_ms)
+        .bind(chunk.first_ts_ms)
+        .bind(chunk.last_ts_ms)
+        .fetch_one(&mut *conn)
+        .await?;
+        let whole = Chunk {
+            data,
+            minutes: None,
+            ..chunk
+        };
+        packed::fold_allocator_chunk(fold, &whole, from_ms, to_ms);
+    }
+    Ok(())
+}
+
+/// A chunk's row but its bytes.
+fn chunk_header(row: &PgRow) -> Result<Chunk, sqlx::Error> {
     Ok(Chunk {
         key: row.try_get("key")?,
         hour_ms: row.try_get("hour_ms")?,
         first_ts_ms: row.try_get("first_ts_ms")?,
         last_ts_ms: row.try_get("last_ts_ms")?,
         samples: row.try_get("samples")?,
+        data: Vec::new(),
+        minutes: None,
+    })
+}
+
+pub(super) fn chunk_row(row: &PgRow) -> Result<Chunk, sqlx::Error> {
+    Ok(Chunk {
         data: row.try_get("data")?,
+        ..chunk_header(row)?
     })
 }
 

@@ -19,6 +19,7 @@ use sqlx::sqlite::{SqlitePool, SqliteRow};
 use sqlx::{Row, Sqlite, Transaction};
 
 use crate::StoreError;
+use crate::chart_fold::AllocatorFold;
 use crate::chunk_format::{self, Chunk, ChunkTable, Compressor};
 use crate::flush_encoding::{Encoded, encode_off_runtime};
 use crate::model::{AllocatorReport, GpuSampleRow, ProcessPoint};
@@ -73,7 +74,7 @@ pub(super) async fn write_open_chunks(
     tx.commit().await?;
     Ok(Flushed {
         chunks: encoded.chunks().count(),
-        chunk_bytes: encoded.chunks().map(|c| c.data.len()).sum(),
+        chunk_bytes: encoded.chunks().map(Chunk::bytes).sum(),
         samples: encoded.samples(),
         marks,
     })
@@ -83,22 +84,31 @@ async fn insert_chunks<T: ChunkTable>(
     tx: &mut Transaction<'_, Sqlite>,
     chunks: &[Chunk],
 ) -> Result<(), StoreError> {
+    let (minutes_column, minutes_value) = if T::MINUTES {
+        (", minutes", ", ?7")
+    } else {
+        ("", "")
+    };
     let sql = format!(
-        "INSERT INTO {table} ({key}, hour_ms, first_ts_ms, last_ts_ms, samples, data)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO {table} ({key}, hour_ms, first_ts_ms, last_ts_ms, samples, data{minutes_column})
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6{minutes_value})",
         table = T::TABLE,
         key = T::KEY,
     );
     for chunk in chunks {
-        sqlx::query(&sql)
+        let insert = sqlx::query(&sql)
             .bind(chunk.key)
             .bind(chunk.hour_ms)
             .bind(chunk.first_ts_ms)
             .bind(chunk.last_ts_ms)
             .bind(chunk.samples)
-            .bind(&chunk.data)
-            .execute(&mut **tx)
-            .await?;
+            .bind(&chunk.data);
+        let insert = if T::MINUTES {
+            insert.bind(chunk.minutes.as_deref())
+        } else {
+            insert
+        };
+        insert.execute(&mut **tx).await?;
     }
     Ok(())
 }
@@ -230,13 +240,84 @@ async fn mark_for_compaction(
 
 fn chunk_of(row: &SqliteRow) -> Result<Chunk, sqlx::Error> {
     Ok(Chunk {
+        data: row.try_get("data")?,
+        ..chunk_header(row)?
+    })
+}
+
+/// A chunk's row but its bytes.
+fn chunk_header(row: &SqliteRow) -> Result<Chunk, sqlx::Error> {
+    Ok(Chunk {
         key: row.try_get("key")?,
         hour_ms: row.try_get("hour_ms")?,
         first_ts_ms: row.try_get("first_ts_ms")?,
         last_ts_ms: row.try_get("last_ts_ms")?,
         samples: row.try_get("samples")?,
-        data: row.try_get("data")?,
+        data: Vec::new(),
+        minutes: None,
     })
+}
+
+/// The allocator chunks of process `process_id` in `[from_ms, to_ms]`
+/// folded into `fold`. Where `by_minute` (the chart's buckets are a minute
+/// or wider), a chunk that lies wholly in the range and keeps its minutes
+/// is read as those alone: its reports are not read.
+pub(super) async fn fold_allocator_chunks(
+    pool: &SqlitePool,
+    process_id: i64,
+    (from_ms, to_ms): (i64, i64),
+    by_minute: bool,
+    fold: &mut AllocatorFold,
+) -> Result<(), StoreError> {
+    if from_ms > to_ms {
+        return Ok(());
+    }
+    let chunks = sqlx::query(
+        "SELECT process_id AS key, hour_ms, first_ts_ms, last_ts_ms, samples,
+             CASE WHEN whole THEN NULL ELSE data END AS data, CASE WHEN whole THEN minutes END AS minutes
+         FROM (SELECT process_id, hour_ms, first_ts_ms, last_ts_ms, samples, minutes, data,
+                   ?5 AND minutes IS NOT NULL AND first_ts_ms >= ?4 AND last_ts_ms <= ?3 AS whole
+               FROM allocator_samples_packed
+               WHERE process_id = ?1 AND hour_ms >= ?2 AND hour_ms <= ?3 AND last_ts_ms >= ?4
+                 AND first_ts_ms <= ?3)",
+    )
+    .bind(process_id)
+    .bind(crate::rollup::bucket_start(from_ms, HOUR_MS))
+    .bind(to_ms)
+    .bind(from_ms)
+    .bind(by_minute)
+    .fetch_all(pool)
+    .await?;
+    for row in &chunks {
+        let chunk = Chunk {
+            data: row
+                .try_get::<Option<Vec<u8>>, _>("data")?
+                .unwrap_or_default(),
+            minutes: row.try_get("minutes")?,
+            ..chunk_header(row)?
+        };
+        if chunk_format::fold_allocator_chunk(fold, &chunk, from_ms, to_ms) {
+            continue;
+        }
+        // Its minutes are damaged: its reports, then.
+        let data: Vec<u8> = sqlx::query_scalar(
+            "SELECT data FROM allocator_samples_packed
+             WHERE process_id = ?1 AND hour_ms = ?2 AND first_ts_ms = ?3 AND last_ts_ms = ?4",
+        )
+        .bind(chunk.key)
+        .bind(chunk.hour_ms)
+        .bind(chunk.first_ts_ms)
+        .bind(chunk.last_ts_ms)
+        .fetch_one(pool)
+        .await?;
+        let whole = Chunk {
+            data,
+            minutes: None,
+            ..chunk
+        };
+        chunk_format::fold_allocator_chunk(fold, &whole, from_ms, to_ms);
+    }
+    Ok(())
 }
 
 /// The chunked samples of `series` in `[from_ms, to_ms]`, decoded. A chunk

@@ -809,11 +809,12 @@ impl Store for SqliteStore {
                 folded.add(report);
             }
         }
-        chunks::each_sample_between::<AllocatorReport>(
+        chunks::fold_allocator_chunks(
             &self.reader,
-            &[process.id],
+            process.id,
             (q.from_ms, q.to_ms),
-            |r| folded.add(r),
+            width >= MINUTE_MS,
+            &mut folded,
         )
         .await?;
         // Written before allocator chunks, or with `sample_writes = "rows"`.

@@ -542,3 +542,94 @@ async fn closed_hours_of_minute_chunks_are_compacted_and_chart_the_same() {
     store.close().await;
     db.drop_database().await;
 }
+
+/// An hour of a job's allocator reports, compacted, keeps its minutes
+/// (`allocator_samples_packed.minutes`): a chart of minute-wide buckets or
+/// wider reads those and shows what the reports showed before compaction.
+/// Minutes that no longer decode cost nothing: the chart reads that
+/// chunk's reports instead.
+#[tokio::test]
+async fn an_allocator_hour_charts_from_its_minutes_and_from_its_reports_where_they_are_damaged() {
+    let Some(db) = postgres::fresh_database().await else {
+        return;
+    };
+    let store = PostgresStore::connect(&db.url, StorageConfig::default())
+        .await
+        .unwrap();
+    let session = register(&store).await;
+    let now = now_ms();
+    let hour = bucket_start(now - 3 * HOUR_MS, HOUR_MS);
+    let batch = |seq: u64| {
+        let ts = hour + seq as i64 * 10_000;
+        let mut b = fixtures::batch(seq, ts);
+        let mut job = fixtures::process_sample(GPU0, ts, 900, 20 * GIB);
+        job.start_time_ms = hour - HOUR_MS;
+        job.allocator = Some(headroom_proto::v1::AllocatorStats {
+            timestamp_ms: ts - 10,
+            allocated_bytes: (seq % 17) * GIB,
+            reserved_bytes: 100 * GIB,
+            active_bytes: (seq % 17) * GIB,
+            inactive_split_bytes: seq % 5,
+            peak_allocated_bytes: 100 * GIB,
+            alloc_retries: seq / 100,
+            ooms: 0,
+            composition: None,
+        });
+        b.process_samples.push(job);
+        validate::batch(b, &session, now, &Limits::default()).unwrap()
+    };
+    for minute in 0..60u64 {
+        let group: Vec<StoreBatch> = (1..=6).map(|i| batch(minute * 6 + i)).collect();
+        store.write_batches(&group).await.unwrap();
+        store.flush(true).await.unwrap();
+    }
+    // Buckets of 5 minutes, each the highest of its reports' figures.
+    let chart = async || {
+        store
+            .allocator_series(&headroom_store::AllocatorSeriesQuery {
+                device_uuid: GPU0,
+                pid: 900,
+                start_time_ms: None,
+                from_ms: hour - MINUTE_MS,
+                to_ms: hour + HOUR_MS + MINUTE_MS,
+                max_points: 13,
+            })
+            .await
+            .unwrap()
+            .unwrap()
+            .points
+    };
+    let before = chart().await;
+    assert_eq!(before.len(), 13);
+    assert_eq!(before.iter().map(|p| p.reports).sum::<i64>(), 360);
+    store.maintain(now).await.unwrap();
+    let with_minutes: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM allocator_samples_packed WHERE minutes IS NOT NULL AND samples = 360",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        with_minutes, 1,
+        "the hour compacted into one chunk, with its minutes"
+    );
+    assert_eq!(chart().await, before);
+    // The reports damaged: the chart still whole, from the minutes alone.
+    // Then the reports back and the minutes damaged.
+    for damage in [
+        "CREATE TABLE saved AS SELECT data FROM allocator_samples_packed WHERE minutes IS NOT NULL",
+        "UPDATE allocator_samples_packed SET data = '\\x01ff' WHERE minutes IS NOT NULL",
+        "",
+        "UPDATE allocator_samples_packed SET data = (SELECT data FROM saved), minutes = '\\x02ff'
+         WHERE minutes IS NOT NULL",
+    ] {
+        if damage.is_empty() {
+            assert_eq!(chart().await, before, "read from the minutes");
+        } else {
+            sqlx::query(damage).execute(store.pool()).await.unwrap();
+        }
+    }
+    assert_eq!(chart().await, before, "read from the reports");
+    store.close().await;
+    db.drop_database().await;
+}

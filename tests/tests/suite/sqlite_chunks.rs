@@ -67,14 +67,25 @@ fn batch(session: &NodeSession, seq: u64, ts: i64) -> StoreBatch {
 /// [`batch`] with a job on GPU0 that started at `job_start` and reports its
 /// allocator (allocated = `seq` GiB).
 fn reporting_batch(session: &NodeSession, seq: u64, ts: i64, job_start: i64) -> StoreBatch {
+    job_batch(session, seq, ts, job_start, seq)
+}
+
+/// [`reporting_batch`] with `allocated_gib` allocated.
+fn job_batch(
+    session: &NodeSession,
+    seq: u64,
+    ts: i64,
+    job_start: i64,
+    allocated_gib: u64,
+) -> StoreBatch {
     let mut b = sent_batch(seq, ts);
     let mut job = fixtures::process_sample(GPU0, ts, 900, 20 * GIB);
     job.start_time_ms = job_start;
     job.allocator = Some(pb::AllocatorStats {
         timestamp_ms: ts - 10,
-        allocated_bytes: seq * GIB,
+        allocated_bytes: allocated_gib * GIB,
         reserved_bytes: 100 * GIB,
-        active_bytes: seq * GIB,
+        active_bytes: allocated_gib * GIB,
         inactive_split_bytes: 0,
         peak_allocated_bytes: 100 * GIB,
         alloc_retries: 0,
@@ -293,5 +304,83 @@ async fn a_damaged_chunk_costs_its_samples_and_nothing_else() {
         1,
         "kept, not dropped"
     );
+    store.close().await;
+}
+
+/// An hour of a job's allocator reports, compacted, keeps its minutes: a
+/// chart of minute-wide buckets or wider reads those and shows what the
+/// reports showed before compaction. Minutes that no longer decode cost
+/// nothing: the chart reads that chunk's reports instead.
+#[tokio::test]
+async fn an_allocator_hour_charts_from_its_minutes_and_from_its_reports_where_they_are_damaged() {
+    let db = Db::new();
+    let now = now_ms();
+    let hour = bucket_start(now - 3 * HOUR_MS, HOUR_MS);
+    let store = db.open(SampleWrites::Chunks).await;
+    let session = register(&*store).await;
+    for minute in 0..60u64 {
+        let batches: Vec<StoreBatch> = (0..6u64)
+            .map(|i| {
+                // Allocated climbing 1 GiB a report, 16 GiB at most.
+                let seq = minute * 6 + i + 1;
+                job_batch(
+                    &session,
+                    seq,
+                    hour + seq as i64 * 10_000,
+                    hour - HOUR_MS,
+                    seq % 17,
+                )
+            })
+            .collect();
+        store.write_batches(&batches).await.unwrap();
+        store.flush(true).await.unwrap();
+    }
+    // Buckets of 5 minutes, each the highest allocated of its reports.
+    let chart = async || {
+        store
+            .allocator_series(&AllocatorSeriesQuery {
+                device_uuid: GPU0,
+                pid: 900,
+                start_time_ms: None,
+                from_ms: hour - MINUTE_MS,
+                to_ms: hour + HOUR_MS + MINUTE_MS,
+                max_points: 13,
+            })
+            .await
+            .unwrap()
+            .unwrap()
+            .points
+    };
+    let before = chart().await;
+    assert_eq!(before.len(), 13);
+    assert_eq!(before.iter().map(|p| p.reports).sum::<i64>(), 360);
+    store.maintain(now).await.unwrap();
+    let pool = db.inspect().await;
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM allocator_samples_packed WHERE minutes IS NOT NULL AND samples = 360"
+        )
+        .await,
+        1,
+        "the hour compacted into one chunk, with its minutes"
+    );
+    assert_eq!(chart().await, before);
+    // The reports damaged: the chart still whole, from the minutes alone.
+    // Then the reports back and the minutes damaged.
+    for damage in [
+        "CREATE TABLE saved AS SELECT data FROM allocator_samples_packed WHERE minutes IS NOT NULL",
+        "UPDATE allocator_samples_packed SET data = X'01FF' WHERE minutes IS NOT NULL",
+        "",
+        "UPDATE allocator_samples_packed SET data = (SELECT data FROM saved), minutes = X'02FF'
+         WHERE minutes IS NOT NULL",
+    ] {
+        if damage.is_empty() {
+            assert_eq!(chart().await, before, "read from the minutes");
+        } else {
+            sqlx::query(damage).execute(&pool).await.unwrap();
+        }
+    }
+    assert_eq!(chart().await, before, "read from the reports");
     store.close().await;
 }
