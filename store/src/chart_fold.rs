@@ -80,8 +80,12 @@ impl AllocatorFold {
 
     /// A minute of reports already folded (a chunk's minutes). Its reports
     /// are counted as the minute counted them, beside those added one by
-    /// one: a chunk's minutes are taken only where the chunk lies wholly
-    /// inside the chart, and a compacted chunk holds each time once.
+    /// one: a chunk holds each time once, and its minutes are taken only
+    /// where it lies wholly inside the chart. Only a chunk of three minutes
+    /// or more keeps minutes, so a report held open while its flush commits
+    /// (a minute's chunk) is still counted once; one held while a long
+    /// replay's flush commits counts twice for that read, with the same
+    /// highest figures.
     pub(crate) fn add_minute(&mut self, minute: AllocatorPoint) {
         let key = self.key(minute.timestamp_ms);
         merge_into(&mut self.points, key, minute);

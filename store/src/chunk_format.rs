@@ -16,7 +16,7 @@ use crate::chart_fold::{self, AllocatorFold};
 use crate::chunk_columns::{ColumnFormat, ColumnWriter, Reader, put_varint};
 pub(crate) use crate::model::ProcessPoint;
 use crate::model::{AllocatorReport, GpuSampleRow};
-use crate::rollup::{HOUR_MS, bucket_start};
+use crate::rollup::{HOUR_MS, MINUTE_MS, bucket_start};
 use crate::views::AllocatorPoint;
 
 /// Samples in one chunk at most: an hour at 10 Hz is 36,000. A larger count
@@ -531,6 +531,11 @@ impl Packable for AllocatorReport {
     /// process read every report (600,000 at 1 Hz) until its hours kept
     /// their minutes.
     fn minutes(compressor: &mut Compressor, rows: &[Self]) -> Result<Option<Vec<u8>>, ChunkError> {
+        // A flush's chunk, the most common, is known short without folding.
+        let minute = |r: Option<&Self>| r.map_or(0, |r| r.timestamp_ms.div_euclid(MINUTE_MS));
+        if minute(rows.last()) - minute(rows.first()) + 1 < MINUTES_KEPT_FROM as i64 {
+            return Ok(None);
+        }
         let minutes = chart_fold::allocator_minutes(rows);
         if minutes.len() < MINUTES_KEPT_FROM || minutes.len() * 4 > rows.len() {
             return Ok(None);

@@ -1,20 +1,23 @@
 //! The storage bench's phase 9, allocator charts over days
 //! (`allocator-chart`, alone): one GPU with six processes whose
 //! allocators report every second, as many as a GPU's page charts, for
-//! DAYS (the SECONDS argument, at most 7, the raw retention) through the
+//! DAYS (the SECONDS argument, at most 7, the raw retention; the first
+//! hour and the last one before now left out) through the
 //! store's write path, the open chunks written every simulated minute and
 //! maintenance run until the closed hours are compacted. Then ROUNDS times
 //! each (default 100): the page's read of all six series at once (its
 //! `Promise.all`) and one series alone, at 600 points, over the last hour,
 //! the last day and every day loaded. On Postgres and on SQLite, one after
-//! the other.
+//! the other. The charts end where the loaded hours end, an hour before
+//! the last whole hour, so that they read the same chunks whenever the
+//! bench runs.
 
 use std::time::Instant;
 
 use headroom_collector::ingest::validate::{self, Limits};
 use headroom_proto::v1 as pb;
 use headroom_store::model::StoreBatch;
-use headroom_store::rollup::{DAY_MS, HOUR_MS, MINUTE_MS, StorageConfig, bucket_start};
+use headroom_store::rollup::{DAY_MS, HOUR_MS, StorageConfig, bucket_start};
 use headroom_store::views::AllocatorSeriesQuery;
 use headroom_store::{SqliteStore, Store};
 use headroom_tests::fixtures::now_ms;
@@ -136,10 +139,12 @@ pub async fn allocator_charts_over_days(days: i64, rounds: usize) {
     println!(
         "## 9. Allocator charts: one GPU, {REPORTING} processes reporting every second for {days} days, 600 points"
     );
-    // The loaded days end at the last whole hour; the charts end now, as
-    // the page's do.
-    let end_ms = bucket_start(now_ms(), HOUR_MS);
-    let start_ms = end_ms - days * DAY_MS + MINUTE_MS;
+    // The loaded hours end an hour before the last whole hour, so that
+    // every hour is closed and compacted whenever the bench runs, and start
+    // an hour after the range's start, within raw retention; the charts end
+    // where they end.
+    let end_ms = bucket_start(now_ms(), HOUR_MS) - HOUR_MS;
+    let start_ms = end_ms - days * DAY_MS + HOUR_MS;
     let db = postgres::fresh_database().await.expect("Postgres");
     let postgres = headroom_store::connect_with(&db.url, StorageConfig::default())
         .await
@@ -151,51 +156,65 @@ pub async fn allocator_charts_over_days(days: i64, rounds: usize) {
         .unwrap();
     println!("| store | chart | six series at once, p50 / p99 | one series, p50 / p99 | points |");
     println!("|---|---|---|---|---|");
+    let payload = "SELECT CAST(sum(length(data)) AS REAL) / sum(samples),
+             CAST(COALESCE(sum(length(minutes)), 0) AS REAL) / sum(samples) FROM allocator_samples_packed";
     for (name, store) in [("Postgres", &*postgres), ("SQLite", &sqlite as &dyn Store)] {
         let load_s = load(store, start_ms, end_ms).await;
         let (maintain_s, compacted) = maintain_until_done(store).await;
+        let (data, minutes): (f64, f64) = if name == "Postgres" {
+            let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+            sqlx::query_as(&payload.replace("REAL", "float8"))
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        } else {
+            let pool = sqlx::SqlitePool::connect(&sqlite_url).await.unwrap();
+            sqlx::query_as(payload).fetch_one(&pool).await.unwrap()
+        };
         eprintln!(
-            "{name}: loaded in {load_s:.1} s, maintained in {maintain_s:.1} s ({compacted} chunks compacted)"
+            "{name}: loaded in {load_s:.1} s, maintained in {maintain_s:.1} s ({compacted} chunks compacted); \
+             bytes per report: reports {data:.2}, minutes {minutes:.3}"
         );
         for (chart, span) in [
             ("1 h", HOUR_MS),
             ("24 h", DAY_MS),
             ("all days", days * DAY_MS),
         ] {
-            time_chart(store, name, chart, span, rounds).await;
+            time_chart(store, name, chart, (end_ms - span, end_ms - 1), rounds).await;
         }
     }
     drop(postgres);
     db.drop_database().await;
 }
 
-async fn time_chart(store: &dyn Store, name: &str, chart: &str, span: i64, rounds: usize) {
+async fn time_chart(
+    store: &dyn Store,
+    name: &str,
+    chart: &str,
+    (from_ms, to_ms): (i64, i64),
+    rounds: usize,
+) {
     let uuid = gpu_uuid(0, 0);
-    let query = |p: u64, to_ms: i64| AllocatorSeriesQuery {
+    let query = |p: u64| AllocatorSeriesQuery {
         device_uuid: &uuid,
         pid: (PID + p) as i64,
         start_time_ms: None,
-        from_ms: to_ms - span,
+        from_ms,
         to_ms,
         max_points: 600,
     };
     let (mut together, mut alone, mut points) = (Vec::new(), Vec::new(), 0);
     for _ in 0..rounds {
-        let to_ms = now_ms();
         let started = Instant::now();
         let all = futures::future::join_all((0..REPORTING).map(|p| {
-            let q = query(p, to_ms);
+            let q = query(p);
             async move { store.allocator_series(&q).await.unwrap().unwrap() }
         }))
         .await;
         together.push(started.elapsed().as_secs_f64() * 1000.0);
         points = all[0].points.len();
         let started = Instant::now();
-        store
-            .allocator_series(&query(0, to_ms))
-            .await
-            .unwrap()
-            .unwrap();
+        store.allocator_series(&query(0)).await.unwrap().unwrap();
         alone.push(started.elapsed().as_secs_f64() * 1000.0);
     }
     together.sort_by(f64::total_cmp);
