@@ -1,6 +1,7 @@
 //! SQLite's chunks beyond what the conformance suite holds both stores to:
 //! a collector that dies with samples in open chunks, the upgrade from
-//! rows, and a chunk that no longer decodes. The file is opened beside the
+//! rows, a chunk that no longer decodes, and allocator chunks' minutes
+//! (read, damaged, and the upgrade that adds them). The file is opened beside the
 //! store, as an operator's `sqlite3` would.
 
 use std::sync::Arc;
@@ -382,5 +383,70 @@ async fn an_allocator_hour_charts_from_its_minutes_and_from_its_reports_where_th
         }
     }
     assert_eq!(chart().await, before, "read from the reports");
+    store.close().await;
+}
+
+/// A file whose allocator chunks were written before migration 0015 (which
+/// makes the table anew, with a `minutes` column before the reports) keeps
+/// them through the upgrade: the job's chart is the same after it.
+#[tokio::test]
+async fn allocator_chunks_written_before_their_minutes_column_chart_after_the_upgrade() {
+    let db = Db::new();
+    let start = bucket_start(now_ms() - 10 * MINUTE_MS, MINUTE_MS);
+    let store = db.open(SampleWrites::Chunks).await;
+    let session = register(&*store).await;
+    for seq in 1..=90 {
+        let ts = start + seq as i64 * 1000;
+        store
+            .write_batch(&reporting_batch(&session, seq, ts, start - MINUTE_MS))
+            .await
+            .unwrap();
+        if seq % 45 == 0 {
+            store.flush(true).await.unwrap();
+        }
+    }
+    let end = start + 2 * MINUTE_MS;
+    let reports: Vec<i64> = (1..=90).collect();
+    assert_eq!(job_reports(&*store, start, end).await, reports);
+    store.close().await;
+
+    // The file as the release before left it: the table as migration 0014
+    // made it, and 0015 not applied.
+    let pool = db.inspect().await;
+    let mut tx = pool.begin().await.unwrap();
+    for statement in [
+        "CREATE TABLE before_0015 (process_id BIGINT NOT NULL, hour_ms BIGINT NOT NULL,
+             first_ts_ms BIGINT NOT NULL, last_ts_ms BIGINT NOT NULL, samples INTEGER NOT NULL,
+             data BLOB NOT NULL)",
+        "INSERT INTO before_0015 SELECT process_id, hour_ms, first_ts_ms, last_ts_ms, samples, data
+             FROM allocator_samples_packed",
+        "DROP TABLE allocator_samples_packed",
+        "ALTER TABLE before_0015 RENAME TO allocator_samples_packed",
+        "CREATE INDEX allocator_samples_packed_process_hour ON allocator_samples_packed (process_id, hour_ms)",
+        "CREATE INDEX allocator_samples_packed_hour ON allocator_samples_packed (hour_ms)",
+        "DELETE FROM _sqlx_migrations WHERE version = 15",
+    ] {
+        sqlx::query(statement)
+            .execute(&mut *tx)
+            .await
+            .expect(statement);
+    }
+    tx.commit().await.unwrap();
+    let chunks = count(&pool, "SELECT count(*) FROM allocator_samples_packed").await;
+    assert!(chunks >= 2, "{chunks} chunks");
+    pool.close().await;
+
+    let store = db.open(SampleWrites::Chunks).await;
+    assert_eq!(job_reports(&*store, start, end).await, reports);
+    let pool = db.inspect().await;
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM allocator_samples_packed WHERE minutes IS NULL"
+        )
+        .await,
+        chunks,
+        "every chunk kept, none with minutes"
+    );
     store.close().await;
 }
