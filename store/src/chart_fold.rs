@@ -21,7 +21,8 @@ fn bucket(ts_ms: i64, from_ms: i64, width_ms: i64) -> i64 {
 /// the highest of each figure and the newest report's time. A week of
 /// reports at 1 Hz is 600,000 of them; only their times are kept, to count
 /// a report found twice once (in rows and a chunk, in a chunk and still held
-/// as a flush commits, or joined to intervals that two flushes wrote). The
+/// as a flush commits, or joined to intervals that two flushes wrote), but
+/// for a chunk read as its minutes ([`AllocatorFold::add_minute`]). The
 /// highest of each figure is the same however often a report is added.
 ///
 /// Where the buckets are a minute or wider, reports are folded a minute
@@ -358,9 +359,19 @@ mod tests {
             second.iter().for_each(|r| mixed.add(*r));
             // The second hour's last minute held open as well: counted once.
             second[3540..].iter().for_each(|r| mixed.add(*r));
+            // A late report inside one of the first hour's minutes, read
+            // one by one beside them.
+            let late = AllocatorReport {
+                timestamp_ms: first_hour[600].timestamp_ms + 500,
+                allocated: 1_000_000,
+                ..first_hour[600]
+            };
+            one_by_one.add(late);
+            mixed.add(late);
             let (expected, got) = (one_by_one.points(), mixed.points());
             assert_eq!(got, expected, "buckets of {width} ms");
-            assert_eq!(got.iter().map(|p| p.reports).sum::<i64>(), 7200);
+            assert_eq!(got.iter().map(|p| p.reports).sum::<i64>(), 7201);
+            assert!(got.iter().any(|p| p.allocated_bytes == 1_000_000));
         }
     }
 

@@ -638,9 +638,9 @@ pub(super) async fn fold_allocator_chunks(
         return Ok(());
     }
     let chunks = sqlx::query(
-        "SELECT process_id AS key, hour_ms, first_ts_ms, last_ts_ms, samples,
+        "SELECT place::text AS at, process_id AS key, hour_ms, first_ts_ms, last_ts_ms, samples,
              CASE WHEN whole THEN NULL ELSE data END AS data, CASE WHEN whole THEN minutes END AS minutes
-         FROM (SELECT *, $5 AND minutes IS NOT NULL AND first_ts_ms >= $4 AND last_ts_ms <= $3 AS whole
+         FROM (SELECT ctid AS place, *, $5 AND minutes IS NOT NULL AND first_ts_ms >= $4 AND last_ts_ms <= $3 AS whole
                FROM allocator_samples_packed
                WHERE process_id = $1 AND hour_ms >= $2 AND hour_ms <= $3 AND last_ts_ms >= $4
                  AND first_ts_ms <= $3) c",
@@ -663,17 +663,22 @@ pub(super) async fn fold_allocator_chunks(
         if packed::fold_allocator_chunk(fold, &chunk, from_ms, to_ms) {
             continue;
         }
-        // Its minutes are damaged: its reports, then.
-        let data: Vec<u8> = sqlx::query_scalar(
+        // Its minutes are damaged: its reports, then. The row by its place
+        // in its hour's partition, in the chart's snapshot: several chunks
+        // of a series can share an hour and a span.
+        let at: String = row.try_get("at")?;
+        let Some(data) = sqlx::query_scalar::<_, Vec<u8>>(
             "SELECT data FROM allocator_samples_packed
-             WHERE process_id = $1 AND hour_ms = $2 AND first_ts_ms = $3 AND last_ts_ms = $4",
+             WHERE process_id = $1 AND hour_ms = $2 AND ctid = $3::tid",
         )
         .bind(chunk.key)
         .bind(chunk.hour_ms)
-        .bind(chunk.first_ts_ms)
-        .bind(chunk.last_ts_ms)
-        .fetch_one(&mut *conn)
-        .await?;
+        .bind(at)
+        .fetch_optional(&mut *conn)
+        .await?
+        else {
+            continue;
+        };
         let whole = Chunk {
             data,
             minutes: None,

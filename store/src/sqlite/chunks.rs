@@ -273,9 +273,9 @@ pub(super) async fn fold_allocator_chunks(
         return Ok(());
     }
     let chunks = sqlx::query(
-        "SELECT process_id AS key, hour_ms, first_ts_ms, last_ts_ms, samples,
+        "SELECT id, process_id AS key, hour_ms, first_ts_ms, last_ts_ms, samples,
              CASE WHEN whole THEN NULL ELSE data END AS data, CASE WHEN whole THEN minutes END AS minutes
-         FROM (SELECT process_id, hour_ms, first_ts_ms, last_ts_ms, samples, minutes, data,
+         FROM (SELECT rowid AS id, process_id, hour_ms, first_ts_ms, last_ts_ms, samples, minutes, data,
                    ?5 AND minutes IS NOT NULL AND first_ts_ms >= ?4 AND last_ts_ms <= ?3 AS whole
                FROM allocator_samples_packed
                WHERE process_id = ?1 AND hour_ms >= ?2 AND hour_ms <= ?3 AND last_ts_ms >= ?4
@@ -299,17 +299,18 @@ pub(super) async fn fold_allocator_chunks(
         if chunk_format::fold_allocator_chunk(fold, &chunk, from_ms, to_ms) {
             continue;
         }
-        // Its minutes are damaged: its reports, then.
-        let data: Vec<u8> = sqlx::query_scalar(
-            "SELECT data FROM allocator_samples_packed
-             WHERE process_id = ?1 AND hour_ms = ?2 AND first_ts_ms = ?3 AND last_ts_ms = ?4",
+        // Its minutes are damaged: its reports, then, unless compaction or
+        // retention took the chunk meanwhile.
+        let rowid: i64 = row.try_get("id")?;
+        let Some(data) = sqlx::query_scalar::<_, Vec<u8>>(
+            "SELECT data FROM allocator_samples_packed WHERE rowid = ?1",
         )
-        .bind(chunk.key)
-        .bind(chunk.hour_ms)
-        .bind(chunk.first_ts_ms)
-        .bind(chunk.last_ts_ms)
-        .fetch_one(pool)
-        .await?;
+        .bind(rowid)
+        .fetch_optional(pool)
+        .await?
+        else {
+            continue;
+        };
         let whole = Chunk {
             data,
             minutes: None,

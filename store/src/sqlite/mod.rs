@@ -803,7 +803,8 @@ impl Store for SqliteStore {
         let width = bucket_width_ms(q.from_ms, q.to_ms, q.max_points);
         let mut folded = fold::AllocatorFold::new(q.from_ms, width);
         // Held first: a flush committing meanwhile leaves a report in both
-        // (counted once), never in neither.
+        // (counted once, but for a long replay's chunk read as its
+        // minutes), never in neither.
         if let Some(open) = self.open() {
             for report in open.allocator_between(&[process.id], q.from_ms, q.to_ms) {
                 folded.add(report);

@@ -11,7 +11,7 @@ use headroom_store::model::{NodeSession, StoreBatch, WriteOutcome};
 use headroom_store::rollup::{
     DAY_MS, HOUR_MS, MINUTE_MS, SampleWrites, StorageConfig, bucket_start,
 };
-use headroom_store::{PostgresStore, Store};
+use headroom_store::{AllocatorPoint, AllocatorSeriesQuery, PostgresStore, Store};
 use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, GPU1, NODE, now_ms};
 use headroom_tests::postgres::{self, TestDatabase, day_suffix};
 
@@ -583,15 +583,29 @@ async fn an_allocator_hour_charts_from_its_minutes_and_from_its_reports_where_th
         store.write_batches(&group).await.unwrap();
         store.flush(true).await.unwrap();
     }
-    // Buckets of 5 minutes, each the highest of its reports' figures.
-    let chart = async || {
+    // Ranges charted at 13 points (buckets of 4.6 to 4.8 minutes, each the
+    // highest of its reports' figures): the hour and a minute each side;
+    // exactly the hour's reports, the ends included; and three that cut
+    // through it, which read the chunk's reports.
+    let (first, last) = (hour + 10_000 - 10, hour + 360 * 10_000 - 10);
+    let ranges = [
+        (hour - MINUTE_MS, hour + HOUR_MS + MINUTE_MS),
+        (first, last),
+        (
+            hour + 10 * MINUTE_MS + 30_000,
+            hour + 40 * MINUTE_MS + 15_000,
+        ),
+        (hour + 10 * MINUTE_MS + 30_000, hour + HOUR_MS + MINUTE_MS),
+        (hour - MINUTE_MS, hour + 40 * MINUTE_MS + 15_000),
+    ];
+    let chart = async |(from_ms, to_ms): (i64, i64)| {
         store
-            .allocator_series(&headroom_store::AllocatorSeriesQuery {
+            .allocator_series(&AllocatorSeriesQuery {
                 device_uuid: GPU0,
                 pid: 900,
                 start_time_ms: None,
-                from_ms: hour - MINUTE_MS,
-                to_ms: hour + HOUR_MS + MINUTE_MS,
+                from_ms,
+                to_ms,
                 max_points: 13,
             })
             .await
@@ -599,9 +613,19 @@ async fn an_allocator_hour_charts_from_its_minutes_and_from_its_reports_where_th
             .unwrap()
             .points
     };
-    let before = chart().await;
-    assert_eq!(before.len(), 13);
-    assert_eq!(before.iter().map(|p| p.reports).sum::<i64>(), 360);
+    let mut before = Vec::new();
+    for range in ranges {
+        before.push(chart(range).await);
+    }
+    assert_eq!(before[0].len(), 13);
+    let reports = |points: &[AllocatorPoint]| points.iter().map(|p| p.reports).sum::<i64>();
+    assert_eq!(reports(&before[0]), 360);
+    assert_eq!(reports(&before[1]), 360);
+    assert_eq!(
+        reports(&before[2]),
+        178,
+        "the 64th report (10:39.99) to the 241st"
+    );
     store.maintain(now).await.unwrap();
     let with_minutes: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM allocator_samples_packed WHERE minutes IS NOT NULL AND samples = 360",
@@ -613,7 +637,9 @@ async fn an_allocator_hour_charts_from_its_minutes_and_from_its_reports_where_th
         with_minutes, 1,
         "the hour compacted into one chunk, with its minutes"
     );
-    assert_eq!(chart().await, before);
+    for (range, before) in ranges.iter().zip(&before) {
+        assert_eq!(&chart(*range).await, before, "{range:?}");
+    }
     // The reports damaged: the chart still whole, from the minutes alone.
     // Then the reports back and the minutes damaged.
     for damage in [
@@ -624,12 +650,24 @@ async fn an_allocator_hour_charts_from_its_minutes_and_from_its_reports_where_th
          WHERE minutes IS NOT NULL",
     ] {
         if damage.is_empty() {
-            assert_eq!(chart().await, before, "read from the minutes");
+            for (range, before) in ranges[..2].iter().zip(&before) {
+                assert_eq!(
+                    &chart(*range).await,
+                    before,
+                    "read from the minutes: {range:?}"
+                );
+            }
         } else {
             sqlx::query(damage).execute(store.pool()).await.unwrap();
         }
     }
-    assert_eq!(chart().await, before, "read from the reports");
+    for (range, before) in ranges.iter().zip(&before) {
+        assert_eq!(
+            &chart(*range).await,
+            before,
+            "read from the reports: {range:?}"
+        );
+    }
     store.close().await;
     db.drop_database().await;
 }

@@ -10,7 +10,7 @@ use headroom_collector::ingest::validate::{self, Limits};
 use headroom_proto::v1 as pb;
 use headroom_store::model::{NodeSession, StoreBatch, WriteOutcome};
 use headroom_store::rollup::{HOUR_MS, MINUTE_MS, SampleWrites, StorageConfig, bucket_start};
-use headroom_store::{AllocatorSeriesQuery, Store, connect_with};
+use headroom_store::{AllocatorPoint, AllocatorSeriesQuery, Store, connect_with};
 use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, NODE, now_ms};
 use sqlx::SqlitePool;
 
@@ -336,15 +336,29 @@ async fn an_allocator_hour_charts_from_its_minutes_and_from_its_reports_where_th
         store.write_batches(&batches).await.unwrap();
         store.flush(true).await.unwrap();
     }
-    // Buckets of 5 minutes, each the highest allocated of its reports.
-    let chart = async || {
+    // Ranges charted at 13 points (buckets of 4.6 to 4.8 minutes, each the
+    // highest of its reports' figures): the hour and a minute each side;
+    // exactly the hour's reports, the ends included; and three that cut
+    // through it, which read the chunk's reports.
+    let (first, last) = (hour + 10_000 - 10, hour + 360 * 10_000 - 10);
+    let ranges = [
+        (hour - MINUTE_MS, hour + HOUR_MS + MINUTE_MS),
+        (first, last),
+        (
+            hour + 10 * MINUTE_MS + 30_000,
+            hour + 40 * MINUTE_MS + 15_000,
+        ),
+        (hour + 10 * MINUTE_MS + 30_000, hour + HOUR_MS + MINUTE_MS),
+        (hour - MINUTE_MS, hour + 40 * MINUTE_MS + 15_000),
+    ];
+    let chart = async |(from_ms, to_ms): (i64, i64)| {
         store
             .allocator_series(&AllocatorSeriesQuery {
                 device_uuid: GPU0,
                 pid: 900,
                 start_time_ms: None,
-                from_ms: hour - MINUTE_MS,
-                to_ms: hour + HOUR_MS + MINUTE_MS,
+                from_ms,
+                to_ms,
                 max_points: 13,
             })
             .await
@@ -352,9 +366,19 @@ async fn an_allocator_hour_charts_from_its_minutes_and_from_its_reports_where_th
             .unwrap()
             .points
     };
-    let before = chart().await;
-    assert_eq!(before.len(), 13);
-    assert_eq!(before.iter().map(|p| p.reports).sum::<i64>(), 360);
+    let mut before = Vec::new();
+    for range in ranges {
+        before.push(chart(range).await);
+    }
+    assert_eq!(before[0].len(), 13);
+    let reports = |points: &[AllocatorPoint]| points.iter().map(|p| p.reports).sum::<i64>();
+    assert_eq!(reports(&before[0]), 360);
+    assert_eq!(reports(&before[1]), 360);
+    assert_eq!(
+        reports(&before[2]),
+        178,
+        "the 64th report (10:39.99) to the 241st"
+    );
     store.maintain(now).await.unwrap();
     let pool = db.inspect().await;
     assert_eq!(
@@ -366,7 +390,9 @@ async fn an_allocator_hour_charts_from_its_minutes_and_from_its_reports_where_th
         1,
         "the hour compacted into one chunk, with its minutes"
     );
-    assert_eq!(chart().await, before);
+    for (range, before) in ranges.iter().zip(&before) {
+        assert_eq!(&chart(*range).await, before, "{range:?}");
+    }
     // The reports damaged: the chart still whole, from the minutes alone.
     // Then the reports back and the minutes damaged.
     for damage in [
@@ -377,12 +403,24 @@ async fn an_allocator_hour_charts_from_its_minutes_and_from_its_reports_where_th
          WHERE minutes IS NOT NULL",
     ] {
         if damage.is_empty() {
-            assert_eq!(chart().await, before, "read from the minutes");
+            for (range, before) in ranges[..2].iter().zip(&before) {
+                assert_eq!(
+                    &chart(*range).await,
+                    before,
+                    "read from the minutes: {range:?}"
+                );
+            }
         } else {
             sqlx::query(damage).execute(&pool).await.unwrap();
         }
     }
-    assert_eq!(chart().await, before, "read from the reports");
+    for (range, before) in ranges.iter().zip(&before) {
+        assert_eq!(
+            &chart(*range).await,
+            before,
+            "read from the reports: {range:?}"
+        );
+    }
     store.close().await;
 }
 
@@ -447,6 +485,38 @@ async fn allocator_chunks_written_before_their_minutes_column_chart_after_the_up
         .await,
         chunks,
         "every chunk kept, none with minutes"
+    );
+    let columns: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM pragma_table_info('allocator_samples_packed')")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        columns,
+        [
+            "process_id",
+            "hour_ms",
+            "first_ts_ms",
+            "last_ts_ms",
+            "samples",
+            "minutes",
+            "data"
+        ],
+        "the minutes before the reports"
+    );
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'allocator_samples_packed'
+         ORDER BY name",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        [
+            "allocator_samples_packed_hour",
+            "allocator_samples_packed_process_hour"
+        ]
     );
     store.close().await;
 }
