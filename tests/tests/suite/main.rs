@@ -13,6 +13,7 @@ mod agent_auth;
 mod agent_tls;
 mod alerting;
 mod allocator;
+mod allocator_minutes;
 mod architecture;
 mod chaos;
 mod coalesced_writes;

@@ -1,7 +1,7 @@
 //! SQLite's chunks beyond what the conformance suite holds both stores to:
 //! a collector that dies with samples in open chunks, the upgrade from
-//! rows, a chunk that no longer decodes, and allocator chunks' minutes
-//! (read, damaged, and the upgrade that adds them). The file is opened beside the
+//! rows, a chunk that no longer decodes, and the upgrade that gives
+//! allocator chunks their minutes (reading them: `allocator_minutes.rs`). The file is opened beside the
 //! store, as an operator's `sqlite3` would.
 
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use headroom_collector::ingest::validate::{self, Limits};
 use headroom_proto::v1 as pb;
 use headroom_store::model::{NodeSession, StoreBatch, WriteOutcome};
 use headroom_store::rollup::{HOUR_MS, MINUTE_MS, SampleWrites, StorageConfig, bucket_start};
-use headroom_store::{AllocatorPoint, AllocatorSeriesQuery, Store, connect_with};
+use headroom_store::{AllocatorSeriesQuery, Store, connect_with};
 use headroom_tests::fixtures::{self, BOOT, GIB, GPU0, NODE, now_ms};
 use sqlx::SqlitePool;
 
@@ -305,122 +305,6 @@ async fn a_damaged_chunk_costs_its_samples_and_nothing_else() {
         1,
         "kept, not dropped"
     );
-    store.close().await;
-}
-
-/// An hour of a job's allocator reports, compacted, keeps its minutes: a
-/// chart of minute-wide buckets or wider reads those and shows what the
-/// reports showed before compaction. Minutes that no longer decode cost
-/// nothing: the chart reads that chunk's reports instead.
-#[tokio::test]
-async fn an_allocator_hour_charts_from_its_minutes_and_from_its_reports_where_they_are_damaged() {
-    let db = Db::new();
-    let now = now_ms();
-    let hour = bucket_start(now - 3 * HOUR_MS, HOUR_MS);
-    let store = db.open(SampleWrites::Chunks).await;
-    let session = register(&*store).await;
-    for minute in 0..60u64 {
-        let batches: Vec<StoreBatch> = (0..6u64)
-            .map(|i| {
-                // Allocated climbing 1 GiB a report, 16 GiB at most.
-                let seq = minute * 6 + i + 1;
-                job_batch(
-                    &session,
-                    seq,
-                    hour + seq as i64 * 10_000,
-                    hour - HOUR_MS,
-                    seq % 17,
-                )
-            })
-            .collect();
-        store.write_batches(&batches).await.unwrap();
-        store.flush(true).await.unwrap();
-    }
-    // Ranges charted at 13 points (buckets of 4.6 to 4.8 minutes, each the
-    // highest of its reports' figures): the hour and a minute each side;
-    // exactly the hour's reports, the ends included; and three that cut
-    // through it, which read the chunk's reports.
-    let (first, last) = (hour + 10_000 - 10, hour + 360 * 10_000 - 10);
-    let ranges = [
-        (hour - MINUTE_MS, hour + HOUR_MS + MINUTE_MS),
-        (first, last),
-        (
-            hour + 10 * MINUTE_MS + 30_000,
-            hour + 40 * MINUTE_MS + 15_000,
-        ),
-        (hour + 10 * MINUTE_MS + 30_000, hour + HOUR_MS + MINUTE_MS),
-        (hour - MINUTE_MS, hour + 40 * MINUTE_MS + 15_000),
-    ];
-    let chart = async |(from_ms, to_ms): (i64, i64)| {
-        store
-            .allocator_series(&AllocatorSeriesQuery {
-                device_uuid: GPU0,
-                pid: 900,
-                start_time_ms: None,
-                from_ms,
-                to_ms,
-                max_points: 13,
-            })
-            .await
-            .unwrap()
-            .unwrap()
-            .points
-    };
-    let mut before = Vec::new();
-    for range in ranges {
-        before.push(chart(range).await);
-    }
-    assert_eq!(before[0].len(), 13);
-    let reports = |points: &[AllocatorPoint]| points.iter().map(|p| p.reports).sum::<i64>();
-    assert_eq!(reports(&before[0]), 360);
-    assert_eq!(reports(&before[1]), 360);
-    assert_eq!(
-        reports(&before[2]),
-        178,
-        "the 64th report (10:39.99) to the 241st"
-    );
-    store.maintain(now).await.unwrap();
-    let pool = db.inspect().await;
-    assert_eq!(
-        count(
-            &pool,
-            "SELECT count(*) FROM allocator_samples_packed WHERE minutes IS NOT NULL AND samples = 360"
-        )
-        .await,
-        1,
-        "the hour compacted into one chunk, with its minutes"
-    );
-    for (range, before) in ranges.iter().zip(&before) {
-        assert_eq!(&chart(*range).await, before, "{range:?}");
-    }
-    // The reports damaged: the chart still whole, from the minutes alone.
-    // Then the reports back and the minutes damaged.
-    for damage in [
-        "CREATE TABLE saved AS SELECT data FROM allocator_samples_packed WHERE minutes IS NOT NULL",
-        "UPDATE allocator_samples_packed SET data = X'01FF' WHERE minutes IS NOT NULL",
-        "",
-        "UPDATE allocator_samples_packed SET data = (SELECT data FROM saved), minutes = X'02FF'
-         WHERE minutes IS NOT NULL",
-    ] {
-        if damage.is_empty() {
-            for (range, before) in ranges[..2].iter().zip(&before) {
-                assert_eq!(
-                    &chart(*range).await,
-                    before,
-                    "read from the minutes: {range:?}"
-                );
-            }
-        } else {
-            sqlx::query(damage).execute(&pool).await.unwrap();
-        }
-    }
-    for (range, before) in ranges.iter().zip(&before) {
-        assert_eq!(
-            &chart(*range).await,
-            before,
-            "read from the reports: {range:?}"
-        );
-    }
     store.close().await;
 }
 
