@@ -10,7 +10,7 @@ use headroom_rules::config::RulesConfig;
 use headroom_rules::corpus;
 
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("mode").required(true).args(["trace", "score", "write_corpus"])))]
+#[command(group(ArgGroup::new("mode").required(true).args(["trace", "score", "write_corpus", "evaluate", "write_generated"])))]
 pub struct BacktestArgs {
     /// Rules file (TOML); built-in defaults without one.
     #[arg(long, conflicts_with = "write_corpus")]
@@ -24,18 +24,44 @@ pub struct BacktestArgs {
     #[arg(long, value_name = "DIR")]
     score: Option<PathBuf>,
     /// The scorecard as JSON.
-    #[arg(long, conflicts_with_all = ["trace", "write_corpus"])]
+    #[arg(long, conflicts_with_all = ["trace", "write_corpus", "write_generated"])]
     json: bool,
     /// Write the built-in labelled corpus (traces and labels.json) into DIR.
     #[arg(long, value_name = "DIR")]
     write_corpus: Option<PathBuf>,
+    /// Score the rules leave-one-family-out on the generated corpus
+    /// (rules/src/families.rs), beside `predict_linear`.
+    #[arg(long)]
+    evaluate: bool,
+    /// Write the generated corpus (traces and labels.json) into DIR, to
+    /// score with --score or with another tool.
+    #[arg(long, value_name = "DIR")]
+    write_generated: Option<PathBuf>,
+    /// Generated traces per family.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    per_family: u64,
+    /// Seed of the generated corpus: the same seed draws the same traces.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 pub fn run(args: BacktestArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.write_corpus {
         return write_corpus(dir);
     }
+    if let Some(dir) = &args.write_generated {
+        return write_generated(dir, args.per_family, args.seed);
+    }
     let rules = crate::load_rules(args.rules.as_deref())?;
+    if args.evaluate {
+        let evaluation = headroom_rules::evaluate::evaluate(&rules, args.per_family, args.seed);
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&evaluation)?);
+        } else {
+            print!("{evaluation}");
+        }
+        return Ok(());
+    }
     match (&args.trace, &args.score) {
         (Some(trace), _) => replay(rules, trace),
         (None, Some(dir)) => score(&rules, dir, args.json),
@@ -80,6 +106,22 @@ fn score(rules: &RulesConfig, dir: &Path, json: bool) -> anyhow::Result<()> {
             dir.display()
         );
     }
+    Ok(())
+}
+
+fn write_generated(dir: &Path, per_family: u64, seed: u64) -> anyhow::Result<()> {
+    let traces: Vec<_> = headroom_rules::generator::generate(per_family, seed)
+        .into_iter()
+        .map(|g| g.trace)
+        .collect();
+    corpus::write_traces(dir, &traces)
+        .with_context(|| format!("cannot write the generated corpus into {}", dir.display()))?;
+    eprintln!(
+        "wrote {} generated traces and {} into {}",
+        traces.len(),
+        corpus::LABELS_FILE,
+        dir.display()
+    );
     Ok(())
 }
 

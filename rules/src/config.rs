@@ -156,10 +156,17 @@ impl TimeToOomRule {
 #[serde(deny_unknown_fields, default)]
 pub struct LeakRule {
     pub enabled: bool,
+    /// The shortest stretch of sustained growth that is a leak.
     pub window: Span,
+    /// The longest window a slow leak is judged over.
+    pub max_window: Span,
     pub warmup: Span,
     pub min_rate_per_min: ByteSize,
+    /// The least growth over a window that is evidence of a leak.
+    pub min_rise: ByteSize,
     pub max_p_value: f64,
+    /// A floor held within this before the window is not new memory.
+    pub lookback: Span,
 }
 
 impl Default for LeakRule {
@@ -168,9 +175,12 @@ impl Default for LeakRule {
         Self {
             enabled: true,
             window: Span(d.window_ms),
+            max_window: Span(d.max_window_ms),
             warmup: Span(d.warmup_ms),
             min_rate_per_min: ByteSize(d.min_rate_bytes_per_min as u64),
+            min_rise: ByteSize(d.min_rise_bytes as u64),
             max_p_value: d.max_p_value,
+            lookback: Span(d.lookback_ms),
         }
     }
 }
@@ -179,10 +189,12 @@ impl LeakRule {
     pub fn leak_config(&self) -> LeakConfig {
         LeakConfig {
             window_ms: self.window.ms(),
+            max_window_ms: self.max_window.ms(),
             warmup_ms: self.warmup.ms(),
             min_rate_bytes_per_min: self.min_rate_per_min.0 as f64,
+            min_rise_bytes: self.min_rise.0 as f64,
             max_p_value: self.max_p_value,
-            ..LeakConfig::default()
+            lookback_ms: self.lookback.ms(),
         }
     }
 }
@@ -436,6 +448,8 @@ impl RulesConfig {
             ("time_to_oom.for", self.time_to_oom.for_),
             ("leak.window", self.leak.window),
             ("leak.warmup", self.leak.warmup),
+            ("leak.max_window", self.leak.max_window),
+            ("leak.lookback", self.leak.lookback),
             ("unattributed.for", self.unattributed.for_),
             ("events.xid_resolve_after", self.events.xid_resolve_after),
             ("fragmentation.for", self.fragmentation.for_),
@@ -459,6 +473,17 @@ impl RulesConfig {
         if self.leak.window.ms() < 10 * 60_000 {
             return Err(
                 "leak.window must be at least 10m: shorter windows mistake noise for leaks".into(),
+            );
+        }
+        if self.leak.max_window < self.leak.window {
+            return Err("leak.max_window is shorter than leak.window".into());
+        }
+        if self.leak.max_window.ms() > 24 * 3_600_000 || self.leak.lookback.ms() > 24 * 3_600_000
+        {
+            return Err(
+                "leak.max_window and leak.lookback are at most 24h: a process keeps a minute of \
+                 history for each minute of them"
+                    .into(),
             );
         }
         if !(self.leak.max_p_value > 0.0 && self.leak.max_p_value < 0.5) {

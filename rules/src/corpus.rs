@@ -62,6 +62,10 @@ pub struct Label {
     /// OOM traces: the least warning that still leaves time to act.
     #[serde(default)]
     pub min_lead_ms: Option<i64>,
+    /// Leak and OOM traces: the process at fault, when the trace names
+    /// processes. A leak alert counts only on this process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
     #[serde(default)]
     pub description: String,
 }
@@ -175,6 +179,7 @@ fn none(name: &str, description: &str, memory: impl Fn(i64) -> Reading) -> Label
             leak_found_by_ms: None,
             oom_at_ms: None,
             min_lead_ms: None,
+            pid: None,
             description: description.to_owned(),
         },
         MINUTES,
@@ -196,6 +201,7 @@ fn leak(
             leak_found_by_ms: Some(at_minute(leak_start_min + LEAK_DEADLINE_MIN)),
             oom_at_ms: None,
             min_lead_ms: None,
+            pid: None,
             description: description.to_owned(),
         },
         minutes,
@@ -217,6 +223,7 @@ fn oom(
             leak_found_by_ms: None,
             oom_at_ms: Some(at_minute(oom_at_min)),
             min_lead_ms: Some(min_lead_min * 60_000),
+            pid: None,
             description: description.to_owned(),
         },
         MINUTES,
@@ -724,6 +731,7 @@ mod tests {
             leak_found_by_ms: None,
             oom_at_ms: None,
             min_lead_ms: Some(0),
+            pid: None,
             description: String::new(),
         };
         assert_eq!(label.check().unwrap_err(), "kind \"oom\" needs oom_at_ms");

@@ -523,6 +523,11 @@ impl Engine {
             let (rule, mut alert) = slot.alert(&series.labels, &mut out);
             rule.observe(config, o, &facts, &mut alert);
         }
+        if let Some(device) = self.devices.get_mut(o.device_uuid) {
+            for slot in &mut device.rules {
+                slot.rule.observe_process(o);
+            }
+        }
         out
     }
 

@@ -17,6 +17,9 @@ pub mod corpus;
 mod corpus_scorecard;
 mod describe;
 pub mod engine;
+pub mod evaluate;
+pub mod families;
+pub mod generator;
 #[cfg(test)]
 mod engine_fixtures;
 pub mod leak;

@@ -57,6 +57,11 @@ pub(crate) trait DeviceRule: Debug + Send + Sync {
         Self: Sized;
 
     fn observe(&mut self, config: &RulesConfig, o: &DeviceObservation<'_>, alert: &mut Alert<'_>);
+
+    /// A process on the device reported an interval. A rule that forecasts
+    /// the device from its processes' own trends folds it in here; it judges
+    /// in [`DeviceRule::observe`], on the device's next interval.
+    fn observe_process(&mut self, _o: &ProcessObservation<'_>) {}
 }
 
 /// What the engine keeps about a process beyond the interval at hand.

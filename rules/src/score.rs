@@ -183,6 +183,8 @@ pub struct TraceScore {
     pub predict_linear: Outcome,
     /// When watermark alerts fired: for information, not scored.
     pub watermark_fired_ms: Vec<i64>,
+    /// Leak alerts on a leak trace's other processes: false alarms.
+    pub wrong_process_leak_alerts: usize,
     /// Lines the backtest skipped, as `line N: what`.
     pub errors: Vec<String>,
 }
@@ -268,7 +270,7 @@ pub struct OomTotals {
     pub traces_falsely_warned: usize,
 }
 
-fn score_trace(rules: &RulesConfig, trace: &LabelledTrace) -> TraceScore {
+pub(crate) fn score_trace(rules: &RulesConfig, trace: &LabelledTrace) -> TraceScore {
     let (alerts, errors) = backtest::run(rules.clone(), trace.csv.as_bytes());
     let fired = |rule: RuleId| -> Vec<i64> {
         alerts
@@ -278,7 +280,15 @@ fn score_trace(rules: &RulesConfig, trace: &LabelledTrace) -> TraceScore {
             .collect()
     };
     let label = &trace.label;
-    let leak_fired_ms = fired(RuleId::Leak);
+    // A leak trace that names its process is found only by an alert on it;
+    // an alert on another of its processes is a false alarm.
+    let at_fault = |a: &&backtest::BacktestAlert| match (label.kind, label.pid) {
+        (Kind::Leak, Some(pid)) => a.labels.get("pid").map(String::as_str) == Some(&pid.to_string()),
+        _ => true,
+    };
+    let leak_alerts = alerts.iter().filter(|a| a.rule == RuleId::Leak.as_str());
+    let leak_fired_ms: Vec<i64> = leak_alerts.clone().filter(at_fault).map(|a| a.fired_at_ms).collect();
+    let wrong_process_leak_alerts = leak_alerts.filter(|a| !at_fault(a)).count();
     let oom_fired_ms = fired(RuleId::TimeToOom);
     let baseline_fired_ms: Vec<i64> = predict_linear::alerts(&trace.csv)
         .iter()
@@ -301,6 +311,7 @@ fn score_trace(rules: &RulesConfig, trace: &LabelledTrace) -> TraceScore {
             oom_fired_ms: baseline_fired_ms,
         },
         watermark_fired_ms: fired(RuleId::Watermark),
+        wrong_process_leak_alerts,
         errors: errors.iter().map(ToString::to_string).collect(),
     }
 }
@@ -647,6 +658,7 @@ mod tests {
             leak_found_by_ms: None,
             oom_at_ms: None,
             min_lead_ms: None,
+            pid: None,
             description: String::new(),
         }
     }
@@ -662,6 +674,7 @@ mod tests {
         Label {
             oom_at_ms: Some(oom_at),
             min_lead_ms: Some(min_lead),
+            pid: None,
             ..label(Kind::Oom)
         }
     }

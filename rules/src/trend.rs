@@ -212,9 +212,10 @@ pub(crate) struct Bucket {
 }
 
 /// The hard cap on retained buckets, whatever the configuration says, so that
-/// a misconfigured window cannot make a series' memory or an evaluation's
-/// O(k²) cost unbounded.
-pub(crate) const MAX_BUCKETS: usize = 512;
+/// a misconfigured window cannot make a series' memory unbounded. The leak
+/// rule's longest window (a day) and its lookback, in minutes, fit; trend
+/// fits never see more than a window's few dozen floors, whatever this is.
+pub(crate) const MAX_BUCKETS: usize = 3000;
 
 /// Per-bucket extremes of one series, folded in as samples arrive so memory
 /// stays bounded by the window rather than the sample rate. Samples at or
@@ -285,6 +286,7 @@ impl BucketRing {
         true
     }
 
+    #[cfg(test)]
     pub(crate) fn bucket_ms(&self) -> i64 {
         self.bucket_ms
     }
@@ -305,6 +307,7 @@ impl BucketRing {
     }
 
     /// Start of a bucket's interval.
+    #[cfg(test)]
     pub(crate) fn start_of(&self, bucket: &Bucket) -> i64 {
         bucket.index.saturating_mul(self.bucket_ms)
     }

@@ -1,10 +1,10 @@
 //! Leak: a process whose memory floor keeps rising, step after step, for
-//! the whole evidence window. Growth like that ends in an OOM hours later,
+//! the whole evidence window (the definition is `leak.rs` at the crate root). Growth like that ends in an OOM hours later,
 //! far beyond what time-to-OOM can see, and the owner can usually fix it
 //! once told which job and how fast.
 //!
-//! The statistics (min-filtered buckets, a significant monotone trend in
-//! both halves of the window) are `leak.rs` at the crate root; this rule
+//! The statistics (the floor in windows from 30 min to 8 h, a monotone
+//! trend in both halves, still rising, new memory) are there; this rule
 //! feeds it every interval of the process and raises a warning, never more:
 //! a leak is slow by nature, and the OOM rules escalate when it bites. The
 //! remedy depends on what the process's allocator says: when its reservation
@@ -57,16 +57,23 @@ impl ProcessRule for Leak {
             || match &finding {
                 Some(f) => Message::new(
                     format!(
-                        "{} on {} leaks: +{}/min for {} (p = {:.1e}); now {}",
+                        "{} on {} leaks: the least it held rose from {} to {} over the last {} \
+                         (+{}/min), and still rose +{}/min over the last {}; now {}",
                         process_name(labels),
                         device_name(labels),
+                        HumanBytes(f.floor_from_bytes.max(0.0) as u64),
+                        HumanBytes(f.floor_to_bytes.max(0.0) as u64),
+                        minutes(f.window_ms),
                         HumanBytes(f.rate_bytes_per_min.max(0.0) as u64),
-                        minutes(o.timestamp_ms - f.since_ms),
-                        f.p_value,
+                        HumanBytes(f.recent_rate_bytes_per_min.max(0.0) as u64),
+                        minutes(f.window_ms / 2),
                         HumanBytes(o.used_last),
                     ),
                     serde_json::json!({
                         "growth_bytes_per_min": f.rate_bytes_per_min, "since_ms": f.since_ms,
+                        "window_ms": f.window_ms, "floor_from_bytes": f.floor_from_bytes,
+                        "floor_to_bytes": f.floor_to_bytes,
+                        "recent_growth_bytes_per_min": f.recent_rate_bytes_per_min,
                         "p_value": f.p_value, "used_bytes": o.used_last, "peak_bytes": o.used_max,
                     }),
                 ),

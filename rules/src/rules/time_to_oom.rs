@@ -3,8 +3,9 @@
 //! says it will be full, while there is still time to act on a job that
 //! grows slowly from a comfortable level.
 //!
-//! The prediction itself (robust trend on the peaks, agreement across the
-//! window) is `oom.rs`; this rule feeds it every interval, judges against
+//! The forecast itself (climbs of the GPU's peaks and of each process's,
+//! their growth ahead) is `oom.rs`; this rule feeds it every interval of the
+//! device and of each process on it, judges against
 //! the memory that can still be allocated (total less what the driver
 //! reserves), and turns critical when the predicted OOM is within the
 //! nearest third of the horizon. A forecast has to hold for `for` (30 s by
@@ -13,7 +14,7 @@
 
 use crate::config::{RulesConfig, Severity};
 use crate::describe::{device_name, minutes};
-use crate::engine::{Alert, DeviceObservation};
+use crate::engine::{Alert, DeviceObservation, ProcessObservation};
 use crate::oom::OomPredictor;
 use crate::remedy::{self, CUT_THE_PEAK};
 use crate::rule::{DeviceRule, Message, Start};
@@ -33,6 +34,11 @@ impl DeviceRule for TimeToOom {
         }
     }
 
+    fn observe_process(&mut self, o: &ProcessObservation<'_>) {
+        self.predictor
+            .observe_process(o.pid, o.start_time_ms, o.timestamp_ms, o.used_max);
+    }
+
     fn observe(&mut self, config: &RulesConfig, o: &DeviceObservation<'_>, alert: &mut Alert<'_>) {
         // Fed even while the rule is off, so that turning it on by a reload
         // judges a full window at once.
@@ -44,9 +50,9 @@ impl DeviceRule for TimeToOom {
         let total = o.total;
         let used = o.used_last.saturating_add(o.reserved);
         let limit = total.saturating_sub(o.reserved);
-        let prediction = self
-            .predictor
-            .evaluate(&t.oom_config(), limit, o.timestamp_ms);
+        let prediction =
+            self.predictor
+                .evaluate(&t.oom_config(), limit, o.used_max, o.timestamp_ms);
         let condition = prediction.as_ref().map(|p| {
             if p.predicted_oom_at_ms - o.timestamp_ms <= t.horizon.ms() / 3 {
                 Severity::Critical
@@ -62,7 +68,7 @@ impl DeviceRule for TimeToOom {
             || match &prediction {
                 Some(p) => Message::new(
                     format!(
-                        "{} will run out of memory in about {} (between {} and {}), growing {}/min, trend confidence {:.0} %; {} used of {}",
+                        "{} will run out of memory in about {} (between {} and {}): it rose {} over the last {}{} and grows {}/min now, trend confidence {:.0} %; {} used of {}",
                         device_name(labels),
                         minutes(p.predicted_oom_at_ms - o.timestamp_ms),
                         minutes(p.earliest_ms - o.timestamp_ms),
@@ -71,6 +77,9 @@ impl DeviceRule for TimeToOom {
                         } else {
                             minutes(p.latest_ms - o.timestamp_ms)
                         },
+                        HumanBytes(p.risen_bytes.max(0.0) as u64),
+                        minutes(p.window_ms),
+                        p.pid.map(|pid| format!(", led by pid {pid}")).unwrap_or_default(),
                         HumanBytes((p.growth_bytes_per_s * 60.0).max(0.0) as u64),
                         // Floored, so a trend short of certain never reads 100 %.
                         (p.confidence * 100.0).floor(),
@@ -82,6 +91,8 @@ impl DeviceRule for TimeToOom {
                         "latest_ms": if p.latest_ms == i64::MAX { serde_json::Value::Null } else { p.latest_ms.into() },
                         "growth_bytes_per_s": p.growth_bytes_per_s, "confidence": p.confidence,
                         "used_bytes": o.used_last, "total_bytes": total,
+                        "window_ms": p.window_ms, "risen_bytes": p.risen_bytes,
+                        "leading_pid": p.pid,
                     }),
                 ),
                 None => Message::new(
