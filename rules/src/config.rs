@@ -478,8 +478,7 @@ impl RulesConfig {
         if self.leak.max_window < self.leak.window {
             return Err("leak.max_window is shorter than leak.window".into());
         }
-        if self.leak.max_window.ms() > 24 * 3_600_000 || self.leak.lookback.ms() > 24 * 3_600_000
-        {
+        if self.leak.max_window.ms() > 24 * 3_600_000 || self.leak.lookback.ms() > 24 * 3_600_000 {
             return Err(
                 "leak.max_window and leak.lookback are at most 24h: a process keeps a minute of \
                  history for each minute of them"

@@ -159,15 +159,22 @@ impl Tally {
     pub fn summary(&self) -> Summary {
         let mut leads = self.leads_ms.clone();
         leads.sort_unstable();
-        let per_100_days = |n: usize, hours: f64| (hours > 0.0).then(|| n as f64 / (hours / 24.0) * 100.0);
+        let per_100_days =
+            |n: usize, hours: f64| (hours > 0.0).then(|| n as f64 / (hours / 24.0) * 100.0);
         Summary {
             leak_precision: wilson(self.leaks_found, self.leaks_found + self.leak_false_alarms),
             leak_recall: wilson(self.leaks_found, self.leak_traces),
             oom_in_time: wilson(self.oom_in_time, self.oom_traces),
             lead_median_min: quantile(&leads, 0.5).map(|ms| ms as f64 / 60_000.0),
             lead_p10_min: quantile(&leads, 0.1).map(|ms| ms as f64 / 60_000.0),
-            leak_false_alarms_per_100_gpu_days: per_100_days(self.leak_false_alarms, self.healthy_gpu_hours),
-            oom_false_warnings_per_100_gpu_days: per_100_days(self.oom_false_warnings, self.no_oom_gpu_hours),
+            leak_false_alarms_per_100_gpu_days: per_100_days(
+                self.leak_false_alarms,
+                self.healthy_gpu_hours,
+            ),
+            oom_false_warnings_per_100_gpu_days: per_100_days(
+                self.oom_false_warnings,
+                self.no_oom_gpu_hours,
+            ),
         }
     }
 }
@@ -186,7 +193,13 @@ pub struct Proportion {
 /// normal approximation collapses to a point.
 pub fn wilson(part: usize, whole: usize) -> Proportion {
     if whole == 0 {
-        return Proportion { part, whole, value: None, low: None, high: None };
+        return Proportion {
+            part,
+            whole,
+            value: None,
+            low: None,
+            high: None,
+        };
     }
     let z = 1.959_964;
     let n = whole as f64;
@@ -273,9 +286,13 @@ pub(crate) fn evaluate_families(
     // rules' tally; and the baseline's.
     let mut by_family: BTreeMap<&'static str, (Vec<Tally>, Tally, usize)> = BTreeMap::new();
     for r in &replayed {
-        let entry = by_family
-            .entry(r.family)
-            .or_insert_with(|| (vec![Tally::default(); configs.len() + 1], Tally::default(), 0));
+        let entry = by_family.entry(r.family).or_insert_with(|| {
+            (
+                vec![Tally::default(); configs.len() + 1],
+                Tally::default(),
+                0,
+            )
+        });
         for (i, score) in r.by_candidate.iter().enumerate() {
             entry.0[i].add(r.kind, r.gpu_hours, score, false);
         }
@@ -294,13 +311,18 @@ pub(crate) fn evaluate_families(
         }
         let best = |score: fn(&Tally) -> f64| {
             (0..totals.len())
-                .max_by(|&a, &b| score(&totals[a]).total_cmp(&score(&totals[b])).then(b.cmp(&a)))
+                .max_by(|&a, &b| {
+                    score(&totals[a])
+                        .total_cmp(&score(&totals[b]))
+                        .then(b.cmp(&a))
+                })
                 .unwrap_or(0)
         };
         (best(Tally::leak_objective), best(Tally::oom_objective))
     };
     let mut per_family = Vec::new();
-    let (mut rules, mut defaults, mut baseline) = (Tally::default(), Tally::default(), Tally::default());
+    let (mut rules, mut defaults, mut baseline) =
+        (Tally::default(), Tally::default(), Tally::default());
     for family in families {
         let Some((tallies, base_tally, traces)) = by_family.get(family.name) else {
             continue;
@@ -389,7 +411,10 @@ fn replay_all(
             .collect();
         workers
             .into_iter()
-            .flat_map(|w| w.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .flat_map(|w| {
+                w.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
             .collect()
     });
     done.sort_by_key(|(i, _)| *i);
@@ -398,10 +423,9 @@ fn replay_all(
 
 fn percent(p: &Proportion) -> String {
     match (p.value, p.low, p.high) {
-        (Some(v), Some(lo), Some(hi)) => format!(
-            "{:.3} [{:.3}, {:.3}] ({}/{})",
-            v, lo, hi, p.part, p.whole
-        ),
+        (Some(v), Some(lo), Some(hi)) => {
+            format!("{:.3} [{:.3}, {:.3}] ({}/{})", v, lo, hi, p.part, p.whole)
+        }
         _ => "n/a".into(),
     }
 }
@@ -448,9 +472,18 @@ impl fmt::Display for Evaluation {
         )?;
         for r in &self.per_family {
             let cell = |t: &Tally| match r.kind {
-                Kind::Leak => format!("found {}/{}, false {}", t.leaks_found, t.leak_traces, t.leak_false_alarms),
-                Kind::None => format!("false leak {}, OOM {}", t.leak_false_alarms, t.oom_false_warnings),
-                Kind::Oom => format!("in time {}/{}, late {}", t.oom_in_time, t.oom_traces, t.oom_late),
+                Kind::Leak => format!(
+                    "found {}/{}, false {}",
+                    t.leaks_found, t.leak_traces, t.leak_false_alarms
+                ),
+                Kind::None => format!(
+                    "false leak {}, OOM {}",
+                    t.leak_false_alarms, t.oom_false_warnings
+                ),
+                Kind::Oom => format!(
+                    "in time {}/{}, late {}",
+                    t.oom_in_time, t.oom_traces, t.oom_late
+                ),
             };
             let baseline = match r.kind {
                 Kind::Leak => format!("OOM false {}", r.predict_linear.oom_false_warnings),
@@ -462,7 +495,10 @@ impl fmt::Display for Evaluation {
                 r.family,
                 r.kind.as_str(),
                 r.traces,
-                format!("{}M/{}m", r.chosen.leak_min_rise_mib, r.chosen.oom_horizon_min),
+                format!(
+                    "{}M/{}m",
+                    r.chosen.leak_min_rise_mib, r.chosen.oom_horizon_min
+                ),
                 cell(&r.rules),
                 baseline
             )?;
@@ -471,11 +507,17 @@ impl fmt::Display for Evaluation {
         if let Some(worst) = self.worst() {
             writeln!(f, "worst family: {worst}")?;
         }
-        writeln!(f, "rules, each family scored with the setting chosen without it:")?;
+        writeln!(
+            f,
+            "rules, each family scored with the setting chosen without it:"
+        )?;
         write!(f, "{}", self.rules)?;
         writeln!(f, "rules as configured, every family:")?;
         write!(f, "{}", self.defaults)?;
-        writeln!(f, "predict_linear(gpu_used[30m], 3600) > gpu_total, same traces:")?;
+        writeln!(
+            f,
+            "predict_linear(gpu_used[30m], 3600) > gpu_total, same traces:"
+        )?;
         write!(f, "{}", self.predict_linear)?;
         writeln!(
             f,
@@ -494,16 +536,34 @@ impl Evaluation {
             match r.kind {
                 Kind::Leak => {
                     let v = t.leaks_found as f64 / t.leak_traces.max(1) as f64;
-                    (v, format!("{} recall {:.2} ({}/{})", r.family, v, t.leaks_found, t.leak_traces))
+                    (
+                        v,
+                        format!(
+                            "{} recall {:.2} ({}/{})",
+                            r.family, v, t.leaks_found, t.leak_traces
+                        ),
+                    )
                 }
                 Kind::Oom => {
                     let v = t.oom_in_time as f64 / t.oom_traces.max(1) as f64;
-                    (v, format!("{} in time {:.2} ({}/{})", r.family, v, t.oom_in_time, t.oom_traces))
+                    (
+                        v,
+                        format!(
+                            "{} in time {:.2} ({}/{})",
+                            r.family, v, t.oom_in_time, t.oom_traces
+                        ),
+                    )
                 }
                 Kind::None => {
                     let alarms = t.leak_false_alarms + t.oom_false_warnings;
                     let v = 1.0 - alarms as f64 / t.healthy_traces.max(1) as f64;
-                    (v, format!("{} quiet {:.2} ({} false alarms on {} traces)", r.family, v, alarms, t.healthy_traces))
+                    (
+                        v,
+                        format!(
+                            "{} quiet {:.2} ({} false alarms on {} traces)",
+                            r.family, v, alarms, t.healthy_traces
+                        ),
+                    )
                 }
             }
         };
@@ -523,7 +583,10 @@ mod tests {
     fn wilson_intervals_hold_the_estimate_and_stay_in_bounds() {
         let all = wilson(20, 20);
         assert_eq!(all.value, Some(1.0));
-        assert!(all.low.is_some_and(|lo| (0.83..0.84).contains(&lo)), "{all:?}");
+        assert!(
+            all.low.is_some_and(|lo| (0.83..0.84).contains(&lo)),
+            "{all:?}"
+        );
         assert_eq!(all.high, Some(1.0));
         let half = wilson(50, 100);
         assert!(half.low.is_some_and(|lo| (0.40..0.41).contains(&lo)));

@@ -243,7 +243,12 @@ fn approach(from: f64, to: f64, tau_s: f64) -> impl Fn(f64) -> f64 + Send + Sync
 
 /// Periodic swing of `amplitude` bytes above zero with `period_s`, shaped
 /// as a sawtooth (`saw`) or a raised cosine.
-fn swing(amplitude: f64, period_s: f64, saw: bool, phase: f64) -> impl Fn(f64) -> f64 + Send + Sync + Copy {
+fn swing(
+    amplitude: f64,
+    period_s: f64,
+    saw: bool,
+    phase: f64,
+) -> impl Fn(f64) -> f64 + Send + Sync + Copy {
     move |t| {
         let x = ((t / period_s) + phase).rem_euclid(1.0);
         if saw {
@@ -266,7 +271,12 @@ fn eased_levels(seed: u64, knot_s: f64) -> impl Fn(f64) -> f64 + Send + Sync + C
 }
 
 /// Spikes of `height` for `width_s` every `every_s`, from `first_s` on.
-fn spikes(height: f64, width_s: f64, every_s: f64, first_s: f64) -> impl Fn(f64) -> f64 + Send + Sync + Copy {
+fn spikes(
+    height: f64,
+    width_s: f64,
+    every_s: f64,
+    first_s: f64,
+) -> impl Fn(f64) -> f64 + Send + Sync + Copy {
     move |t| {
         if t >= first_s && (t - first_s).rem_euclid(every_s) < width_s {
             height
@@ -336,22 +346,44 @@ fn healthy_process(rng: &mut Rng, total: f64, top: f64, start_s: f64) -> (Proces
     let (memory, what): (Memory, String) = match rng.int(0, 4) {
         0 => (Box::new(warm), "warm-up then flat".into()),
         1 => {
-            let s = swing(room * rng.range(0.2, 0.9), rng.log_range(5.0, 600.0), rng.chance(0.5), rng.unit());
-            (Box::new(move |t| warm(t) + s(t)), "warm-up then a sawtooth".into())
+            let s = swing(
+                room * rng.range(0.2, 0.9),
+                rng.log_range(5.0, 600.0),
+                rng.chance(0.5),
+                rng.unit(),
+            );
+            (
+                Box::new(move |t| warm(t) + s(t)),
+                "warm-up then a sawtooth".into(),
+            )
         }
         2 => {
             let e = eased_levels(seed, rng.log_range(60.0, 900.0));
             let amp = room * rng.range(0.3, 0.95);
-            (Box::new(move |t| warm(t) + amp * e(t)), "memory following load".into())
+            (
+                Box::new(move |t| warm(t) + amp * e(t)),
+                "memory following load".into(),
+            )
         }
         3 => {
-            let sp = spikes(room * rng.range(0.2, 0.9), rng.range(20.0, 300.0), rng.range(300.0, 3600.0), rng.range(120.0, 1800.0));
-            (Box::new(move |t| warm(t) + sp(t)), "spikes every few minutes".into())
+            let sp = spikes(
+                room * rng.range(0.2, 0.9),
+                rng.range(20.0, 300.0),
+                rng.range(300.0, 3600.0),
+                rng.range(120.0, 1800.0),
+            );
+            (
+                Box::new(move |t| warm(t) + sp(t)),
+                "spikes every few minutes".into(),
+            )
         }
         _ => {
             let amp = room * rng.range(0.1, 0.5);
             let period = rng.log_range(600.0, 3600.0);
-            (Box::new(move |t| warm(t) + amp * (1.0 - (TAU * t / period).cos()) / 2.0), "slow load cycle".into())
+            (
+                Box::new(move |t| warm(t) + amp * (1.0 - (TAU * t / period).cos()) / 2.0),
+                "slow load cycle".into(),
+            )
         }
     };
     (process(rng, start_s, total, memory), what)
@@ -366,7 +398,11 @@ fn warmup_plateau(rng: &mut Rng) -> Scenario {
     let from = level * rng.range(0.02, 0.5);
     let minutes = rng.range(90.0, 240.0);
     let p = process(rng, 0.0, total, Box::new(approach(from, level, tau)));
-    let d = format!("warm-up to {:.0} % (time constant {:.1} min), then flat", level / total * 100.0, tau / 60.0);
+    let d = format!(
+        "warm-up to {:.0} % (time constant {:.1} min), then flat",
+        level / total * 100.0,
+        tau / 60.0
+    );
     scenario(rng, total, minutes, vec![p], Expect::Healthy, d)
 }
 
@@ -381,11 +417,20 @@ fn eval_loop(rng: &mut Rng) -> Scenario {
     let warm = approach(level * 0.3, level, rng.log_range(15.0, 300.0));
     let memory = move |t: f64| {
         let phase = (t - first).rem_euclid(every);
-        let eval = if t >= first && phase < length { extra * (phase / ramp).min(1.0) } else { 0.0 };
+        let eval = if t >= first && phase < length {
+            extra * (phase / ramp).min(1.0)
+        } else {
+            0.0
+        };
         warm(t) + eval
     };
     let p = process(rng, 0.0, total, Box::new(memory));
-    let d = format!("training at {:.0} %, an eval pass of +{:.0} % every {:.0} min", level / total * 100.0, extra / total * 100.0, every / 60.0);
+    let d = format!(
+        "training at {:.0} %, an eval pass of +{:.0} % every {:.0} min",
+        level / total * 100.0,
+        extra / total * 100.0,
+        every / 60.0
+    );
     let minutes = rng.range(120.0, 300.0);
     scenario(rng, total, minutes, vec![p], Expect::Healthy, d)
 }
@@ -393,10 +438,18 @@ fn eval_loop(rng: &mut Rng) -> Scenario {
 fn checkpoint_spikes(rng: &mut Rng) -> Scenario {
     let total = gpu(rng);
     let level = total * rng.range(0.2, 0.75);
-    let sp = spikes(total * rng.range(0.03, 0.15), rng.range(20.0, 120.0), rng.range(600.0, 3600.0), rng.range(300.0, 1800.0));
+    let sp = spikes(
+        total * rng.range(0.03, 0.15),
+        rng.range(20.0, 120.0),
+        rng.range(600.0, 3600.0),
+        rng.range(300.0, 1800.0),
+    );
     let warm = approach(level * 0.2, level, rng.log_range(15.0, 300.0));
     let p = process(rng, 0.0, total, Box::new(move |t| warm(t) + sp(t)));
-    let d = format!("training at {:.0} % with checkpoint spikes", level / total * 100.0);
+    let d = format!(
+        "training at {:.0} % with checkpoint spikes",
+        level / total * 100.0
+    );
     let minutes = rng.range(120.0, 300.0);
     scenario(rng, total, minutes, vec![p], Expect::Healthy, d)
 }
@@ -404,10 +457,18 @@ fn checkpoint_spikes(rng: &mut Rng) -> Scenario {
 fn grad_accumulation(rng: &mut Rng) -> Scenario {
     let total = gpu(rng);
     let level = total * rng.range(0.15, 0.6);
-    let s = swing(total * rng.range(0.03, 0.25), rng.log_range(4.0, 90.0), true, rng.unit());
+    let s = swing(
+        total * rng.range(0.03, 0.25),
+        rng.log_range(4.0, 90.0),
+        true,
+        rng.unit(),
+    );
     let warm = approach(level * 0.3, level, rng.log_range(15.0, 300.0));
     let p = process(rng, 0.0, total, Box::new(move |t| warm(t) + s(t)));
-    let d = format!("gradient accumulation sawtooth over {:.0} %", level / total * 100.0);
+    let d = format!(
+        "gradient accumulation sawtooth over {:.0} %",
+        level / total * 100.0
+    );
     let minutes = rng.range(90.0, 240.0);
     scenario(rng, total, minutes, vec![p], Expect::Healthy, d)
 }
@@ -421,11 +482,22 @@ fn phase_change(rng: &mut Rng) -> Scenario {
     let ramp = rng.range(1.0, 120.0);
     let warm = approach(level * 0.3, level, rng.log_range(15.0, 300.0));
     let memory = move |t: f64| {
-        warm(t) + steps.iter().map(|&(at, by)| by * ((t - at) / ramp).clamp(0.0, 1.0)).sum::<f64>()
+        warm(t)
+            + steps
+                .iter()
+                .map(|&(at, by)| by * ((t - at) / ramp).clamp(0.0, 1.0))
+                .sum::<f64>()
     };
     let p = process(rng, 0.0, total, Box::new(memory));
     let minutes = rng.range(120.0, 240.0);
-    scenario(rng, total, minutes, vec![p], Expect::Healthy, "training phases at different levels".into())
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![p],
+        Expect::Healthy,
+        "training phases at different levels".into(),
+    )
 }
 
 fn empty_cache_cycles(rng: &mut Rng) -> Scenario {
@@ -440,7 +512,11 @@ fn empty_cache_cycles(rng: &mut Rng) -> Scenario {
         warm(t) + ((creep * x) / block).floor() * block
     };
     let p = process(rng, 0.0, total, Box::new(memory));
-    let d = format!("fragmentation creeping {:.0} % then freed by empty_cache every {:.0} min", creep / total * 100.0, period / 60.0);
+    let d = format!(
+        "fragmentation creeping {:.0} % then freed by empty_cache every {:.0} min",
+        creep / total * 100.0,
+        period / 60.0
+    );
     let minutes = rng.range(120.0, 240.0);
     scenario(rng, total, minutes, vec![p], Expect::Healthy, d)
 }
@@ -449,7 +525,9 @@ fn restarted_job(rng: &mut Rng) -> Scenario {
     let total = gpu(rng);
     let minutes = rng.range(150.0, 300.0);
     let restarts = rng.int(1, 3) as usize;
-    let mut bounds: Vec<f64> = (0..restarts).map(|_| rng.range(0.15, 0.85) * minutes * 60.0).collect();
+    let mut bounds: Vec<f64> = (0..restarts)
+        .map(|_| rng.range(0.15, 0.85) * minutes * 60.0)
+        .collect();
     bounds.sort_by(f64::total_cmp);
     bounds.insert(0, 0.0);
     let mut processes = Vec::new();
@@ -459,7 +537,14 @@ fn restarted_job(rng: &mut Rng) -> Scenario {
         p.end_s = bounds.get(i + 1).copied();
         processes.push(p);
     }
-    scenario(rng, total, minutes, processes, Expect::Healthy, format!("a job restarted {restarts} times under new pids"))
+    scenario(
+        rng,
+        total,
+        minutes,
+        processes,
+        Expect::Healthy,
+        format!("a job restarted {restarts} times under new pids"),
+    )
 }
 
 fn inference_follows_load(rng: &mut Rng) -> Scenario {
@@ -468,7 +553,11 @@ fn inference_follows_load(rng: &mut Rng) -> Scenario {
     let amp = total * rng.range(0.1, 0.4);
     let levels = eased_levels(rng.next_u64(), rng.log_range(60.0, 1200.0));
     let p = process(rng, 0.0, total, Box::new(move |t| base + amp * levels(t)));
-    let d = format!("KV cache following load between {:.0} and {:.0} %", base / total * 100.0, (base + amp) / total * 100.0);
+    let d = format!(
+        "KV cache following load between {:.0} and {:.0} %",
+        base / total * 100.0,
+        (base + amp) / total * 100.0
+    );
     let minutes = rng.range(120.0, 300.0);
     scenario(rng, total, minutes, vec![p], Expect::Healthy, d)
 }
@@ -478,13 +567,30 @@ fn inference_bursts(rng: &mut Rng) -> Scenario {
     let base = total * rng.range(0.15, 0.55);
     let minutes = rng.range(120.0, 240.0);
     let bursts: Vec<(f64, f64, f64)> = (0..rng.int(3, 30))
-        .map(|_| (rng.range(0.0, minutes * 60.0), rng.range(20.0, 300.0), total * rng.range(0.03, 0.3)))
+        .map(|_| {
+            (
+                rng.range(0.0, minutes * 60.0),
+                rng.range(20.0, 300.0),
+                total * rng.range(0.03, 0.3),
+            )
+        })
         .collect();
     let memory = move |t: f64| {
-        base + bursts.iter().filter(|&&(at, len, _)| t >= at && t < at + len).map(|b| b.2).fold(0.0, f64::max)
+        base + bursts
+            .iter()
+            .filter(|&&(at, len, _)| t >= at && t < at + len)
+            .map(|b| b.2)
+            .fold(0.0, f64::max)
     };
     let p = process(rng, 0.0, total, Box::new(memory));
-    scenario(rng, total, minutes, vec![p], Expect::Healthy, "inference with bursts of long prompts".into())
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![p],
+        Expect::Healthy,
+        "inference with bursts of long prompts".into(),
+    )
 }
 
 fn shared_gpu_healthy(rng: &mut Rng) -> Scenario {
@@ -494,19 +600,37 @@ fn shared_gpu_healthy(rng: &mut Rng) -> Scenario {
     let minutes = rng.range(120.0, 240.0);
     let processes = (0..n)
         .map(|_| {
-            let start = if rng.chance(0.5) { 0.0 } else { rng.range(0.0, minutes * 30.0) };
+            let start = if rng.chance(0.5) {
+                0.0
+            } else {
+                rng.range(0.0, minutes * 30.0)
+            };
             let (p, _) = healthy_process(rng, total * share, 0.95, start);
             p
         })
         .collect();
-    scenario(rng, total, minutes, processes, Expect::Healthy, format!("{n} healthy processes sharing the GPU"))
+    scenario(
+        rng,
+        total,
+        minutes,
+        processes,
+        Expect::Healthy,
+        format!("{n} healthy processes sharing the GPU"),
+    )
 }
 
 fn mig_slice_healthy(rng: &mut Rng) -> Scenario {
     let total = gib(rng.pick(&MIG_SIZES_GIB));
     let (p, what) = healthy_process(rng, total, 0.85, 0.0);
     let minutes = rng.range(120.0, 240.0);
-    scenario(rng, total, minutes, vec![p], Expect::Healthy, format!("MIG slice of {:.0} GiB: {what}", total / gib(1.0)))
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![p],
+        Expect::Healthy,
+        format!("MIG slice of {:.0} GiB: {what}", total / gib(1.0)),
+    )
 }
 
 fn bounded_rise(rng: &mut Rng) -> Scenario {
@@ -526,7 +650,11 @@ fn bounded_rise(rng: &mut Rng) -> Scenario {
         level + rise * eased
     };
     let p = process(rng, 0.0, total, Box::new(memory));
-    let d = format!("a rise of {:.0} % over {:.0} min that stops", rise / total * 100.0, length / 60.0);
+    let d = format!(
+        "a rise of {:.0} % over {:.0} min that stops",
+        rise / total * 100.0,
+        length / 60.0
+    );
     let minutes = rng.range(150.0, 240.0);
     scenario(rng, total, minutes, vec![p], Expect::Healthy, d)
 }
@@ -535,16 +663,31 @@ fn ramp_then_swings(rng: &mut Rng) -> Scenario {
     let total = gpu(rng);
     let from = total * rng.range(0.05, 0.3);
     let to = total * rng.range(0.35, 0.6);
-    let ramp = rng.range(600.0, 1800.0);
+    // A bounded rise is shorter than the leak rule's shortest window
+    // (30 min) by a margin: see docs/rules.md.
+    let ramp = rng.range(600.0, 1500.0);
     let start = rng.range(0.0, 1800.0);
     let amp = total * rng.range(0.05, 0.25);
-    let s = swing(amp, rng.log_range(60.0, 1200.0), rng.chance(0.5), rng.unit());
+    let s = swing(
+        amp,
+        rng.log_range(60.0, 1200.0),
+        rng.chance(0.5),
+        rng.unit(),
+    );
     let memory = move |t: f64| {
         let x = ((t - start) / ramp).clamp(0.0, 1.0);
-        from + (to - from) * x + if t > start + ramp { s(t - start - ramp) } else { 0.0 }
+        from + (to - from) * x
+            + if t > start + ramp {
+                s(t - start - ramp)
+            } else {
+                0.0
+            }
     };
     let p = process(rng, 0.0, total, Box::new(memory));
-    let d = format!("a {:.0}-minute load ramp, then swings around a level", ramp / 60.0);
+    let d = format!(
+        "a {:.0}-minute load ramp, then swings around a level",
+        ramp / 60.0
+    );
     let minutes = rng.range(120.0, 240.0);
     scenario(rng, total, minutes, vec![p], Expect::Healthy, d)
 }
@@ -568,7 +711,14 @@ fn saturating_rise(rng: &mut Rng) -> Scenario {
     };
     let p = process(rng, 0.0, total, Box::new(memory));
     let minutes = rng.range(120.0, 240.0);
-    scenario(rng, total, minutes, vec![p], Expect::Healthy, "a rise that levels off ever slower".into())
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![p],
+        Expect::Healthy,
+        "a rise that levels off ever slower".into(),
+    )
 }
 
 fn near_capacity_flat(rng: &mut Rng) -> Scenario {
@@ -578,7 +728,14 @@ fn near_capacity_flat(rng: &mut Rng) -> Scenario {
     let mut p = process(rng, 0.0, total, Box::new(warm));
     p.noise = total * rng.range(0.001, 0.01);
     let minutes = rng.range(90.0, 240.0);
-    scenario(rng, total, minutes, vec![p], Expect::Healthy, format!("flat at {:.0} %, noisy", level / total * 100.0))
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![p],
+        Expect::Healthy,
+        format!("flat at {:.0} %, noisy", level / total * 100.0),
+    )
 }
 
 fn idle_then_job(rng: &mut Rng) -> Scenario {
@@ -586,7 +743,14 @@ fn idle_then_job(rng: &mut Rng) -> Scenario {
     let idle = rng.range(600.0, 3600.0);
     let (p, what) = healthy_process(rng, total, 0.85, idle);
     let minutes = rng.range(120.0, 240.0);
-    scenario(rng, total, minutes, vec![p], Expect::Healthy, format!("idle {:.0} min, then a job: {what}", idle / 60.0))
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![p],
+        Expect::Healthy,
+        format!("idle {:.0} min, then a job: {what}", idle / 60.0),
+    )
 }
 
 // ---- leak families ----
@@ -614,7 +778,18 @@ fn leak_linear(rng: &mut Rng) -> Scenario {
     let p = process(rng, 0.0, total, leaking(Box::new(warm), rate, 0.0));
     let d = format!("a leak of {:.1} MiB/min from the start", rate / mib(1.0));
     let id = p.pid;
-    scenario(rng, total, minutes, vec![p], Expect::Leak { pid: id, start_s: 0.0, rate }, d)
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![p],
+        Expect::Leak {
+            pid: id,
+            start_s: 0.0,
+            rate,
+        },
+        d,
+    )
 }
 
 fn leak_slow(rng: &mut Rng) -> Scenario {
@@ -624,11 +799,36 @@ fn leak_slow(rng: &mut Rng) -> Scenario {
     let minutes = leak_minutes(rng, 0.0, rate, at_least).min(1500.0);
     let level = total * rng.range(0.1, 0.4);
     let warm = approach(level * 0.3, level, rng.log_range(15.0, 300.0));
-    let s = swing(total * rng.range(0.0, 0.05), rng.log_range(10.0, 300.0), true, 0.0);
-    let p = process(rng, 0.0, total, leaking(Box::new(move |t| warm(t) + s(t)), rate, 0.0));
-    let d = format!("a slow leak of {:.1} MiB/min over {:.1} h", rate / mib(1.0), minutes / 60.0);
+    let s = swing(
+        total * rng.range(0.0, 0.05),
+        rng.log_range(10.0, 300.0),
+        true,
+        0.0,
+    );
+    let p = process(
+        rng,
+        0.0,
+        total,
+        leaking(Box::new(move |t| warm(t) + s(t)), rate, 0.0),
+    );
+    let d = format!(
+        "a slow leak of {:.1} MiB/min over {:.1} h",
+        rate / mib(1.0),
+        minutes / 60.0
+    );
     let id = p.pid;
-    scenario(rng, total, minutes, vec![p], Expect::Leak { pid: id, start_s: 0.0, rate }, d)
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![p],
+        Expect::Leak {
+            pid: id,
+            start_s: 0.0,
+            rate,
+        },
+        d,
+    )
 }
 
 fn leak_under_swings(rng: &mut Rng) -> Scenario {
@@ -640,10 +840,30 @@ fn leak_under_swings(rng: &mut Rng) -> Scenario {
     let amp = total * rng.range(0.1, 0.3);
     let rate = rate.min((total * 0.9 - level - amp) / minutes);
     let s = swing(amp, rng.range(60.0, 600.0), rng.chance(0.5), rng.unit());
-    let p = process(rng, 0.0, total, leaking(Box::new(move |t| level + s(t)), rate, 0.0));
-    let d = format!("troughs rising {:.1} MiB/min under swings of {:.0} %", rate / mib(1.0), amp / total * 100.0);
+    let p = process(
+        rng,
+        0.0,
+        total,
+        leaking(Box::new(move |t| level + s(t)), rate, 0.0),
+    );
+    let d = format!(
+        "troughs rising {:.1} MiB/min under swings of {:.0} %",
+        rate / mib(1.0),
+        amp / total * 100.0
+    );
     let id = p.pid;
-    scenario(rng, total, minutes, vec![p], Expect::Leak { pid: id, start_s: 0.0, rate }, d)
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![p],
+        Expect::Leak {
+            pid: id,
+            start_s: 0.0,
+            rate,
+        },
+        d,
+    )
 }
 
 fn leak_late_start(rng: &mut Rng) -> Scenario {
@@ -654,9 +874,27 @@ fn leak_late_start(rng: &mut Rng) -> Scenario {
     let minutes = leak_minutes(rng, at, rate, 0.0);
     let rate = rate.min(total * 0.3 / (minutes - at / 60.0));
     let id = p.pid;
-    let p = ProcessPlan { memory: leaking(p.memory, rate, at), ..p };
-    let d = format!("{what}; a leak of {:.1} MiB/min from {:.0} min", rate / mib(1.0), at / 60.0);
-    scenario(rng, total, minutes, vec![p], Expect::Leak { pid: id, start_s: at, rate }, d)
+    let p = ProcessPlan {
+        memory: leaking(p.memory, rate, at),
+        ..p
+    };
+    let d = format!(
+        "{what}; a leak of {:.1} MiB/min from {:.0} min",
+        rate / mib(1.0),
+        at / 60.0
+    );
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![p],
+        Expect::Leak {
+            pid: id,
+            start_s: at,
+            rate,
+        },
+        d,
+    )
 }
 
 fn leak_after_restart(rng: &mut Rng) -> Scenario {
@@ -670,9 +908,27 @@ fn leak_after_restart(rng: &mut Rng) -> Scenario {
     let minutes = leak_minutes(rng, back, rate, 0.0);
     let rate = rate.min(total * 0.3 / (minutes - back / 60.0));
     let id = second.pid;
-    let second = ProcessPlan { memory: leaking(second.memory, rate, 0.0), ..second };
-    let d = format!("restarted at {:.0} min under a new pid that leaks {:.1} MiB/min", restart / 60.0, rate / mib(1.0));
-    scenario(rng, total, minutes, vec![first, second], Expect::Leak { pid: id, start_s: back, rate }, d)
+    let second = ProcessPlan {
+        memory: leaking(second.memory, rate, 0.0),
+        ..second
+    };
+    let d = format!(
+        "restarted at {:.0} min under a new pid that leaks {:.1} MiB/min",
+        restart / 60.0,
+        rate / mib(1.0)
+    );
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![first, second],
+        Expect::Leak {
+            pid: id,
+            start_s: back,
+            rate,
+        },
+        d,
+    )
 }
 
 fn leak_stepwise(rng: &mut Rng) -> Scenario {
@@ -690,9 +946,24 @@ fn leak_stepwise(rng: &mut Rng) -> Scenario {
         return leak_stepwise(rng);
     }
     let p = process(rng, 0.0, total, Box::new(memory));
-    let d = format!("{:.0} MiB more every {:.1} min", step / mib(1.0), every / 60.0);
+    let d = format!(
+        "{:.0} MiB more every {:.1} min",
+        step / mib(1.0),
+        every / 60.0
+    );
     let id = p.pid;
-    scenario(rng, total, minutes, vec![p], Expect::Leak { pid: id, start_s: 0.0, rate }, d)
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![p],
+        Expect::Leak {
+            pid: id,
+            start_s: 0.0,
+            rate,
+        },
+        d,
+    )
 }
 
 fn leak_on_shared_gpu(rng: &mut Rng) -> Scenario {
@@ -703,13 +974,29 @@ fn leak_on_shared_gpu(rng: &mut Rng) -> Scenario {
     let at_least = rng.range(120.0, 240.0);
     let minutes = leak_minutes(rng, 0.0, rate, at_least);
     let rate = rate.min(total * 0.2 / minutes);
-    let mut processes: Vec<ProcessPlan> = (0..n).map(|_| healthy_process(rng, total * share, 0.95, 0.0).0).collect();
+    let mut processes: Vec<ProcessPlan> = (0..n)
+        .map(|_| healthy_process(rng, total * share, 0.95, 0.0).0)
+        .collect();
     let culprit = rng.int(0, n as u64 - 1) as usize;
     let leaker = processes.remove(culprit);
     let id = leaker.pid;
-    processes.push(ProcessPlan { memory: leaking(leaker.memory, rate, 0.0), ..leaker });
+    processes.push(ProcessPlan {
+        memory: leaking(leaker.memory, rate, 0.0),
+        ..leaker
+    });
     let d = format!("one of {n} processes leaks {:.1} MiB/min", rate / mib(1.0));
-    scenario(rng, total, minutes, processes, Expect::Leak { pid: id, start_s: 0.0, rate }, d)
+    scenario(
+        rng,
+        total,
+        minutes,
+        processes,
+        Expect::Leak {
+            pid: id,
+            start_s: 0.0,
+            rate,
+        },
+        d,
+    )
 }
 
 fn leak_in_mig_slice(rng: &mut Rng) -> Scenario {
@@ -726,9 +1013,24 @@ fn leak_in_mig_slice(rng: &mut Rng) -> Scenario {
     let mut p = process(rng, 0.0, total, leaking(Box::new(warm), rate, 0.0));
     p.noise = p.noise.min(mib(32.0));
     let minutes = leak_minutes(rng, 0.0, rate, minutes);
-    let d = format!("MIG slice of {:.0} GiB, a leak of {:.1} MiB/min", total / gib(1.0), rate / mib(1.0));
+    let d = format!(
+        "MIG slice of {:.0} GiB, a leak of {:.1} MiB/min",
+        total / gib(1.0),
+        rate / mib(1.0)
+    );
     let id = p.pid;
-    scenario(rng, total, minutes, vec![p], Expect::Leak { pid: id, start_s: 0.0, rate }, d)
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![p],
+        Expect::Leak {
+            pid: id,
+            start_s: 0.0,
+            rate,
+        },
+        d,
+    )
 }
 
 // ---- OOM families ----
@@ -751,10 +1053,23 @@ fn oom_neighbour(rng: &mut Rng) -> Scenario {
     let start = rng.range(1200.0, 3600.0);
     let climb_min = rng.range(12.0, 45.0);
     let room = total - steady_level;
-    let climber = process(rng, start, total, climb(room * 0.05, room * 1.3, 0.0, climb_min * 60.0 * 1.3, linear));
-    let d = format!("a second process climbing to OOM in about {climb_min:.0} min beside a steady one");
+    let climber = process(
+        rng,
+        start,
+        total,
+        climb(room * 0.05, room * 1.3, 0.0, climb_min * 60.0 * 1.3, linear),
+    );
+    let d =
+        format!("a second process climbing to OOM in about {climb_min:.0} min beside a steady one");
     let id = climber.pid;
-    scenario(rng, total, start / 60.0 + climb_min * 1.3 + 20.0, vec![steady, climber], Expect::Oom { pid: id }, d)
+    scenario(
+        rng,
+        total,
+        start / 60.0 + climb_min * 1.3 + 20.0,
+        vec![steady, climber],
+        Expect::Oom { pid: id },
+        d,
+    )
 }
 
 fn oom_stepwise(rng: &mut Rng) -> Scenario {
@@ -764,9 +1079,20 @@ fn oom_stepwise(rng: &mut Rng) -> Scenario {
     let every = rng.range(45.0, 420.0);
     let steps = rng.range(4.0, 12.0);
     let step = (total - level) / steps * 1.05;
-    let memory = move |t: f64| level + if t >= at { step * ((t - at) / every).floor() } else { 0.0 };
+    let memory = move |t: f64| {
+        level
+            + if t >= at {
+                step * ((t - at) / every).floor()
+            } else {
+                0.0
+            }
+    };
     let p = process(rng, 0.0, total, Box::new(memory));
-    let d = format!("{:.0} % more every {:.1} min to OOM", step / total * 100.0, every / 60.0);
+    let d = format!(
+        "{:.0} % more every {:.1} min to OOM",
+        step / total * 100.0,
+        every / 60.0
+    );
     let minutes = (at + every * (steps + 1.0)) / 60.0 + 20.0;
     let id = p.pid;
     scenario(rng, total, minutes, vec![p], Expect::Oom { pid: id }, d)
@@ -777,11 +1103,27 @@ fn oom_accelerating(rng: &mut Rng) -> Scenario {
     let level = total * rng.range(0.2, 0.5);
     let at = rng.range(1200.0, 3600.0);
     let climb_s = rng.range(25.0, 80.0) * 60.0;
-    let shape: fn(f64) -> f64 = if rng.chance(0.5) { |x| x * x } else { |x| ((3.0 * x).exp() - 1.0) / (3f64.exp() - 1.0) };
-    let p = process(rng, 0.0, total, climb(level, total * 1.05, at, climb_s, shape));
+    let shape: fn(f64) -> f64 = if rng.chance(0.5) {
+        |x| x * x
+    } else {
+        |x| ((3.0 * x).exp() - 1.0) / (3f64.exp() - 1.0)
+    };
+    let p = process(
+        rng,
+        0.0,
+        total,
+        climb(level, total * 1.05, at, climb_s, shape),
+    );
     let minutes = (at + climb_s) / 60.0 + 20.0;
     let id = p.pid;
-    scenario(rng, total, minutes, vec![p], Expect::Oom { pid: id }, "growth that speeds up to OOM".into())
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![p],
+        Expect::Oom { pid: id },
+        "growth that speeds up to OOM".into(),
+    )
 }
 
 fn oom_after_plateau(rng: &mut Rng) -> Scenario {
@@ -789,21 +1131,49 @@ fn oom_after_plateau(rng: &mut Rng) -> Scenario {
     let level = total * rng.range(0.3, 0.7);
     let at = rng.range(3600.0, 3.0 * 3600.0);
     let climb_s = rng.range(12.0, 60.0) * 60.0;
-    let p = process(rng, 0.0, total, climb(level, total * 1.1, at, climb_s * 1.1, linear));
+    let p = process(
+        rng,
+        0.0,
+        total,
+        climb(level, total * 1.1, at, climb_s * 1.1, linear),
+    );
     let minutes = (at + climb_s * 1.1) / 60.0 + 20.0;
     let id = p.pid;
-    scenario(rng, total, minutes, vec![p], Expect::Oom { pid: id }, format!("a plateau of {:.0} min, then a climb to OOM", at / 60.0))
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![p],
+        Expect::Oom { pid: id },
+        format!("a plateau of {:.0} min, then a climb to OOM", at / 60.0),
+    )
 }
 
 fn oom_ramp_from_start(rng: &mut Rng) -> Scenario {
     let total = gpu(rng);
-    let idle = if rng.chance(0.5) { 0.0 } else { rng.range(600.0, 2400.0) };
+    let idle = if rng.chance(0.5) {
+        0.0
+    } else {
+        rng.range(600.0, 2400.0)
+    };
     let climb_s = rng.range(20.0, 60.0) * 60.0;
     let from = total * rng.range(0.05, 0.2);
-    let p = process(rng, idle, total, climb(from, total * 1.1, 0.0, climb_s * 1.1, linear));
+    let p = process(
+        rng,
+        idle,
+        total,
+        climb(from, total * 1.1, 0.0, climb_s * 1.1, linear),
+    );
     let minutes = (idle + climb_s * 1.1) / 60.0 + 20.0;
     let id = p.pid;
-    scenario(rng, total, minutes, vec![p], Expect::Oom { pid: id }, "a job climbing from its start to OOM".into())
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![p],
+        Expect::Oom { pid: id },
+        "a job climbing from its start to OOM".into(),
+    )
 }
 
 fn oom_decelerating_overshoot(rng: &mut Rng) -> Scenario {
@@ -814,11 +1184,24 @@ fn oom_decelerating_overshoot(rng: &mut Rng) -> Scenario {
     // Reaches the total after 15 to 50 minutes.
     let reach_s = rng.range(15.0, 50.0) * 60.0;
     let tau = reach_s / ((towards - level) / (towards - total)).ln();
-    let memory = move |t: f64| if t < at { level } else { towards - (towards - level) * (-(t - at) / tau).exp() };
+    let memory = move |t: f64| {
+        if t < at {
+            level
+        } else {
+            towards - (towards - level) * (-(t - at) / tau).exp()
+        }
+    };
     let p = process(rng, 0.0, total, Box::new(memory));
     let minutes = (at + reach_s) / 60.0 + 20.0;
     let id = p.pid;
-    scenario(rng, total, minutes, vec![p], Expect::Oom { pid: id }, "growth slowing towards a level beyond capacity".into())
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![p],
+        Expect::Oom { pid: id },
+        "growth slowing towards a level beyond capacity".into(),
+    )
 }
 
 fn oom_in_mig_slice(rng: &mut Rng) -> Scenario {
@@ -826,11 +1209,23 @@ fn oom_in_mig_slice(rng: &mut Rng) -> Scenario {
     let level = total * rng.range(0.2, 0.5);
     let at = rng.range(1200.0, 3600.0);
     let climb_s = rng.range(12.0, 60.0) * 60.0;
-    let mut p = process(rng, 0.0, total, climb(level, total * 1.1, at, climb_s * 1.1, linear));
+    let mut p = process(
+        rng,
+        0.0,
+        total,
+        climb(level, total * 1.1, at, climb_s * 1.1, linear),
+    );
     p.noise = p.noise.min(mib(32.0));
     let minutes = (at + climb_s * 1.1) / 60.0 + 20.0;
     let id = p.pid;
-    scenario(rng, total, minutes, vec![p], Expect::Oom { pid: id }, format!("MIG slice of {:.0} GiB filled by a climb", total / gib(1.0)))
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![p],
+        Expect::Oom { pid: id },
+        format!("MIG slice of {:.0} GiB filled by a climb", total / gib(1.0)),
+    )
 }
 
 fn oom_under_load_swings(rng: &mut Rng) -> Scenario {
@@ -841,10 +1236,22 @@ fn oom_under_load_swings(rng: &mut Rng) -> Scenario {
     let server = process(rng, 0.0, total, Box::new(move |t| base + amp * levels(t)));
     let at = rng.range(1200.0, 3600.0);
     let climb_s = rng.range(15.0, 60.0) * 60.0;
-    let trainer = process(rng, 0.0, total, climb(total * 0.1, total * 1.0, at, climb_s, linear));
+    let trainer = process(
+        rng,
+        0.0,
+        total,
+        climb(total * 0.1, total * 1.0, at, climb_s, linear),
+    );
     let minutes = (at + climb_s) / 60.0 + 20.0;
     let id = trainer.pid;
-    scenario(rng, total, minutes, vec![server, trainer], Expect::Oom { pid: id }, "a climb to OOM beside a server following load".into())
+    scenario(
+        rng,
+        total,
+        minutes,
+        vec![server, trainer],
+        Expect::Oom { pid: id },
+        "a climb to OOM beside a server following load".into(),
+    )
 }
 
 #[cfg(test)]
@@ -859,7 +1266,10 @@ mod tests {
         assert_eq!(names.len(), FAMILIES.len());
         assert!(FAMILIES.len() >= 25);
         for kind in [Kind::None, Kind::Leak, Kind::Oom] {
-            assert!(FAMILIES.iter().filter(|f| f.kind == kind).count() >= 6, "{kind:?}");
+            assert!(
+                FAMILIES.iter().filter(|f| f.kind == kind).count() >= 6,
+                "{kind:?}"
+            );
         }
     }
 }

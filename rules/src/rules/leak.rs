@@ -66,7 +66,7 @@ impl ProcessRule for Leak {
                         minutes(f.window_ms),
                         HumanBytes(f.rate_bytes_per_min.max(0.0) as u64),
                         HumanBytes(f.recent_rate_bytes_per_min.max(0.0) as u64),
-                        minutes(f.window_ms / 2),
+                        minutes(f.window_ms / 3),
                         HumanBytes(o.used_last),
                     ),
                     serde_json::json!({
