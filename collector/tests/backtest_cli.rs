@@ -30,7 +30,8 @@ fn the_written_corpus_scores_as_json_with_every_trace() {
     assert!(scored.status.success(), "{scored:?}");
     let card: serde_json::Value = serde_json::from_slice(&scored.stdout).unwrap();
     assert_eq!(card["traces"].as_array().unwrap().len(), names);
-    assert_eq!(card["rules"]["leak"]["precision"], 1.0);
+    assert_eq!(card["rules"]["leak"]["recall"], 1.0);
+    assert!(card["rules"]["leak"]["precision"].as_f64().unwrap() > 0.8);
     assert!(card["predict_linear"]["leak"].is_null());
 }
 
