@@ -6,16 +6,18 @@
 //!
 //! 1. has grown at `min_rate` or faster, by `min_rise` or more, over a
 //!    window of `window` or longer (sustained growth, not a step);
-//! 2. grew in both halves of that window at half its pace or more (not one
-//!    step, not a rise that is levelling off);
+//! 2. grew through the whole window: each third at half its pace or more,
+//!    the last third at 0.75 of the first's, and the window at 0.75 of the
+//!    pace before it (not a step, not a rise that is levelling off);
 //! 3. is a monotone trend (Mann–Kendall) standing clear of the floor's own
 //!    scatter;
-//! 4. is at its highest now (still growing when the alert fires);
+//! 4. is still growing when the alert fires: the least of the window's
+//!    last three buckets stands above the least of the three before;
 //! 5. is new memory: above every floor the process held in the `lookback`
 //!    before the window, so that memory coming back after it was given back
 //!    (load, a slow cycle) is not taken for a leak.
 //!
-//! Windows double from `window` to `max_window`, each cut into ten buckets
+//! Windows grow by √2 from `window` to `max_window`, each cut into ten buckets
 //! whose minima are the floor. A fast leak is found in the shortest window;
 //! a slow one once it has risen by `min_rise`, in the first window long
 //! enough for that; a swing of a few minutes disappears into the buckets of
