@@ -15,9 +15,11 @@ use std::io::BufRead;
 
 use serde::Serialize;
 
+use crate::alert::AlertChange;
 use crate::config::RulesConfig;
-use crate::engine::{AlertChange, DeviceObservation, Engine, ProcessObservation};
+use crate::engine::Engine;
 use crate::lifecycle::Transition;
+use crate::observation::{DeviceObservation, ProcessObservation};
 
 /// 2100-01-01: later timestamps are typos (seconds × 1e6, or nanoseconds).
 const MAX_TIMESTAMP_MS: i64 = 4_102_444_800_000;

@@ -13,16 +13,15 @@
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 
-use headroom_common::Breakdown;
-use sha2::{Digest, Sha256};
-
+use crate::alert::{Alert, AlertChange, Message, RestoredAlert, Tracked, fingerprint};
 use crate::allocator::{self, AllocatorObservation};
-use crate::config::{RulesConfig, Severity};
+use crate::config::RulesConfig;
 use crate::describe::process_name;
-use crate::lifecycle::{Lifecycle, Phase, Transition};
+use crate::lifecycle::Transition;
+use crate::observation::{DeviceObservation, EventObservation, ProcessObservation};
 use crate::rule::{
-    AcceptsEvent, DeviceRule, EventRule, Message, NodeFacts, NodeRule, Outcome, ProcessFacts,
-    ProcessRule, Rule, Start, StartDevice, StartEvent, StartNode, StartProcess,
+    AcceptsEvent, DeviceRule, EventRule, NodeFacts, NodeRule, Outcome, ProcessFacts, ProcessRule,
+    Rule, Start, StartDevice, StartEvent, StartNode, StartProcess,
 };
 use crate::rules::RuleId;
 
@@ -32,227 +31,6 @@ pub(crate) const PROCESS_GONE_MS: i64 = 5 * 60_000;
 /// Alerts restored after a restart whose series never reappears resolve
 /// after this long.
 const RESTORED_GRACE_MS: i64 = 10 * 60_000;
-
-/// One interval of one GPU or MIG instance.
-#[derive(Debug, Clone)]
-pub struct DeviceObservation<'a> {
-    pub node: &'a str,
-    pub device_uuid: &'a str,
-    pub gpu_index: u32,
-    pub mig_profile: Option<&'a str>,
-    pub timestamp_ms: i64,
-    pub used_last: u64,
-    pub used_max: u64,
-    pub reserved: u64,
-    pub total: u64,
-    /// Memory held by the processes the agent could see on this device, when
-    /// the agent reports processes for it.
-    pub attributed: Option<u64>,
-    /// Where the memory of the biggest process on it that counts its
-    /// tensors goes, for a remedy that fits it.
-    pub largest_process: Option<Breakdown>,
-}
-
-/// One interval of one process on one device.
-#[derive(Debug, Clone)]
-pub struct ProcessObservation<'a> {
-    pub node: &'a str,
-    pub device_uuid: &'a str,
-    pub gpu_index: u32,
-    pub pid: u32,
-    pub start_time_ms: i64,
-    pub name: &'a str,
-    pub user: &'a str,
-    pub slurm_job_id: &'a str,
-    pub pod_uid: &'a str,
-    pub container_id: &'a str,
-    pub timestamp_ms: i64,
-    pub used_last: u64,
-    pub used_max: u64,
-    /// The newest report of the process's own allocator, when it reports.
-    pub allocator: Option<AllocatorObservation>,
-}
-
-/// An event the agent reported (XID, lost GPU, hung NVML call, …).
-#[derive(Debug, Clone)]
-pub struct EventObservation<'a> {
-    pub node: &'a str,
-    pub device_uuid: Option<&'a str>,
-    pub gpu_index: Option<u32>,
-    /// The event kind as stored: `xid`, `gpu_lost`, `nvml_hung`, …
-    pub kind: &'a str,
-    pub code: i64,
-    pub detail: &'a str,
-    pub timestamp_ms: i64,
-}
-
-/// A transition of one alert, with everything a notification needs.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AlertChange {
-    /// Stable across restarts and collectors: rule plus the series identity.
-    pub fingerprint: String,
-    pub rule: &'static str,
-    pub transition: Transition,
-    pub severity: Severity,
-    pub at_ms: i64,
-    pub labels: BTreeMap<String, String>,
-    pub summary: String,
-    pub details: serde_json::Value,
-    /// What the job's owner can do about it; empty when the rule has none.
-    pub remedy: String,
-}
-
-/// An alert the store holds as active, handed back after a restart so the
-/// engine neither forgets it nor fires it twice.
-#[derive(Debug, Clone)]
-pub struct RestoredAlert {
-    pub fingerprint: String,
-    pub rule: String,
-    pub severity: Severity,
-    pub firing: bool,
-    pub since_ms: i64,
-    pub labels: BTreeMap<String, String>,
-}
-
-pub fn fingerprint(rule: &str, identity: &[(&str, &str)]) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update(rule.as_bytes());
-    for (k, v) in identity {
-        hasher.update(b"\n");
-        hasher.update(k.as_bytes());
-        hasher.update(b"=");
-        hasher.update(v.as_bytes());
-    }
-    hasher.finalize()[..12]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// An alert's identity and where it stands in its lifecycle.
-#[derive(Debug)]
-struct Tracked {
-    fingerprint: String,
-    lifecycle: Lifecycle,
-}
-
-impl Tracked {
-    fn new(fingerprint: String, restored: &mut HashMap<String, RestoredAlert>) -> Self {
-        let lifecycle = match restored.remove(&fingerprint) {
-            Some(r) if r.firing => Lifecycle {
-                phase: Phase::Firing {
-                    since_ms: r.since_ms,
-                    severity: r.severity,
-                },
-            },
-            Some(r) => Lifecycle {
-                phase: Phase::Pending {
-                    since_ms: r.since_ms,
-                    severity: r.severity,
-                },
-            },
-            None => Lifecycle::default(),
-        };
-        Self {
-            fingerprint,
-            lifecycle,
-        }
-    }
-}
-
-/// One rule's alert on one series, as the rule sees it while judging. The
-/// rule reports its condition; stepping the lifecycle, and turning a step
-/// into an [`AlertChange`], stays here, so no rule can skip the `for`, fire
-/// twice or resolve with the wrong severity.
-#[derive(Debug)]
-pub(crate) struct Alert<'a> {
-    rule: RuleId,
-    tracked: &'a mut Tracked,
-    labels: &'a BTreeMap<String, String>,
-    out: &'a mut Vec<AlertChange>,
-}
-
-impl<'a> Alert<'a> {
-    fn new(
-        rule: RuleId,
-        tracked: &'a mut Tracked,
-        labels: &'a BTreeMap<String, String>,
-        out: &'a mut Vec<AlertChange>,
-    ) -> Self {
-        Self {
-            rule,
-            tracked,
-            labels,
-            out,
-        }
-    }
-
-    /// Pending or firing: rules hold an alert up on a weaker condition than
-    /// the one that raised it (hysteresis).
-    pub(crate) fn is_active(&self) -> bool {
-        self.tracked.lifecycle.is_active()
-    }
-
-    /// The series' labels, for the message; they outlive the handle so a
-    /// message closure can hold them while the alert steps.
-    pub(crate) fn labels(&self) -> &'a BTreeMap<String, String> {
-        self.labels
-    }
-
-    /// Steps the lifecycle with the condition as it holds at `at_ms`. The
-    /// message is built only when the alert changes.
-    pub(crate) fn step(
-        &mut self,
-        at_ms: i64,
-        condition: Option<Severity>,
-        for_ms: i64,
-        message: impl FnOnce() -> Message,
-    ) {
-        self.step_with_remedy(at_ms, condition, for_ms, message, String::new);
-    }
-
-    /// As [`Alert::step`], with advice for the job's owner.
-    pub(crate) fn step_with_remedy(
-        &mut self,
-        at_ms: i64,
-        condition: Option<Severity>,
-        for_ms: i64,
-        message: impl FnOnce() -> Message,
-        remedy: impl FnOnce() -> String,
-    ) {
-        let lifecycle = &mut self.tracked.lifecycle;
-        let before = lifecycle.phase;
-        let Some(transition) = lifecycle.step(at_ms, condition, for_ms) else {
-            return;
-        };
-        // A resolution carries the severity it fired with, so it reaches
-        // the same channels the firing did.
-        let severity = match (lifecycle.phase, before) {
-            (Phase::Pending { severity, .. } | Phase::Firing { severity, .. }, _)
-            | (Phase::Inactive, Phase::Pending { severity, .. } | Phase::Firing { severity, .. }) => {
-                severity
-            }
-            (Phase::Inactive, Phase::Inactive) => condition.unwrap_or(Severity::Info),
-        };
-        let Message { summary, details } = message();
-        // Advice goes with a pending or firing alert, not with its resolution.
-        let remedy = match transition {
-            Transition::Pending { .. } | Transition::Firing { .. } => remedy(),
-            Transition::Withdrawn | Transition::Resolved => String::new(),
-        };
-        self.out.push(AlertChange {
-            fingerprint: self.tracked.fingerprint.clone(),
-            rule: self.rule.as_str(),
-            transition,
-            severity,
-            at_ms,
-            labels: self.labels.clone(),
-            summary,
-            details,
-            remedy,
-        });
-    }
-}
 
 /// One rule's alert on one series, and the rule's own state for that series.
 #[derive(Debug)]
@@ -271,7 +49,7 @@ impl<R: ?Sized> Slot<R> {
     ) -> (&'a mut R, Alert<'a>) {
         (
             &mut *self.rule,
-            Alert::new(self.id, &mut self.tracked, labels, out),
+            Alert::new(self.id.as_str(), &mut self.tracked, labels, out),
         )
     }
 }
@@ -289,7 +67,7 @@ fn start_slots<F: Copy, R: ?Sized>(
         .iter()
         .map(|&(id, starter)| {
             let tracked = Tracked::new(fingerprint(id.as_str(), identity), restored);
-            let held_since = tracked.lifecycle.is_active().then_some(restored_at_ms);
+            let held_since = tracked.is_active().then_some(restored_at_ms);
             Slot {
                 id,
                 tracked,
@@ -729,6 +507,7 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Severity;
     use crate::engine_fixtures::{GIB, device, rules, transitions};
 
     #[test]

@@ -1,10 +1,11 @@
 //! Shared by the rule tests: observations to feed the engine, and a way to
 //! pick one rule's transitions out of what it returns.
 
+use crate::alert::AlertChange;
 use crate::allocator::AllocatorObservation;
 use crate::config::RulesConfig;
-use crate::engine::{AlertChange, DeviceObservation, EventObservation, ProcessObservation};
 use crate::lifecycle::Transition;
+use crate::observation::{DeviceObservation, EventObservation, ProcessObservation};
 
 pub const GIB: u64 = 1 << 30;
 

@@ -6,9 +6,12 @@
 //!
 //! Each rule is one file under `rules/`, named in the catalogue there
 //! ([`RuleId`]); the engine keeps the series, the alert lifecycle and the
-//! dispatch. The other modules are the machinery rules share: statistics
+//! dispatch. Imports run one way: `observation` and `alert` (the types both
+//! sides share) at the bottom, `rule` (the traits) and the rules on them,
+//! the engine on top. The other modules are the machinery rules share: statistics
 //! (`trend`, `leak`, `oom`), the XID catalogue, allocator reports, wording.
 
+pub mod alert;
 pub mod allocator;
 pub mod backtest;
 pub mod config;
@@ -24,6 +27,7 @@ pub mod families;
 pub mod generator;
 pub mod leak;
 pub mod lifecycle;
+pub mod observation;
 pub mod oom;
 pub mod predict_linear;
 pub mod remedy;

@@ -20,22 +20,10 @@ use std::fmt::Debug;
 
 use headroom_common::Breakdown;
 
+use crate::alert::{Alert, Message};
 use crate::allocator::AllocatorObservation;
 use crate::config::RulesConfig;
-use crate::engine::{Alert, DeviceObservation, EventObservation, ProcessObservation};
-
-/// What an alert says when it changes.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Message {
-    pub summary: String,
-    pub details: serde_json::Value,
-}
-
-impl Message {
-    pub(crate) fn new(summary: String, details: serde_json::Value) -> Self {
-        Self { summary, details }
-    }
-}
+use crate::observation::{DeviceObservation, EventObservation, ProcessObservation};
 
 /// What a rule is given when the engine first sees one of its series.
 #[derive(Debug)]

@@ -14,12 +14,12 @@ use tokio::sync::{Notify, watch};
 
 use channels::{Channel, Sender};
 use headroom_common::{Breakdown, Clock};
+use headroom_rules::alert::{AlertChange, RestoredAlert};
 use headroom_rules::allocator::AllocatorObservation;
 use headroom_rules::config::{RulesConfig, Severity};
-use headroom_rules::engine::{
-    AlertChange, DeviceObservation, Engine, EventObservation, ProcessObservation, RestoredAlert,
-};
+use headroom_rules::engine::Engine;
 use headroom_rules::lifecycle::Transition;
+use headroom_rules::observation::{DeviceObservation, EventObservation, ProcessObservation};
 use headroom_store::alerts::{AlertFilter, AlertUpdate, NewNotification, UpdateKind};
 use headroom_store::model::{AllocatorRow, NodeSession, StoreBatch};
 use headroom_store::{Store, StoreError};

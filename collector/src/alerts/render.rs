@@ -13,7 +13,7 @@
 
 use serde_json::{Value, json};
 
-use headroom_rules::engine::AlertChange;
+use headroom_rules::alert::AlertChange;
 
 /// `firing` or `resolved`, as the receiver sees it.
 pub fn status(change: &AlertChange) -> &'static str {

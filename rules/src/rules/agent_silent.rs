@@ -10,10 +10,10 @@
 //! device sample, whether or not the rule is still on, so that an alert
 //! never outlives the silence it reported.
 
+use crate::alert::{Alert, Message};
 use crate::config::{RulesConfig, Severity};
 use crate::describe::minutes;
-use crate::engine::Alert;
-use crate::rule::{Message, NodeFacts, NodeRule};
+use crate::rule::{NodeFacts, NodeRule};
 
 #[derive(Debug)]
 pub(crate) struct AgentSilent;

@@ -14,12 +14,13 @@ use std::collections::VecDeque;
 
 use headroom_common::Breakdown;
 
+use crate::alert::{Alert, Message};
 use crate::allocator::AllocatorObservation;
 use crate::config::{RulesConfig, Severity};
 use crate::describe::{device_name, minutes, process_name};
-use crate::engine::{Alert, ProcessObservation};
+use crate::observation::ProcessObservation;
 use crate::remedy::{self, CUT_THE_PEAK, EXPANDABLE_SEGMENTS};
-use crate::rule::{Message, ProcessFacts, ProcessRule, Start};
+use crate::rule::{ProcessFacts, ProcessRule, Start};
 use crate::rules::fragmentation;
 
 #[derive(Debug)]
@@ -171,7 +172,8 @@ impl RetryWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{AlertChange, Engine};
+    use crate::alert::AlertChange;
+    use crate::engine::Engine;
     use crate::engine_fixtures::report;
     use crate::engine_fixtures::{GIB, rules, stats, training, transitions};
     use crate::lifecycle::Transition;

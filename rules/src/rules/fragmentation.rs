@@ -13,12 +13,13 @@
 //! does not raise it, and once raised it holds down to three quarters of
 //! both thresholds. A report that stops coming holds nothing up.
 
+use crate::alert::{Alert, Message};
 use crate::allocator::AllocatorObservation;
 use crate::config::{RulesConfig, Severity};
 use crate::describe::{device_name, process_name};
-use crate::engine::{Alert, ProcessObservation};
+use crate::observation::ProcessObservation;
 use crate::remedy::EXPANDABLE_SEGMENTS;
-use crate::rule::{Message, ProcessFacts, ProcessRule, Start};
+use crate::rule::{ProcessFacts, ProcessRule, Start};
 use headroom_common::HumanBytes;
 
 #[derive(Debug)]
@@ -107,7 +108,8 @@ fn remedy(waste: u64, ratio: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{AlertChange, Engine};
+    use crate::alert::AlertChange;
+    use crate::engine::Engine;
     use crate::engine_fixtures::{GIB, rules, stats, training, transitions};
     use crate::lifecycle::Transition;
 

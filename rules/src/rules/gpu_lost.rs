@@ -7,10 +7,11 @@
 //! device's memory is read again, and only by a sample taken after the
 //! loss, since one already in flight says nothing about recovery.
 
+use crate::alert::{Alert, Message};
 use crate::config::{RulesConfig, Severity};
 use crate::describe::{event_detail, event_place};
-use crate::engine::{Alert, EventObservation};
-use crate::rule::{EventRule, Message, Outcome, resolve_when_read_after};
+use crate::observation::EventObservation;
+use crate::rule::{EventRule, Outcome, resolve_when_read_after};
 
 #[derive(Debug)]
 pub(crate) struct GpuLost;

@@ -10,12 +10,13 @@
 //! remedy depends on what the process's allocator says: when its reservation
 //! is fragmented, it is not live tensors that grow.
 
+use crate::alert::{Alert, Message};
 use crate::config::{RulesConfig, Severity};
 use crate::describe::{device_name, minutes, process_name};
-use crate::engine::{Alert, ProcessObservation};
 use crate::leak::LeakDetector;
+use crate::observation::ProcessObservation;
 use crate::remedy::{self, EXPANDABLE_SEGMENTS};
-use crate::rule::{Message, ProcessFacts, ProcessRule, Start};
+use crate::rule::{ProcessFacts, ProcessRule, Start};
 use crate::rules::fragmentation;
 use headroom_common::HumanBytes;
 

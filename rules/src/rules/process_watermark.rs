@@ -7,10 +7,11 @@
 //! hysteresis govern both; the clearing level is the limit scaled by the
 //! device's `clear_below / warning`, the same proportion below the line.
 
+use crate::alert::{Alert, Message};
 use crate::config::{RulesConfig, Severity};
 use crate::describe::{device_name, process_name};
-use crate::engine::{Alert, ProcessObservation};
-use crate::rule::{Message, ProcessFacts, ProcessRule, Start};
+use crate::observation::ProcessObservation;
+use crate::rule::{ProcessFacts, ProcessRule, Start};
 use headroom_common::HumanBytes;
 
 #[derive(Debug)]

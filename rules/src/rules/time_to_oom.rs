@@ -12,12 +12,13 @@
 //! default) before it warns: the end of a fast climb that has just stopped
 //! still looks like a ramp for a few evaluations.
 
+use crate::alert::{Alert, Message};
 use crate::config::{RulesConfig, Severity};
 use crate::describe::{device_name, minutes};
-use crate::engine::{Alert, DeviceObservation, ProcessObservation};
+use crate::observation::{DeviceObservation, ProcessObservation};
 use crate::oom::OomPredictor;
 use crate::remedy::{self, CUT_THE_PEAK};
-use crate::rule::{DeviceRule, Message, Start};
+use crate::rule::{DeviceRule, Start};
 use headroom_common::{Breakdown, HumanBytes};
 
 #[derive(Debug)]

@@ -11,10 +11,11 @@
 //! raised, it holds down to half the threshold so that it does not flap as
 //! the processes' memory moves.
 
+use crate::alert::{Alert, Message};
 use crate::config::{RulesConfig, Severity};
 use crate::describe::device_name;
-use crate::engine::{Alert, DeviceObservation};
-use crate::rule::{DeviceRule, Message, Start};
+use crate::observation::DeviceObservation;
+use crate::rule::{DeviceRule, Start};
 use headroom_common::HumanBytes;
 
 #[derive(Debug)]

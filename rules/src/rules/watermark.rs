@@ -8,10 +8,11 @@
 //! escalate one alert instead of raising two. Once raised, the alert holds
 //! down to `clear_below`, so memory hovering at the line does not flap.
 
+use crate::alert::{Alert, Message};
 use crate::config::{RulesConfig, Severity};
 use crate::describe::{device_name, percent};
-use crate::engine::{Alert, DeviceObservation};
-use crate::rule::{DeviceRule, Message, Start};
+use crate::observation::DeviceObservation;
+use crate::rule::{DeviceRule, Start};
 use headroom_common::HumanBytes;
 
 #[derive(Debug)]

@@ -11,10 +11,11 @@
 
 use std::collections::BTreeMap;
 
+use crate::alert::{Alert, Message};
 use crate::config::RulesConfig;
 use crate::describe::{event_detail, event_place, minutes};
-use crate::engine::{Alert, EventObservation};
-use crate::rule::{EventRule, Message, Outcome};
+use crate::observation::EventObservation;
+use crate::rule::{EventRule, Outcome};
 use crate::xid as catalogue;
 
 #[derive(Debug)]
