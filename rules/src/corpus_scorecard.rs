@@ -16,11 +16,9 @@ const KNOWN_FALSE_LEAK_ALERTS: &[&str] = &["none_sqrt_rise_1h"];
 /// (load's first swing from a trough at the start, warm-ups whose pace
 /// falls linearly) extrapolated before it shows that it slows.
 const KNOWN_FALSE_OOM_WARNINGS: &[&str] = &[
-    "none_load_from_trough_30_50gib_16m",
     "none_load_from_trough_30_50gib_20m",
     "none_load_from_trough_30_50gib_30m",
     "none_load_from_trough_30_50gib_45m",
-    "none_load_from_trough_40_60gib_16m",
     "none_load_from_trough_40_60gib_20m",
     "none_load_from_trough_40_60gib_30m",
     "none_load_from_trough_40_60gib_45m",

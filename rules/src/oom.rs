@@ -10,7 +10,11 @@
 //!    scatter around the trend (a climb, not a single step);
 //! 3. no single step between neighbouring peaks carries half the rise or
 //!    more (a spike's edge, one allocation: a jump, not a climb);
-//! 4. the newest peak is the window's highest (still climbing);
+//! 4. still climbing: the newest peak is the window's highest, and the
+//!    highest of the last three peaks stands above the highest of the
+//!    three before by half the window's pace (a climb that stopped, with
+//!    load swinging around where it stopped, makes peaks as high, not
+//!    higher);
 //! 5. new memory: above every peak of the series in the `lookback` before
 //!    the window (load coming back to a level it held is not a forecast).
 //!
@@ -47,6 +51,12 @@ const HALF_RISE_OVER_SCATTER: f64 = 2.0;
 /// The newest peak may sit this many scatter deviations below the window's
 /// highest and still be "the highest".
 const STILL_CLIMBING_SCATTER: f64 = 1.0;
+/// The highest of the newest this many peaks must stand above the highest
+/// of as many before them…
+const STILL_CLIMBING_BUCKETS: usize = 3;
+/// …by this share of the window's pace over them, or more (as the leak
+/// rule's still-growing test, on peaks instead of floors).
+const STILL_CLIMBING_SHARE: f64 = 0.5;
 /// A process unheard of for this long no longer counts towards the GPU's
 /// forecast.
 const PROCESS_FRESH_MS: i64 = 30_000;
@@ -235,6 +245,27 @@ impl Peaks {
         let newest_peak = peaks[BUCKETS - 1];
         let highest = values.iter().copied().fold(f64::MIN, f64::max);
         if newest_peak < highest - STILL_CLIMBING_SCATTER * scatter {
+            return None;
+        }
+        // Still climbing: the highest of the newest peaks stands above the
+        // highest of as many before them by half the window's pace. A climb
+        // that stopped, with load swinging around where it stopped, keeps
+        // making peaks as high as its last, but no higher.
+        let top = |from: usize, to: usize| {
+            peaks[from..to]
+                .iter()
+                .copied()
+                .filter(|v| !v.is_nan())
+                .fold(f64::NAN, f64::max)
+        };
+        let recent = STILL_CLIMBING_BUCKETS;
+        let (now_top, before_top) = (
+            top(BUCKETS - recent, BUCKETS),
+            top(BUCKETS - 2 * recent, BUCKETS - recent),
+        );
+        if before_top.is_nan()
+            || now_top - before_top < STILL_CLIMBING_SHARE * fit.slope * recent as f64 * seconds
+        {
             return None;
         }
         if !held.is_nan() && newest_peak <= held {
@@ -502,6 +533,30 @@ mod tests {
         assert!(after_first.is_empty(), "{after_first:?}");
         let step = |m: f64| if m < 40.0 { 30.0 * GIB } else { 50.0 * GIB };
         assert!(forecast_at(90, &[&step]).is_empty());
+    }
+
+    #[test]
+    fn a_ramp_that_stopped_under_swings_is_no_longer_forecast() {
+        // 1.5 GiB/min from minute 10 to 30, then load swinging ±6 GiB
+        // around where it stopped: the swings' peaks are as high as the
+        // ramp's last, never higher.
+        let f = |m: f64| {
+            let ramp = 20.0 * GIB + 1.5 * GIB * (m - 10.0).clamp(0.0, 20.0);
+            let swing = if m > 30.0 {
+                6.0 * GIB * ((m - 30.0) / 4.0 * std::f64::consts::TAU).sin()
+            } else {
+                0.0
+            };
+            ramp + swing
+        };
+        let after: Vec<f64> = forecast_at(120, &[&f])
+            .into_iter()
+            .filter(|&m| m > 34.0)
+            .collect();
+        assert!(
+            after.is_empty(),
+            "forecast after the ramp stopped: {after:?}"
+        );
     }
 
     #[test]
