@@ -538,8 +538,8 @@ mod tests {
     #[test]
     fn a_ramp_that_stopped_under_swings_is_no_longer_forecast() {
         // 1.5 GiB/min from minute 10 to 30, then load swinging ±6 GiB
-        // around where it stopped: the swings' peaks are as high as the
-        // ramp's last, never higher.
+        // around where it stopped: after the first swing, every peak is
+        // as high as the one before, never higher.
         let f = |m: f64| {
             let ramp = 20.0 * GIB + 1.5 * GIB * (m - 10.0).clamp(0.0, 20.0);
             let swing = if m > 30.0 {
