@@ -121,6 +121,8 @@ pub struct TimeToOomRule {
     pub min_history: Span,
     pub horizon: Span,
     pub lookback: Span,
+    /// A forecast reaches at most this many times its climb's window.
+    pub reach: f64,
     /// How long a forecast must hold before it warns.
     #[serde(rename = "for")]
     pub for_: Span,
@@ -135,6 +137,7 @@ impl Default for TimeToOomRule {
             min_history: Span(d.min_history_ms),
             horizon: Span(d.horizon_ms),
             lookback: Span(d.lookback_ms),
+            reach: d.reach,
             for_: Span(30_000),
         }
     }
@@ -147,6 +150,7 @@ impl TimeToOomRule {
             min_history_ms: self.min_history.ms(),
             horizon_ms: self.horizon.ms(),
             lookback_ms: self.lookback.ms(),
+            reach: self.reach,
             ..OomConfig::default()
         }
     }
@@ -470,6 +474,12 @@ impl RulesConfig {
         if self.time_to_oom.min_history > self.time_to_oom.window {
             return Err("time_to_oom.min_history is longer than time_to_oom.window".into());
         }
+        let reach = self.time_to_oom.reach;
+        if !(reach.is_finite() && (0.5..=10.0).contains(&reach)) {
+            return Err(format!(
+                "time_to_oom.reach = {reach} is outside 0.5..10: it is how many windows ahead a climb may be extrapolated"
+            ));
+        }
         if self.leak.window.ms() < 10 * 60_000 {
             return Err(
                 "leak.window must be at least 10m: shorter windows mistake noise for leaks".into(),
@@ -577,6 +587,8 @@ mod tests {
         assert!(e.contains("could never clear"), "{e}");
         let e = parse("[[notify.webhook]]\nname = \"a\"\nurl = \"https://x\"\n").unwrap_err();
         assert!(e.contains("exactly one of secret"), "{e}");
+        let e = parse("[time_to_oom]\nreach = 0\n").unwrap_err();
+        assert!(e.contains("time_to_oom.reach = 0"), "{e}");
     }
 
     #[test]

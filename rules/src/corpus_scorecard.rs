@@ -18,7 +18,6 @@ const KNOWN_FALSE_LEAK_ALERTS: &[&str] = &["none_sqrt_rise_1h"];
 const KNOWN_FALSE_OOM_WARNINGS: &[&str] = &[
     "none_load_from_trough_30_50gib_20m",
     "none_load_from_trough_30_50gib_30m",
-    "none_load_from_trough_30_50gib_45m",
     "none_load_from_trough_40_60gib_20m",
     "none_load_from_trough_40_60gib_30m",
     "none_load_from_trough_40_60gib_45m",

@@ -76,6 +76,9 @@ pub struct OomConfig {
     pub lookback_ms: i64,
     /// Mann–Kendall p-value a climb's peaks must reach.
     pub max_p_value: f64,
+    /// A forecast reaches at most this many times the span of the climb
+    /// it stands on: a climb seen for 10 min says little about minute 25.
+    pub reach: f64,
 }
 
 impl Default for OomConfig {
@@ -86,6 +89,7 @@ impl Default for OomConfig {
             horizon_ms: 30 * 60_000,
             lookback_ms: 120 * 60_000,
             max_p_value: 0.01,
+            reach: 2.0,
         }
     }
 }
@@ -98,6 +102,8 @@ impl OomConfig {
             && self.lookback_ms >= 0
             && self.max_p_value > 0.0
             && self.max_p_value <= 1.0
+            && self.reach.is_finite()
+            && self.reach > 0.0
     }
 
     fn retention_ms(&self) -> i64 {
@@ -366,6 +372,7 @@ impl OomPredictor {
         let horizon_s = config.horizon_ms as f64 / 1000.0;
         let mut best: Option<OomPrediction> = None;
         for window_ms in [config.window_ms, config.window_ms * LONG_WINDOW_FACTOR] {
+            let reach_s = horizon_s.min(config.reach * window_ms as f64 / 1000.0);
             let mut candidates: Vec<(Option<u32>, Vec<Climb>)> = Vec::new();
             if let Some(climb) = self
                 .device
@@ -386,7 +393,7 @@ impl OomPredictor {
                 candidates.push((Some(lead), climbing.into_iter().map(|(_, c)| c).collect()));
             }
             for (pid, climbs) in candidates {
-                let Some(eta_s) = time_to(&climbs, headroom, horizon_s) else {
+                let Some(eta_s) = time_to(&climbs, headroom, reach_s) else {
                     continue;
                 };
                 if best
@@ -557,6 +564,15 @@ mod tests {
             after.is_empty(),
             "forecast after the ramp stopped: {after:?}"
         );
+    }
+
+    #[test]
+    fn a_young_climb_is_not_extrapolated_past_its_reach() {
+        // 1.5 GiB/min from minute 20 to 32, then flat at 38 of 80 GiB: at
+        // its end it points at an OOM 28 min away, inside the horizon, but
+        // 12 minutes of climb are evidence for 20 (two 10-min windows).
+        let f = |m: f64| 20.0 * GIB + 1.5 * GIB * (m - 20.0).clamp(0.0, 12.0);
+        assert!(forecast_at(90, &[&f]).is_empty());
     }
 
     #[test]
