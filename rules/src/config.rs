@@ -367,8 +367,78 @@ impl fmt::Debug for SlackChannel {
     }
 }
 
+/// Alertmanager instances (API v2) that Headroom keeps informed of its
+/// firing alerts; Alertmanager then routes, groups, silences and inhibits.
+/// List every instance of an HA cluster: each gets every alert, as
+/// Prometheus does it, and the cluster deduplicates.
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertmanagerChannel {
+    pub name: String,
+    /// Base URLs, e.g. `http://alertmanager-0:9093`.
+    pub urls: Vec<String>,
+    /// Alertmanager does its own routing, so by default it sees everything.
+    #[serde(default = "default_alertmanager_min_severity")]
+    pub min_severity: Severity,
+    /// How often firing alerts are sent again; each is valid for four of
+    /// these, so Alertmanager resolves it by itself if Headroom goes away.
+    #[serde(default = "default_resend_interval")]
+    pub resend_interval: Span,
+}
+
+/// PagerDuty Events API v2: an incident per alert, triggered and resolved
+/// with the alert's fingerprint as its dedup key.
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PagerDutyChannel {
+    pub name: String,
+    /// The service integration's routing key; prefer `routing_key_file`.
+    pub routing_key: Option<String>,
+    pub routing_key_file: Option<PathBuf>,
+    /// The events endpoint; `https://events.eu.pagerduty.com/v2/enqueue`
+    /// for an EU account.
+    #[serde(default = "default_pagerduty_url")]
+    pub url: String,
+    #[serde(default = "default_min_severity")]
+    pub min_severity: Severity,
+}
+
+// A URL may carry basic-auth credentials.
+impl fmt::Debug for AlertmanagerChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AlertmanagerChannel")
+            .field("name", &self.name)
+            .field("urls", &self.urls.len())
+            .field("min_severity", &self.min_severity)
+            .field("resend_interval", &self.resend_interval)
+            .finish()
+    }
+}
+
+impl fmt::Debug for PagerDutyChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PagerDutyChannel")
+            .field("name", &self.name)
+            .field("url", &self.url)
+            .field("min_severity", &self.min_severity)
+            .finish_non_exhaustive()
+    }
+}
+
 fn default_min_severity() -> Severity {
     Severity::Warning
+}
+
+fn default_alertmanager_min_severity() -> Severity {
+    Severity::Info
+}
+
+fn default_resend_interval() -> Span {
+    Span(60_000)
+}
+
+fn default_pagerduty_url() -> String {
+    "https://events.pagerduty.com/v2/enqueue".to_owned()
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
@@ -378,6 +448,8 @@ pub struct NotifyConfig {
     pub dashboard_url: Option<String>,
     pub webhook: Vec<WebhookChannel>,
     pub slack: Vec<SlackChannel>,
+    pub alertmanager: Vec<AlertmanagerChannel>,
+    pub pagerduty: Vec<PagerDutyChannel>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
@@ -547,6 +619,47 @@ impl RulesConfig {
                 ));
             }
         }
+        let is_http = |url: &str| url.starts_with("http://") || url.starts_with("https://");
+        for a in &self.notify.alertmanager {
+            if !names.insert(a.name.as_str()) {
+                return Err(format!("notify channel name {:?} is used twice", a.name));
+            }
+            if a.urls.is_empty() {
+                return Err(format!(
+                    "notify.alertmanager {:?}: urls is empty: name at least one Alertmanager",
+                    a.name
+                ));
+            }
+            if let Some(url) = a.urls.iter().find(|u| !is_http(u)) {
+                return Err(format!(
+                    "notify.alertmanager {:?}: url {url:?} must start with http:// or https://",
+                    a.name
+                ));
+            }
+            if !(5_000..=3_600_000).contains(&a.resend_interval.0) {
+                return Err(format!(
+                    "notify.alertmanager {:?}: resend_interval must be between 5s and 1h",
+                    a.name
+                ));
+            }
+        }
+        for p in &self.notify.pagerduty {
+            if !names.insert(p.name.as_str()) {
+                return Err(format!("notify channel name {:?} is used twice", p.name));
+            }
+            if !is_http(&p.url) {
+                return Err(format!(
+                    "notify.pagerduty {:?}: url must start with http:// or https://",
+                    p.name
+                ));
+            }
+            if p.routing_key.is_some() == p.routing_key_file.is_some() {
+                return Err(format!(
+                    "notify.pagerduty {:?}: set exactly one of routing_key and routing_key_file",
+                    p.name
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -600,6 +713,57 @@ mod tests {
         assert_eq!(parse_span("1d"), Ok(Span(86_400_000)));
         assert!(parse_span("5").is_err());
         assert!(parse_span("-5s").is_err());
+    }
+
+    #[test]
+    fn alertmanager_and_pagerduty_take_their_documented_defaults() {
+        let c = parse(
+            "[[notify.alertmanager]]\nname = \"am\"\nurls = [\"http://am-0:9093\", \"http://am-1:9093\"]\n\
+             [[notify.pagerduty]]\nname = \"pd\"\nrouting_key = \"R0UTING\"\n",
+        )
+        .unwrap();
+        let am = &c.notify.alertmanager[0];
+        assert_eq!(am.urls.len(), 2);
+        assert_eq!(am.min_severity, Severity::Info);
+        assert_eq!(am.resend_interval, Span(60_000));
+        let pd = &c.notify.pagerduty[0];
+        assert_eq!(pd.url, "https://events.pagerduty.com/v2/enqueue");
+        assert_eq!(pd.min_severity, Severity::Warning);
+        let debug = format!("{c:?}");
+        assert!(
+            !debug.contains("R0UTING") && !debug.contains("am-0"),
+            "{debug}"
+        );
+    }
+
+    #[test]
+    fn notifier_mistakes_name_the_channel_and_the_key() {
+        for (text, expected) in [
+            (
+                "[[notify.alertmanager]]\nname = \"am\"\nurls = []\n",
+                "notify.alertmanager \"am\": urls is empty",
+            ),
+            (
+                "[[notify.alertmanager]]\nname = \"am\"\nurls = [\"am-0:9093\"]\n",
+                "url \"am-0:9093\" must start with http://",
+            ),
+            (
+                "[[notify.alertmanager]]\nname = \"am\"\nurls = [\"http://a\"]\nresend_interval = \"1s\"\n",
+                "resend_interval must be between 5s and 1h",
+            ),
+            (
+                "[[notify.pagerduty]]\nname = \"pd\"\n",
+                "notify.pagerduty \"pd\": set exactly one of routing_key and routing_key_file",
+            ),
+            (
+                "[[notify.pagerduty]]\nname = \"x\"\nrouting_key = \"k\"\n\
+                 [[notify.alertmanager]]\nname = \"x\"\nurls = [\"http://a\"]\n",
+                "notify channel name \"x\" is used twice",
+            ),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(expected), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -1,4 +1,6 @@
-//! Where notifications go: signed JSON webhooks and Slack incoming webhooks.
+//! Where outbox notifications go: signed JSON webhooks, Slack incoming
+//! webhooks and PagerDuty's Events API. (Alertmanager is kept in step by
+//! `alertmanager.rs`, without the outbox.)
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -13,6 +15,7 @@ use headroom_store::alerts::OutboxItem;
 pub enum Target {
     Webhook { url: String, secret: Vec<u8> },
     Slack { url: String },
+    PagerDuty { url: String, routing_key: String },
 }
 
 // URLs and secrets stay out of logs.
@@ -21,6 +24,7 @@ impl std::fmt::Debug for Target {
         f.write_str(match self {
             Self::Webhook { .. } => "Webhook(<redacted>)",
             Self::Slack { .. } => "Slack(<redacted>)",
+            Self::PagerDuty { .. } => "PagerDuty(<redacted>)",
         })
     }
 }
@@ -80,6 +84,21 @@ pub fn from_config(config: &NotifyConfig) -> Result<Vec<Channel>, SecretError> {
             target: Target::Slack { url },
         });
     }
+    for p in &config.pagerduty {
+        let routing_key = match (&p.routing_key, &p.routing_key_file) {
+            (Some(k), _) => k.clone(),
+            (None, Some(path)) => read_secret(&p.name, path)?,
+            (None, None) => String::new(),
+        };
+        channels.push(Channel {
+            name: p.name.clone(),
+            min_severity: p.min_severity,
+            target: Target::PagerDuty {
+                url: p.url.clone(),
+                routing_key,
+            },
+        });
+    }
     Ok(channels)
 }
 
@@ -137,7 +156,7 @@ impl Sender {
                 };
                 self.send(&merged, now_ms).await
             }
-            Target::Webhook { .. } => {
+            Target::Webhook { .. } | Target::PagerDuty { .. } => {
                 for item in items {
                     self.send(item, now_ms).await?;
                 }
@@ -168,6 +187,15 @@ impl Sender {
                 .post(url)
                 .header("content-type", "application/json")
                 .body(item.payload.clone()),
+            Target::PagerDuty { url, routing_key } => {
+                let mut body: serde_json::Value = serde_json::from_str(&item.payload)
+                    .map_err(|e| format!("stored PagerDuty event is not JSON: {e}"))?;
+                let Some(event) = body.as_object_mut() else {
+                    return Err("stored PagerDuty event is not a JSON object".into());
+                };
+                event.insert("routing_key".into(), routing_key.as_str().into());
+                self.http.post(url).json(&body)
+            }
         };
         // reqwest errors can carry the URL, which may be a secret (Slack).
         let response = request

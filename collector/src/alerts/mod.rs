@@ -2,6 +2,7 @@
 //! silences and acknowledgements, and hands notifications to a durable outbox
 //! that a background task delivers with retries.
 
+mod alertmanager;
 pub mod channels;
 mod outbox;
 pub mod render;
@@ -20,7 +21,7 @@ use headroom_rules::config::{RulesConfig, Severity};
 use headroom_rules::engine::Engine;
 use headroom_rules::lifecycle::Transition;
 use headroom_rules::observation::{DeviceObservation, EventObservation, ProcessObservation};
-use headroom_store::alerts::{AlertFilter, AlertUpdate, NewNotification, UpdateKind};
+use headroom_store::alerts::{AlertFilter, AlertUpdate, NewNotification, SilenceView, UpdateKind};
 use headroom_store::model::{AllocatorRow, NodeSession, StoreBatch};
 use headroom_store::{Store, StoreError};
 
@@ -41,8 +42,22 @@ pub struct Alerting {
     engine: Mutex<Engine>,
     channels: RwLock<Vec<Channel>>,
     sender: RwLock<Sender>,
+    alertmanagers: RwLock<Vec<alertmanager::Target>>,
     clock: Clock,
     wake_outbox: Notify,
+    /// An alert fired or resolved: Alertmanager hears of it now, not at the
+    /// next resend.
+    wake_alertmanager: Notify,
+}
+
+/// A silence may name the rule as well as labels.
+fn is_silenced(silences: &[SilenceView], rule: &str, labels: &serde_json::Value) -> bool {
+    if silences.is_empty() {
+        return false;
+    }
+    let mut matchable = labels.as_object().cloned().unwrap_or_default();
+    matchable.insert("rule".to_owned(), rule.into());
+    silences.iter().any(|s| s.matches(&matchable))
 }
 
 fn parse_severity(s: &str) -> Severity {
@@ -77,6 +92,7 @@ impl Alerting {
         if !restored.is_empty() {
             tracing::info!(alerts = restored.len(), "restored active alerts");
         }
+        let config_notify = config.notify.clone();
         let mut engine = Engine::new(config);
         engine.restore(restored, clock.now_ms());
         Ok(Arc::new(Self {
@@ -84,8 +100,10 @@ impl Alerting {
             engine: Mutex::new(engine),
             sender: RwLock::new(Sender::new(channels.clone())),
             channels: RwLock::new(channels),
+            alertmanagers: RwLock::new(alertmanager::targets(&config_notify)),
             clock,
             wake_outbox: Notify::new(),
+            wake_alertmanager: Notify::new(),
         }))
     }
 
@@ -97,6 +115,9 @@ impl Alerting {
         }
         if let Ok(mut c) = self.channels.write() {
             *c = channels;
+        }
+        if let Ok(mut a) = self.alertmanagers.write() {
+            *a = alertmanager::targets(&config.notify);
         }
         if let Ok(mut engine) = self.engine.lock() {
             engine.set_config(config);
@@ -122,6 +143,7 @@ impl Alerting {
                 }
             }
         });
+        tokio::spawn(alertmanager::sync(self.clone(), stop.clone()));
         tokio::spawn(outbox::deliver(self.clone(), stop));
     }
 
@@ -256,10 +278,7 @@ impl Alerting {
             .and_then(|e| e.config().notify.dashboard_url.clone());
         for change in changes {
             let labels = serde_json::to_value(&change.labels).unwrap_or_default();
-            // A silence may name the rule as well as labels.
-            let mut matchable = labels.as_object().cloned().unwrap_or_default();
-            matchable.insert("rule".to_owned(), change.rule.into());
-            let silenced = silences.iter().any(|s| s.matches(&matchable));
+            let silenced = is_silenced(&silences, change.rule, &labels);
             let kind = match change.transition {
                 Transition::Pending { .. } => UpdateKind::Pending,
                 Transition::Firing { escalated, .. } => UpdateKind::Firing { escalated },
@@ -291,6 +310,9 @@ impl Alerting {
                         summary = %change.summary, "alert");
                     if outcome.notified {
                         self.wake_outbox.notify_one();
+                    }
+                    if matches!(kind, UpdateKind::Firing { .. } | UpdateKind::Resolved) {
+                        self.wake_alertmanager.notify_one();
                     }
                 }
                 Err(error) => {
@@ -328,6 +350,9 @@ impl Alerting {
                         change.labels.get("node").cloned().unwrap_or_default(),
                         now + SLACK_GROUP_WAIT_MS,
                     ),
+                    channels::Target::PagerDuty { .. } => {
+                        (render::pagerduty(change, dashboard), String::new(), now)
+                    }
                 };
                 NewNotification {
                     channel: c.name.clone(),

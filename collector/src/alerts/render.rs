@@ -25,15 +25,36 @@ pub fn status(change: &AlertChange) -> &'static str {
 }
 
 pub fn dashboard_link(base: Option<&str>, change: &AlertChange) -> Option<String> {
+    dashboard_link_at(
+        base,
+        change.labels.get("device_uuid").map(String::as_str),
+        change.at_ms,
+    )
+}
+
+/// The dashboard around `at_ms`: the GPU's page from an hour before to ten
+/// minutes after, or the fleet when the alert names no GPU.
+pub fn dashboard_link_at(
+    base: Option<&str>,
+    device_uuid: Option<&str>,
+    at_ms: i64,
+) -> Option<String> {
     let base = base?.trim_end_matches('/');
-    Some(match change.labels.get("device_uuid") {
+    Some(match device_uuid {
         Some(uuid) => format!(
             "{base}/?gpu={uuid}&from={}&to={}",
-            change.at_ms - 3_600_000,
-            change.at_ms + 600_000
+            at_ms - 3_600_000,
+            at_ms + 600_000
         ),
         None => format!("{base}/"),
     })
+}
+
+/// `2026-12-07T10:35:16.123Z`; none for a time no calendar can write.
+pub fn rfc3339(ms: i64) -> Option<String> {
+    let at = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()?;
+    at.format(&time::format_description::well_known::Rfc3339)
+        .ok()
 }
 
 pub fn webhook(change: &AlertChange, key: &str, dashboard: Option<&str>) -> String {
@@ -54,6 +75,51 @@ pub fn webhook(change: &AlertChange, key: &str, dashboard: Option<&str>) -> Stri
         "dashboard_url": dashboard_link(dashboard, change),
     })
     .to_string()
+}
+
+/// PagerDuty Events API v2, without the routing key (a secret the sender
+/// adds, so it is never stored in the outbox). The fingerprint is the dedup
+/// key: an escalation updates the open incident, a resolution closes it.
+pub fn pagerduty(change: &AlertChange, dashboard: Option<&str>) -> String {
+    if status(change) == "resolved" {
+        return json!({ "event_action": "resolve", "dedup_key": change.fingerprint }).to_string();
+    }
+    let label = |k: &str| change.labels.get(k).map(String::as_str);
+    let mut payload = json!({
+        // PagerDuty refuses a summary over 1,024 characters.
+        "summary": change.summary.chars().take(1024).collect::<String>(),
+        "source": label("node").unwrap_or("headroom"),
+        // Events v2 knows critical, error, warning and info.
+        "severity": change.severity.as_str(),
+        "class": change.rule,
+        "custom_details": {
+            "labels": change.labels,
+            "details": change.details,
+            "remedy": (!change.remedy.is_empty()).then_some(&change.remedy),
+        },
+    });
+    if let Some(gpu) = label("gpu") {
+        payload["component"] = format!("GPU {gpu}").into();
+    }
+    if let Some(group) = label("job").or(label("pod")).or(label("user")) {
+        payload["group"] = group.into();
+    }
+    if let Some(at) = rfc3339(change.at_ms) {
+        payload["timestamp"] = at.into();
+    }
+    let mut body = json!({
+        "event_action": "trigger",
+        "dedup_key": change.fingerprint,
+        "payload": payload,
+        "client": "Headroom",
+    });
+    if let Some(link) = dashboard_link(dashboard, change) {
+        body["links"] = json!([{ "href": link, "text": "Open in Headroom" }]);
+    }
+    if let Some(base) = dashboard {
+        body["client_url"] = base.into();
+    }
+    body.to_string()
 }
 
 /// Slack Block Kit: what, where, who, how much, and a link.

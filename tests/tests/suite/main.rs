@@ -27,6 +27,7 @@ mod hostile_http;
 mod http_hardening;
 mod ingest_grpc;
 mod kubernetes;
+mod notifiers;
 mod nvml_agent;
 mod nvml_source;
 mod postgres_cluster;

@@ -1,0 +1,285 @@
+//! The notifiers operators already run, end to end: a real Alertmanager
+//! (Debian's `prometheus-alertmanager`) that receives Headroom's alerts over
+//! API v2 and pages through its own webhook receiver, and a local receiver
+//! that checks PagerDuty's documented Events v2 body.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use headroom_agent::AgentHandle;
+use headroom_agent::source::SimSource;
+use headroom_collector::Collector;
+use headroom_rules::config::RulesConfig;
+use headroom_sim::Scenario;
+use headroom_store::Store;
+use headroom_tests::harness::{
+    KillOnDrop, RunningCollector, eventually, free_loopback_addr, sim_agent_settings,
+};
+use headroom_tests::receiver::Receiver;
+use headroom_tests::skip_or_fail_under_ci;
+use serde_json::Value;
+
+/// 70 GiB growing 2 GiB/s on an 80 GiB GPU: past the watermark within a
+/// second, out of memory in five, then the job dies and memory falls.
+const RAMP_TO_OOM: &str = r#"
+[[node]]
+name = "oom-node"
+
+[[node.gpu]]
+model = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+
+[[node.gpu.process]]
+pid = 31337
+name = "python train.py --batch-size 4096"
+user = "carol"
+slurm_job_id = "555"
+memory = { shape = "ramp_to_oom", start = "70GiB", rate_per_min = "120GiB" }
+"#;
+
+async fn start(rules: &str) -> (RunningCollector, AgentHandle, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("alerts.db").display());
+    let store: Arc<dyn Store> = headroom_store::connect(&url).await.unwrap();
+    let rules = RulesConfig::parse(rules, Path::new("test-rules.toml")).unwrap();
+    let collector = RunningCollector::start_collector(
+        Collector::builder(store)
+            .rules(rules)
+            .build()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let scenario = Scenario::from_toml_str(RAMP_TO_OOM).unwrap();
+    let agent = headroom_agent::start(
+        sim_agent_settings(collector.grpc_url(), "oom-node"),
+        Box::new(SimSource::new(&scenario, "oom-node").unwrap()),
+    )
+    .unwrap();
+    (collector, agent, dir)
+}
+
+/// Alertmanager on a free loopback port, clustering off, routing every
+/// alert at once to `receiver` and announcing resolutions.
+fn start_alertmanager(dir: &Path, receiver: &Receiver) -> Option<(KillOnDrop, String)> {
+    let config = dir.join("alertmanager.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "route:\n  receiver: hook\n  group_by: [alertname]\n  group_wait: 0s\n  \
+             group_interval: 1s\n  repeat_interval: 1h\n\
+             receivers:\n  - name: hook\n    webhook_configs:\n      - url: {}\n        send_resolved: true\n",
+            receiver.url()
+        ),
+    )
+    .unwrap();
+    let addr = free_loopback_addr();
+    let child = Command::new("prometheus-alertmanager")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.path={}", dir.join("am-data").display()))
+        .arg(format!("--web.listen-address={addr}"))
+        .arg("--cluster.listen-address=")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    match child {
+        Ok(child) => Some((KillOnDrop(child), format!("http://{addr}"))),
+        Err(e) => {
+            skip_or_fail_under_ci(
+                "the Alertmanager test",
+                format!("prometheus-alertmanager (Debian's package) is missing: {e}"),
+            );
+            None
+        }
+    }
+}
+
+/// The webhook bodies Alertmanager sent for `alertname` with `status`.
+fn paged(receiver: &Receiver, alertname: &str, status: &str) -> Vec<Value> {
+    receiver
+        .accepted()
+        .iter()
+        .filter_map(|r| serde_json::from_str::<Value>(&r.body).ok())
+        .flat_map(|b| b["alerts"].as_array().cloned().unwrap_or_default())
+        .filter(|a| a["labels"]["alertname"] == alertname && a["status"] == status)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_alertmanager_shows_the_alert_pages_through_its_route_and_resolves_it() {
+    let am_dir = tempfile::tempdir().unwrap();
+    let pager = Receiver::start().await;
+    let Some((_alertmanager, am_url)) = start_alertmanager(am_dir.path(), &pager) else {
+        return;
+    };
+    let http = reqwest::Client::new();
+    let am_alerts = format!("{am_url}/api/v2/alerts");
+    eventually(
+        "Alertmanager to answer",
+        Duration::from_secs(30),
+        || async {
+            let r = http.get(format!("{am_url}/-/ready")).send().await.ok()?;
+            r.status().is_success().then_some(())
+        },
+    )
+    .await;
+
+    // An HA pair where one instance is down: the other still gets every alert.
+    // Alerts are sent valid for 2 h (4 × 30 min), so within this test only
+    // Headroom's explicit ends can take them off Alertmanager's list.
+    let down = format!("http://{}", free_loopback_addr());
+    let (collector, agent, _db) = start(&format!(
+        "[notify]\ndashboard_url = \"http://headroom.test/\"\n\
+         [[notify.alertmanager]]\nname = \"am\"\nurls = [\"{down}\", \"{am_url}\"]\nresend_interval = \"30m\"\n"
+    ))
+    .await;
+
+    let shown = eventually(
+        "the watermark alert in Alertmanager",
+        Duration::from_secs(30),
+        || async {
+            let alerts: Value = http.get(&am_alerts).send().await.ok()?.json().await.ok()?;
+            alerts
+                .as_array()?
+                .iter()
+                .find(|a| a["labels"]["alertname"] == "watermark")
+                .cloned()
+        },
+    )
+    .await;
+    let labels = &shown["labels"];
+    assert_eq!(labels["rule"], "watermark");
+    assert_eq!(labels["node"], "oom-node");
+    assert_eq!(labels["gpu"], "0");
+    assert!(
+        labels["device_uuid"].as_str().unwrap().starts_with("GPU-"),
+        "{shown}"
+    );
+    assert!(["warning", "critical"].contains(&labels["severity"].as_str().unwrap()));
+    assert!(
+        shown["annotations"]["summary"]
+            .as_str()
+            .unwrap()
+            .contains("GPU 0 on oom-node"),
+        "{shown}"
+    );
+    assert!(
+        shown["generatorURL"]
+            .as_str()
+            .unwrap()
+            .starts_with("http://headroom.test/?gpu=GPU-"),
+        "{shown}"
+    );
+    assert_eq!(shown["status"]["state"], "active", "{shown}");
+
+    // Alertmanager's own route pages, with Headroom's labels.
+    let page = eventually("Alertmanager's page", Duration::from_secs(30), || async {
+        paged(&pager, "watermark", "firing").into_iter().next()
+    })
+    .await;
+    assert_eq!(page["labels"]["node"], "oom-node");
+
+    // The job dies, memory falls, the alert resolves: Alertmanager no longer
+    // lists it as active, and every label set it paged for (an escalation
+    // from warning to critical is a second one) is announced as resolved.
+    eventually(
+        "the watermark alert to leave Alertmanager's active list",
+        Duration::from_secs(60),
+        || async {
+            let alerts: Value = http.get(&am_alerts).send().await.ok()?.json().await.ok()?;
+            (!alerts
+                .as_array()?
+                .iter()
+                .any(|a| a["labels"]["alertname"] == "watermark"))
+            .then_some(())
+        },
+    )
+    .await;
+    eventually(
+        "Alertmanager's resolved notifications",
+        Duration::from_secs(30),
+        || async {
+            let resolved: Vec<Value> = paged(&pager, "watermark", "resolved")
+                .iter()
+                .map(|a| a["labels"].clone())
+                .collect();
+            paged(&pager, "watermark", "firing")
+                .iter()
+                .all(|a| resolved.contains(&a["labels"]))
+                .then_some(())
+        },
+    )
+    .await;
+    agent.stop().await;
+    collector.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pagerduty_gets_a_trigger_and_a_resolve_with_one_dedup_key() {
+    let pagerduty = Receiver::start().await;
+    let (collector, agent, _db) = start(&format!(
+        "[notify]\ndashboard_url = \"http://headroom.test/\"\n\
+         [[notify.pagerduty]]\nname = \"pd\"\nrouting_key = \"R0UTINGKEY0123456789abcdef0123456\"\n\
+         url = \"{}\"\nmin_severity = \"warning\"\n",
+        pagerduty.url()
+    ))
+    .await;
+    let events = || {
+        pagerduty
+            .accepted()
+            .iter()
+            .map(|r| serde_json::from_str::<Value>(&r.body).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let trigger = eventually("a PagerDuty trigger", Duration::from_secs(30), || async {
+        events()
+            .into_iter()
+            .find(|e| e["event_action"] == "trigger" && e["payload"]["class"] == "watermark")
+    })
+    .await;
+    assert_eq!(trigger["routing_key"], "R0UTINGKEY0123456789abcdef0123456");
+    let dedup_key = trigger["dedup_key"].as_str().unwrap().to_owned();
+    assert_eq!(dedup_key.len(), 24, "{trigger}");
+    let payload = &trigger["payload"];
+    assert_eq!(payload["source"], "oom-node");
+    assert_eq!(payload["component"], "GPU 0");
+    assert!(["warning", "critical"].contains(&payload["severity"].as_str().unwrap()));
+    assert!(
+        payload["summary"]
+            .as_str()
+            .unwrap()
+            .contains("GPU 0 on oom-node")
+    );
+    let timestamp = payload["timestamp"].as_str().unwrap();
+    assert!(
+        timestamp.len() >= 20 && timestamp.ends_with('Z') && timestamp.contains('T'),
+        "{timestamp}"
+    );
+    assert!(
+        trigger["links"][0]["href"]
+            .as_str()
+            .unwrap()
+            .starts_with("http://headroom.test/?gpu=GPU-")
+    );
+
+    let resolve = eventually("a PagerDuty resolve", Duration::from_secs(60), || async {
+        events()
+            .into_iter()
+            .find(|e| e["event_action"] == "resolve" && e["dedup_key"] == dedup_key.as_str())
+    })
+    .await;
+    assert_eq!(resolve["routing_key"], "R0UTINGKEY0123456789abcdef0123456");
+    assert!(resolve.get("payload").is_none(), "{resolve}");
+    let triggers = events()
+        .iter()
+        .filter(|e| e["event_action"] == "trigger" && e["dedup_key"] == dedup_key.as_str())
+        .count();
+    assert!(
+        triggers <= 2,
+        "one trigger, and one more only for an escalation"
+    );
+    agent.stop().await;
+    collector.stop().await;
+}
