@@ -1,6 +1,7 @@
 mod backtest;
 #[cfg(feature = "demo")]
 mod demo;
+mod route_check;
 mod status;
 
 use std::net::SocketAddr;
@@ -94,6 +95,17 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Say which notification channels an alert with these labels reaches
+    /// under a rules file, and by which route; sends nothing.
+    Route {
+        /// Rules file (TOML), with its owners file if it names one.
+        #[arg(long, env = "HEADROOM_RULES")]
+        rules: PathBuf,
+        /// The alert's labels as label=value: severity is required; rule,
+        /// node, user and the rest as routes match them.
+        #[arg(required = true)]
+        labels: Vec<String>,
+    },
     /// Print the built-in defaults of `serve` as a configuration file.
     PrintDefaultConfig,
     /// Enrol, list and revoke the tokens agents present (`[agents]
@@ -170,6 +182,13 @@ fn main() -> ExitCode {
                 serve(config, rules).await
             }
             Command::Backtest(args) => backtest::run(args),
+            Command::Route { rules, labels } => {
+                print!(
+                    "{}",
+                    route_check::explain(&read_rules_file(&rules)?, &labels)?
+                );
+                Ok(())
+            }
             Command::Status {
                 url,
                 token,
@@ -263,10 +282,23 @@ fn load_rules(path: Option<&std::path::Path>) -> anyhow::Result<RulesConfig> {
     }
 }
 
+/// The rules file, with the owners file it names taken in.
 fn read_rules_file(path: &std::path::Path) -> anyhow::Result<RulesConfig> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read rules file {}", path.display()))?;
-    Ok(RulesConfig::parse(&text, path)?)
+    let mut rules = RulesConfig::parse(&text, path)?;
+    if let Some(owners) = rules.notify.owners.file.clone() {
+        let text = std::fs::read_to_string(&owners).with_context(|| {
+            format!(
+                "cannot read the owners file {} named by {}",
+                owners.display(),
+                path.display()
+            )
+        })?;
+        let map = headroom_rules::routing::OwnerMap::parse(&text, &owners)?;
+        rules.notify.owners.extend_missing(map);
+    }
+    Ok(rules)
 }
 
 async fn serve(config: CollectorConfig, rules_path: Option<PathBuf>) -> anyhow::Result<()> {

@@ -450,6 +450,12 @@ pub struct NotifyConfig {
     pub slack: Vec<SlackChannel>,
     pub alertmanager: Vec<AlertmanagerChannel>,
     pub pagerduty: Vec<PagerDutyChannel>,
+    /// Who owns what, for a `team` label routes can match.
+    pub owners: crate::routing::OwnersConfig,
+    /// Tried in order; see `routing.rs`.
+    pub route: Vec<crate::routing::Route>,
+    /// Where an alert no route takes goes; every channel when absent.
+    pub default_channels: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
@@ -660,6 +666,7 @@ impl RulesConfig {
                 ));
             }
         }
+        self.notify.validate_routes()?;
         Ok(())
     }
 }

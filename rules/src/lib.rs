@@ -31,6 +31,7 @@ pub mod observation;
 pub mod oom;
 pub mod predict_linear;
 pub mod remedy;
+pub mod routing;
 mod rule;
 mod rules;
 pub mod score;

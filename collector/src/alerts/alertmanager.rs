@@ -130,14 +130,16 @@ fn annotations(alert: &AlertView, link: Option<&str>) -> Map<String, Value> {
 pub fn payload(
     alerts: &[AlertView],
     silences: &[SilenceView],
-    min_severity: Severity,
+    target: &Target,
+    routing: &NotifyConfig,
     now_ms: i64,
-    valid_for_ms: i64,
     dashboard: Option<&str>,
 ) -> Vec<(String, Value)> {
+    let valid_for_ms = VALIDITY_INTERVALS * target.resend_interval_ms;
     alerts
         .iter()
-        .filter(|a| parse_severity(&a.severity) >= min_severity)
+        .filter(|a| parse_severity(&a.severity) >= target.min_severity)
+        .filter(|a| routes_here(routing, &target.name, a))
         .filter(|a| !is_silenced(silences, &a.rule, &a.labels))
         .filter_map(|a| {
             let ends_at_ms = match (a.state.as_str(), a.resolved_at_ms) {
@@ -211,6 +213,23 @@ impl Sent {
     }
 }
 
+/// Whether the route table sends `alert` to the channel `name`.
+fn routes_here(routing: &NotifyConfig, name: &str, alert: &AlertView) -> bool {
+    let own: BTreeMap<String, String> = alert
+        .labels
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default();
+    routing.routes_to(
+        name,
+        &routing.routing_labels(&own, &alert.rule, &alert.severity),
+    )
+}
+
 /// What every push reads: firing alerts, recently resolved ones, silences.
 async fn current_state(
     alerting: &Alerting,
@@ -275,6 +294,7 @@ pub(super) async fn sync(alerting: Arc<Alerting>, mut stop: watch::Receiver<bool
                 .lock()
                 .ok()
                 .and_then(|e| e.config().notify.dashboard_url.clone());
+            let routing = alerting.routing();
             match current_state(&alerting, now).await {
                 Ok((alerts, silences)) => {
                     for target in due {
@@ -282,9 +302,9 @@ pub(super) async fn sync(alerting: Arc<Alerting>, mut stop: watch::Receiver<bool
                         let current = payload(
                             &alerts,
                             &silences,
-                            target.min_severity,
+                            target,
+                            &routing,
                             now,
-                            VALIDITY_INTERVALS * interval,
                             dashboard.as_deref(),
                         );
                         let body = sent
@@ -323,6 +343,21 @@ mod tests {
 
     const NOW: i64 = 1_800_000_000_000;
 
+    /// An `am` channel re-sending every minute (so valid for 4 min), with
+    /// `extra` rules text after it.
+    fn channel(min_severity: &str, extra: &str) -> (Target, NotifyConfig) {
+        let notify = headroom_rules::config::RulesConfig::parse(
+            &format!(
+                "[[notify.alertmanager]]\nname = \"am\"\nurls = [\"http://am:9093\"]\n\
+                 min_severity = \"{min_severity}\"\n{extra}"
+            ),
+            std::path::Path::new("rules.toml"),
+        )
+        .unwrap()
+        .notify;
+        (targets(&notify).remove(0), notify)
+    }
+
     fn alert(rule: &str, severity: &str, state: &str, resolved_at_ms: Option<i64>) -> AlertView {
         AlertView {
             id: 1,
@@ -346,12 +381,13 @@ mod tests {
 
     #[test]
     fn a_firing_alert_carries_identifying_labels_and_stays_valid_for_the_given_span() {
+        let (target, routing) = channel("info", "");
         let body = payload(
             &[alert("watermark", "critical", "firing", None)],
             &[],
-            Severity::Info,
+            &target,
+            &routing,
             NOW,
-            240_000,
             Some("https://headroom.example/"),
         );
         let (fingerprint, a) = &body[0];
@@ -386,7 +422,8 @@ mod tests {
     fn a_resolved_alert_is_sent_with_its_end_until_it_is_old() {
         let fresh = alert("leak", "warning", "resolved", Some(NOW - 60_000));
         let old = alert("leak", "warning", "resolved", Some(NOW - 16 * 60_000));
-        let body = payload(&[fresh, old], &[], Severity::Info, NOW, 240_000, None);
+        let (target, routing) = channel("info", "");
+        let body = payload(&[fresh, old], &[], &target, &routing, NOW, None);
         assert_eq!(body.len(), 1);
         assert_eq!(body[0].1["endsAt"], render::rfc3339(NOW - 60_000).unwrap());
         assert!(body[0].1.get("generatorURL").is_none());
@@ -407,7 +444,8 @@ mod tests {
             alert("watermark", "warning", "firing", None),
             alert("watermark", "info", "firing", None),
         ];
-        let body = payload(&alerts, &[silence], Severity::Warning, NOW, 1, None);
+        let (target, routing) = channel("warning", "");
+        let body = payload(&alerts, &[silence], &target, &routing, NOW, None);
         let rules: Vec<(&str, &str)> = body
             .iter()
             .map(|(_, a)| {
@@ -423,12 +461,13 @@ mod tests {
     #[test]
     fn an_escalation_ends_the_old_label_set_at_once_and_keeps_ending_it() {
         let mut sent = Sent::default();
+        let (target, routing) = channel("info", "");
         let warning = payload(
             &[alert("watermark", "warning", "firing", None)],
             &[],
-            Severity::Info,
+            &target,
+            &routing,
             NOW,
-            240_000,
             None,
         );
         assert_eq!(sent.body(warning.clone(), NOW).len(), 1);
@@ -440,9 +479,9 @@ mod tests {
         let critical = payload(
             &[alert("watermark", "critical", "firing", None)],
             &[],
-            Severity::Info,
+            &target,
+            &routing,
             NOW + 2_000,
-            240_000,
             None,
         );
         let body = sent.body(critical.clone(), NOW + 2_000);
@@ -465,6 +504,31 @@ mod tests {
         // until a resolved alert would no longer be sent.
         assert_eq!(sent.body(critical.clone(), NOW + 60_000).len(), 2);
         assert_eq!(sent.body(critical, NOW + 2_000 + 16 * 60_000).len(), 1);
+    }
+
+    #[test]
+    fn only_alerts_the_route_table_sends_here_are_pushed() {
+        let (target, routing) = channel(
+            "info",
+            "[[notify.webhook]]\nname = \"ops\"\nurl = \"https://ops\"\nsecret = \"s\"\n\
+             [notify.owners]\nnodes = { gpu-node-02 = \"vision\" }\n\
+             [[notify.route]]\nmatchers = { team = \"vision\", rule = \"leak\" }\nchannels = [\"am\"]\n\
+             [[notify.route]]\nchannels = [\"ops\"]\n",
+        );
+        let alerts = [
+            alert("leak", "warning", "firing", None),
+            alert("watermark", "warning", "firing", None),
+        ];
+        let body = payload(&alerts, &[], &target, &routing, NOW, None);
+        let rules: Vec<&str> = body
+            .iter()
+            .map(|(_, a)| a["labels"]["rule"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            rules,
+            vec!["leak"],
+            "the watermark alert is routed to ops only"
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use channels::{Channel, Sender};
 use headroom_common::{Breakdown, Clock};
 use headroom_rules::alert::{AlertChange, RestoredAlert};
 use headroom_rules::allocator::AllocatorObservation;
-use headroom_rules::config::{RulesConfig, Severity};
+use headroom_rules::config::{NotifyConfig, RulesConfig, Severity};
 use headroom_rules::engine::Engine;
 use headroom_rules::lifecycle::Transition;
 use headroom_rules::observation::{DeviceObservation, EventObservation, ProcessObservation};
@@ -43,6 +43,8 @@ pub struct Alerting {
     channels: RwLock<Vec<Channel>>,
     sender: RwLock<Sender>,
     alertmanagers: RwLock<Vec<alertmanager::Target>>,
+    /// Owners and the route table, as the rules file gives them.
+    routing: RwLock<Arc<NotifyConfig>>,
     clock: Clock,
     wake_outbox: Notify,
     /// An alert fired or resolved: Alertmanager hears of it now, not at the
@@ -101,6 +103,7 @@ impl Alerting {
             sender: RwLock::new(Sender::new(channels.clone())),
             channels: RwLock::new(channels),
             alertmanagers: RwLock::new(alertmanager::targets(&config_notify)),
+            routing: RwLock::new(Arc::new(config_notify)),
             clock,
             wake_outbox: Notify::new(),
             wake_alertmanager: Notify::new(),
@@ -118,6 +121,9 @@ impl Alerting {
         }
         if let Ok(mut a) = self.alertmanagers.write() {
             *a = alertmanager::targets(&config.notify);
+        }
+        if let Ok(mut r) = self.routing.write() {
+            *r = Arc::new(config.notify.clone());
         }
         if let Ok(mut engine) = self.engine.lock() {
             engine.set_config(config);
@@ -276,7 +282,14 @@ impl Alerting {
             .lock()
             .ok()
             .and_then(|e| e.config().notify.dashboard_url.clone());
-        for change in changes {
+        let routing = self.routing();
+        for mut change in changes {
+            // The owning team is a label like any other: routes, silences,
+            // Alertmanager and receivers all see it.
+            if let Some(team) = routing.owners.map().team(&change.labels) {
+                let team = team.to_owned();
+                change.labels.entry("team".to_owned()).or_insert(team);
+            }
             let labels = serde_json::to_value(&change.labels).unwrap_or_default();
             let silenced = is_silenced(&silences, change.rule, &labels);
             let kind = match change.transition {
@@ -289,7 +302,7 @@ impl Alerting {
                 if silenced || matches!(kind, UpdateKind::Pending | UpdateKind::Withdrawn) {
                     Vec::new()
                 } else {
-                    self.notifications(&change, dashboard.as_deref())
+                    self.notifications(&change, &routing, dashboard.as_deref())
                 };
             let update = AlertUpdate {
                 fingerprint: change.fingerprint.clone(),
@@ -322,13 +335,32 @@ impl Alerting {
         }
     }
 
-    fn notifications(&self, change: &AlertChange, dashboard: Option<&str>) -> Vec<NewNotification> {
+    /// Owners and routes in force now.
+    fn routing(&self) -> Arc<NotifyConfig> {
+        self.routing
+            .read()
+            .map(|r| Arc::clone(&r))
+            .unwrap_or_default()
+    }
+
+    fn notifications(
+        &self,
+        change: &AlertChange,
+        routing: &NotifyConfig,
+        dashboard: Option<&str>,
+    ) -> Vec<NewNotification> {
         let Ok(channels) = self.channels.read() else {
             return Vec::new();
         };
+        let routed = routing.route(&routing.routing_labels(
+            &change.labels,
+            change.rule,
+            change.severity.as_str(),
+        ));
         channels
             .iter()
             .filter(|c| change.severity >= c.min_severity)
+            .filter(|c| routed.iter().any(|(name, _)| *name == c.name))
             .map(|c| {
                 let key = format!(
                     "{}:{}:{}:{}:{}",

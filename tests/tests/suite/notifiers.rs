@@ -283,3 +283,59 @@ async fn pagerduty_gets_a_trigger_and_a_resolve_with_one_dedup_key() {
     agent.stop().await;
     collector.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_send_each_alert_to_its_owners_channels_only() {
+    let vision = Receiver::start().await;
+    let ops = Receiver::start().await;
+    // The node belongs to team vision; its GPU alerts go to vision's hook and
+    // nowhere else, the leak-free rest of the fleet to ops by default.
+    let (collector, agent, _db) = start(&format!(
+        "[notify]\ndefault_channels = [\"ops\"]\n\
+         [notify.owners]\nnodes = {{ oom-node = \"vision\" }}\n\
+         [[notify.webhook]]\nname = \"vision\"\nurl = \"{}\"\nsecret = \"s\"\n\
+         [[notify.webhook]]\nname = \"ops\"\nurl = \"{}\"\nsecret = \"s\"\n\
+         [[notify.route]]\nmatchers = {{ team = \"vision\" }}\nchannels = [\"vision\"]\n",
+        vision.url(),
+        ops.url()
+    ))
+    .await;
+    let bodies = |r: &Receiver| {
+        r.accepted()
+            .iter()
+            .map(|r| serde_json::from_str::<Value>(&r.body).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let resolved = eventually(
+        "the watermark's resolution on vision's hook",
+        Duration::from_secs(60),
+        || async {
+            bodies(&vision)
+                .into_iter()
+                .find(|b| b["alert"]["rule"] == "watermark" && b["status"] == "resolved")
+        },
+    )
+    .await;
+    assert_eq!(resolved["alert"]["labels"]["team"], "vision", "{resolved}");
+    // Exactly once per notifier: one firing per severity the alert reached,
+    // each with its own idempotency key.
+    let firings: Vec<Value> = bodies(&vision)
+        .into_iter()
+        .filter(|b| b["alert"]["rule"] == "watermark" && b["status"] == "firing")
+        .collect();
+    assert!((1..=2).contains(&firings.len()), "{firings:?}");
+    let mut keys: Vec<&str> = firings
+        .iter()
+        .map(|b| b["idempotency_key"].as_str().unwrap())
+        .collect();
+    keys.dedup();
+    assert_eq!(keys.len(), firings.len());
+    assert!(
+        bodies(&ops)
+            .iter()
+            .all(|b| b["alert"]["labels"]["team"] != "vision"),
+        "ops got vision's alerts"
+    );
+    agent.stop().await;
+    collector.stop().await;
+}
