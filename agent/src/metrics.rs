@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::header;
+use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
@@ -156,6 +156,11 @@ impl AgentMetrics {
             last.poll = poll.clone();
             last.duration = duration;
         }
+    }
+
+    /// Whether a GPU read has succeeded since the agent started.
+    pub fn has_read_gpus(&self) -> bool {
+        self.polls.load(Ordering::Relaxed) > 0
     }
 
     /// Polls attempted, failed ones included.
@@ -456,7 +461,8 @@ fn event_kind_label(kind: EventKind) -> &'static str {
     }
 }
 
-/// Serves `/metrics` and `/healthz` on `listener` until the task is dropped.
+/// Serves `/metrics`, `/healthz` (the process lives) and `/readyz` (it has
+/// read the GPUs once) on `listener` until the task is dropped.
 pub fn serve(
     metrics: Arc<AgentMetrics>,
     listener: std::net::TcpListener,
@@ -464,7 +470,24 @@ pub fn serve(
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
     let listener = tokio::net::TcpListener::from_std(listener)?;
+    let readiness = metrics.clone();
     let app = Router::new()
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = readiness.has_read_gpus();
+                async move {
+                    if ready {
+                        (StatusCode::OK, "ready\n")
+                    } else {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "not ready: no GPU read has succeeded yet\n",
+                        )
+                    }
+                }
+            }),
+        )
         .route(
             "/metrics",
             get(move || {
@@ -494,6 +517,19 @@ pub fn serve(
 mod tests {
     use super::*;
     use crate::source::{DeviceReading, GpuDevice, ProcessOwner, ProcessReading};
+
+    #[test]
+    fn is_ready_only_once_a_gpu_read_succeeded() {
+        let inventory = Inventory {
+            driver_version: "550".into(),
+            gpus: vec![],
+        };
+        let m = AgentMetrics::new("node-1", &inventory);
+        m.record_poll_failure();
+        assert!(!m.has_read_gpus(), "a failed read is not a read");
+        m.record_poll(&Arc::new(Poll::default()), Duration::from_millis(1));
+        assert!(m.has_read_gpus());
+    }
 
     #[test]
     fn renders_the_latest_poll_with_escaped_labels() {

@@ -30,6 +30,9 @@ pub(crate) fn log_flush_on_close(flushed: Result<FlushReport, StoreError>) {
 
 #[async_trait]
 pub trait Store: AlertStore + TokenStore + Send + Sync + std::fmt::Debug + 'static {
+    /// One round trip to the database: whether it answers now (readiness).
+    async fn ping(&self) -> Result<(), StoreError>;
+
     /// Records a node's (re)registration and its current inventory; devices the
     /// node no longer reports are marked absent, not deleted.
     async fn register(

@@ -469,6 +469,7 @@ enum Needs {
 fn needs(method: &Method, path: &str) -> Needs {
     let public = path == "/"
         || path == "/healthz"
+        || path == "/readyz"
         || path == "/api/v1/session"
         || path.starts_with("/assets/");
     if public {

@@ -119,6 +119,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/", get(index))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/api/v1/nodes", get(api::nodes))
         .route("/api/v1/gpus", get(api::gpus))
@@ -201,6 +202,23 @@ fn always(name: header::HeaderName, value: &'static str) -> SetResponseHeaderLay
 /// Prometheus scrape. A store that cannot answer leaves its figures out
 /// rather than failing the scrape: ingest counters matter most when the
 /// database is in trouble.
+/// How long readiness waits for the database before saying no.
+const READY_DB_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Ready while the database answers: `/healthz` says the process lives,
+/// this whether it can serve the dashboard and store what agents send.
+async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> impl IntoResponse {
+    let why = match tokio::time::timeout(READY_DB_TIMEOUT, state.store.ping()).await {
+        Ok(Ok(())) => return (axum::http::StatusCode::OK, "ready\n"),
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "not ready: the database does not answer");
+            "not ready: the database does not answer\n"
+        }
+        Err(_) => "not ready: the database did not answer within 2 s\n",
+    };
+    (axum::http::StatusCode::SERVICE_UNAVAILABLE, why)
+}
+
 async fn metrics(axum::extract::State(state): axum::extract::State<AppState>) -> impl IntoResponse {
     let alerts = state.store.active_alert_counts().await.ok();
     let figures = StoreFigures {

@@ -412,6 +412,11 @@ crate::tokens::impl_token_store!(PostgresStore);
 
 #[async_trait]
 impl Store for PostgresStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
     async fn register(&self, reg: &Registration, now_ms: i64) -> Result<NodeSession, StoreError> {
         let mut tx = self.pool.begin().await?;
         let uuids: Vec<&str> = reg.devices.iter().map(|d| d.uuid.as_str()).collect();

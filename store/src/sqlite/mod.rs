@@ -264,6 +264,11 @@ crate::tokens::impl_token_store!(SqliteStore);
 
 #[async_trait]
 impl Store for SqliteStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
     async fn register(&self, reg: &Registration, now_ms: i64) -> Result<NodeSession, StoreError> {
         let mut tx = self.pool.begin().await?;
         let node_id: i64 = sqlx::query_scalar(

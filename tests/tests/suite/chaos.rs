@@ -91,6 +91,12 @@ async fn stored_through(url: &str, cutoff: i64, logs: impl Fn() -> String) -> Ve
 
 /// Where an interval does not start where the one before it ended (to
 /// rounding): (that end, the next start).
+/// The status `/readyz` answers at `addr`, if it answers.
+async fn readiness(addr: SocketAddr) -> Option<u16> {
+    let response = reqwest::get(format!("http://{addr}/readyz")).await.ok()?;
+    Some(response.status().as_u16())
+}
+
 fn breaks(samples: &[(i64, i64)]) -> Vec<(i64, i64)> {
     samples
         .windows(2)
@@ -175,6 +181,15 @@ async fn every_interval_is_stored_once_through_collector_agent_and_postgres_cras
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
     cluster.stop_immediately().unwrap();
+    // Readiness tells the balancer: the collector without its database is
+    // not ready, the agent, still reading its GPUs, is.
+    eventually(
+        "the collector to report not ready",
+        Duration::from_secs(10),
+        || async { (readiness(http).await == Some(503)).then_some(()) },
+    )
+    .await;
+    assert_eq!(readiness(metrics).await, Some(200), "{}", logs());
     tokio::time::sleep(Duration::from_secs(db_outage)).await;
     assert!(
         collector.is_running(),
@@ -182,6 +197,12 @@ async fn every_interval_is_stored_once_through_collector_agent_and_postgres_cras
         logs()
     );
     cluster.start().unwrap();
+    eventually(
+        "the collector to be ready again",
+        Duration::from_secs(30),
+        || async { (readiness(http).await == Some(200)).then_some(()) },
+    )
+    .await;
     let cutoff = drained(metrics, "the database outage's backlog to be stored").await;
     assert!(collector.is_running(), "{}", logs());
 

@@ -296,6 +296,16 @@ async fn simulated_agent_to_postgres_collector_api_returns_scenario_values() {
         exposition.contains("pid=\"4242\",process=\"python train.py\",user=\"alice\",job=\"99\"")
     );
     promtool_check(&exposition);
+    // It has read its GPUs, so it says it is ready; so does the collector,
+    // whose database answers.
+    for url in [
+        format!("http://{}/readyz", agent.metrics_addr().unwrap()),
+        collector.api("/readyz"),
+    ] {
+        let ready = reqwest::get(&url).await.unwrap();
+        assert_eq!(ready.status(), reqwest::StatusCode::OK, "{url}");
+        assert_eq!(ready.text().await.unwrap(), "ready\n");
+    }
 
     // Samples keep arriving, one per interval, each stored once.
     let uuid = gpu0["uuid"].as_str().unwrap().to_owned();
