@@ -34,6 +34,7 @@ mod postgres_cluster;
 mod postgres_failover;
 mod postgres_packing;
 mod postgres_rollup_packing;
+mod prometheus_rules;
 mod python_client;
 mod release;
 mod sqlite_chunks;
