@@ -83,8 +83,11 @@ pub struct AgentConfig {
     /// Ship a short interval at once when a device's used + reserved memory
     /// crosses this fraction of its total (match the collector's watermark).
     pub flush_above: f64,
-    /// Prometheus `/metrics` and `/healthz`.
+    /// Prometheus `/metrics`, `/healthz` and `/readyz`.
     pub metrics_listen: SocketAddr,
+    /// Also expose memory, PCIe and XID figures under dcgm-exporter 4.8's
+    /// names and labels (`DCGM_FI_DEV_FB_USED`, ...), beside Headroom's.
+    pub dcgm_metric_names: bool,
     /// Unix socket on which training processes report their allocator's
     /// statistics (`clients/python`); open to every local user, each report
     /// tied to its sender's pid by the kernel. Empty turns it off.
@@ -122,6 +125,7 @@ impl Default for AgentConfig {
             max_pending_batches: 3600,
             flush_above: 0.90,
             metrics_listen: SocketAddr::from(([0, 0, 0, 0], 9401)),
+            dcgm_metric_names: false,
             allocator_socket: PathBuf::from("/run/headroom/allocator.sock"),
             allocator_max_clients: 256,
             allocator_max_clients_per_user: 64,
@@ -158,6 +162,7 @@ pub struct Overrides {
     pub poll_interval_ms: Option<u64>,
     pub sample_interval_ms: Option<u64>,
     pub metrics_listen: Option<SocketAddr>,
+    pub dcgm_metric_names: Option<bool>,
     pub allocator_socket: Option<PathBuf>,
     pub spool_dir: Option<PathBuf>,
     pub token_file: Option<PathBuf>,
@@ -235,6 +240,9 @@ impl AgentConfig {
         }
         if let Some(v) = o.metrics_listen {
             self.metrics_listen = v;
+        }
+        if let Some(v) = o.dcgm_metric_names {
+            self.dcgm_metric_names = v;
         }
         if let Some(v) = o.allocator_socket {
             self.allocator_socket = v;

@@ -10,6 +10,7 @@ pub mod config;
 pub mod flush;
 pub mod identity;
 pub mod metrics;
+mod metrics_dcgm;
 pub mod outbox;
 pub mod sampler;
 pub mod source;
@@ -58,6 +59,9 @@ pub struct AgentSettings {
     pub flush_above: f64,
     /// Where to serve Prometheus `/metrics` and `/healthz`; `None` for none.
     pub metrics_listen: Option<SocketAddr>,
+    /// Also expose memory, PCIe and XID figures under dcgm-exporter's
+    /// names, for dashboards and rules written for it.
+    pub dcgm_metric_names: bool,
     /// The Unix socket training processes report allocator statistics on;
     /// `None` for none.
     pub allocator_socket: Option<ListenerConfig>,
@@ -144,6 +148,7 @@ pub fn start(
     };
     tracing::info!(node = %settings.node, gpus = inventory.gpus.len(), driver = %inventory.driver_version, "inventory read");
     let metrics = AgentMetrics::new(&settings.node, &inventory);
+    metrics.set_dcgm_names(settings.dcgm_metric_names);
     let (metrics_addr, metrics_server) = match settings.metrics_listen {
         Some(addr) => {
             let listener = std::net::TcpListener::bind(addr)

@@ -60,6 +60,10 @@ struct Cli {
     /// Address for Prometheus /metrics and /healthz (default 0.0.0.0:9401).
     #[arg(long, env = "HEADROOM_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Also expose memory, PCIe and XID figures under dcgm-exporter 4.8's
+    /// names and labels, beside Headroom's (`dcgm_metric_names`).
+    #[arg(long, env = "HEADROOM_DCGM_METRIC_NAMES")]
+    dcgm_metric_names: Option<bool>,
     /// Unix socket for allocator reports from training processes (default
     /// /run/headroom/allocator.sock).
     #[arg(long, env = "HEADROOM_ALLOCATOR_SOCKET")]
@@ -118,6 +122,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             poll_interval_ms: cli.poll_interval_ms,
             sample_interval_ms: cli.sample_interval_ms,
             metrics_listen: cli.metrics_listen,
+            dcgm_metric_names: cli.dcgm_metric_names,
             allocator_socket: if cli.no_allocator_socket {
                 Some(PathBuf::new())
             } else {
@@ -196,6 +201,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         max_pending_batches: config.max_pending_batches,
         flush_above: config.flush_above,
         metrics_listen: Some(config.metrics_listen),
+        dcgm_metric_names: config.dcgm_metric_names,
         allocator_socket: (!config.allocator_socket.as_os_str().is_empty()).then(|| {
             ListenerConfig {
                 path: config.allocator_socket.clone(),

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -15,6 +15,8 @@ use axum::routing::get;
 
 use headroom_common::exposition::write_family;
 
+use crate::metrics_dcgm::DcgmDevice;
+
 use crate::outbox::LogStats;
 use crate::source::{EventKind, Inventory, Poll};
 
@@ -23,6 +25,8 @@ struct DeviceLabels {
     gpu: String,
     model: String,
     mig_profile: String,
+    /// The same device as dcgm-exporter labels it.
+    dcgm: DcgmDevice,
 }
 
 #[derive(Debug, Default)]
@@ -40,6 +44,10 @@ pub struct AgentMetrics {
     devices: RwLock<HashMap<String, DeviceLabels>>,
     last: Mutex<LastPoll>,
     events: Mutex<HashMap<EventKind, u64>>,
+    /// The last XID per device UUID, for `DCGM_FI_DEV_XID_ERRORS`.
+    last_xid: Mutex<HashMap<String, u32>>,
+    /// Also render dcgm-exporter's names (`dcgm_metric_names`).
+    dcgm_names: AtomicBool,
     polls: AtomicU64,
     poll_failures: AtomicU64,
     pending_batches: AtomicU64,
@@ -92,7 +100,7 @@ impl AllocatorOutcome {
 }
 
 /// Prometheus label values escape backslash, double quote and newline.
-fn escape(value: &str) -> String {
+pub(crate) fn escape(value: &str) -> String {
     value
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -106,6 +114,8 @@ impl AgentMetrics {
             devices: RwLock::new(labels_of(inventory)),
             last: Mutex::default(),
             events: Mutex::default(),
+            last_xid: Mutex::default(),
+            dcgm_names: AtomicBool::new(false),
             polls: AtomicU64::new(0),
             poll_failures: AtomicU64::new(0),
             pending_batches: AtomicU64::new(0),
@@ -119,6 +129,11 @@ impl AgentMetrics {
             allocator_clients: AtomicU64::new(0),
             allocator_socket_up: AtomicU64::new(0),
         })
+    }
+
+    /// Renders dcgm-exporter's names beside Headroom's from now on.
+    pub fn set_dcgm_names(&self, on: bool) {
+        self.dcgm_names.store(on, Ordering::Relaxed);
     }
 
     pub fn record_allocator(&self, outcome: AllocatorOutcome) {
@@ -150,6 +165,16 @@ impl AgentMetrics {
         {
             for event in &poll.events {
                 *events.entry(event.kind).or_default() += 1;
+            }
+        }
+        if poll
+            .events
+            .iter()
+            .any(|e| e.kind == EventKind::Xid && !e.device_uuid.is_empty())
+            && let Ok(mut last_xid) = self.last_xid.lock()
+        {
+            for event in poll.events.iter().filter(|e| e.kind == EventKind::Xid) {
+                last_xid.insert(event.device_uuid.clone(), event.code);
             }
         }
         if let Ok(mut last) = self.last.lock() {
@@ -422,6 +447,14 @@ impl AgentMetrics {
                 self.allocator_socket_up.load(Ordering::Relaxed).to_string(),
             )],
         );
+        if self.dcgm_names.load(Ordering::Relaxed) {
+            let dcgm: HashMap<String, DcgmDevice> = devices
+                .iter()
+                .map(|(uuid, d)| (uuid.clone(), d.dcgm.clone()))
+                .collect();
+            let last_xid = self.last_xid.lock().map(|x| x.clone()).unwrap_or_default();
+            crate::metrics_dcgm::render(&mut out, &self.node, &dcgm, &poll, &last_xid);
+        }
         out
     }
 }
@@ -435,6 +468,12 @@ fn labels_of(inventory: &Inventory) -> HashMap<String, DeviceLabels> {
                 gpu: gpu.index.to_string(),
                 model: gpu.name.clone(),
                 mig_profile: String::new(),
+                dcgm: DcgmDevice {
+                    gpu: gpu.index,
+                    gpu_uuid: gpu.uuid.clone(),
+                    model: gpu.name.clone(),
+                    mig: None,
+                },
             },
         );
         for mig in &gpu.mig_instances {
@@ -444,6 +483,12 @@ fn labels_of(inventory: &Inventory) -> HashMap<String, DeviceLabels> {
                     gpu: gpu.index.to_string(),
                     model: gpu.name.clone(),
                     mig_profile: mig.profile.clone(),
+                    dcgm: DcgmDevice {
+                        gpu: gpu.index,
+                        gpu_uuid: gpu.uuid.clone(),
+                        model: gpu.name.clone(),
+                        mig: Some((mig.profile.clone(), mig.gpu_instance_id)),
+                    },
                 },
             );
         }
@@ -529,6 +574,82 @@ mod tests {
         assert!(!m.has_read_gpus(), "a failed read is not a read");
         m.record_poll(&Arc::new(Poll::default()), Duration::from_millis(1));
         assert!(m.has_read_gpus());
+    }
+
+    #[test]
+    fn dcgm_names_appear_only_when_asked_with_dcgm_labels_and_units() {
+        const MIB: u64 = 1024 * 1024;
+        let inventory = Inventory {
+            driver_version: "550".into(),
+            gpus: vec![GpuDevice {
+                index: 2,
+                uuid: "GPU-p".into(),
+                name: "NVIDIA A100-SXM4-80GB".into(),
+                memory_total: 80 * 1024 * MIB,
+                pcie_generation: 4,
+                pcie_width: 16,
+                mig_instances: vec![crate::source::MigDevice {
+                    uuid: "MIG-m".into(),
+                    gpu_instance_id: 5,
+                    compute_instance_id: 0,
+                    profile: "3g.40gb".into(),
+                    memory_total: 40 * 1024 * MIB,
+                }],
+            }],
+        };
+        let reading = |uuid: &str, used_mib: u64, total_mib: u64| DeviceReading {
+            uuid: uuid.into(),
+            memory_used: used_mib * MIB + 1,
+            memory_reserved: 2 * MIB,
+            memory_total: total_mib * MIB,
+            utilization_pct: Some(37),
+            pcie_tx_bytes_per_s: Some(1000),
+            pcie_rx_bytes_per_s: None,
+        };
+        let mut xid =
+            crate::source::SourceEvent::now(EventKind::Xid, "GPU-p".into(), String::new());
+        xid.code = 79;
+        let m = AgentMetrics::new("gpu-a01", &inventory);
+        m.record_poll(
+            &Arc::new(Poll {
+                devices: vec![
+                    reading("GPU-p", 1000, 80 * 1024),
+                    reading("MIG-m", 300, 40 * 1024),
+                ],
+                events: vec![xid],
+                ..Poll::default()
+            }),
+            Duration::from_millis(1),
+        );
+        assert!(!m.render().contains("DCGM_"), "off by default");
+        m.set_dcgm_names(true);
+        let text = m.render();
+        let gpu = "gpu=\"2\",UUID=\"GPU-p\",device=\"nvidia2\",modelName=\"NVIDIA A100-SXM4-80GB\"";
+        let host = "Hostname=\"gpu-a01\"";
+        let mig = format!("{gpu},GPU_I_PROFILE=\"3g.40gb\",GPU_I_ID=\"5\",{host}");
+        for line in [
+            format!("DCGM_FI_DEV_FB_USED{{{gpu},{host}}} 1000"),
+            format!(
+                "DCGM_FI_DEV_FB_FREE{{{gpu},{host}}} {}",
+                80 * 1024 - 1000 - 2 - 1
+            ),
+            format!("DCGM_FI_DEV_FB_RESERVED{{{gpu},{host}}} 2"),
+            format!("DCGM_FI_DEV_GPU_UTIL{{{gpu},{host}}} 37"),
+            format!("DCGM_FI_PROF_PCIE_TX_BYTES{{{gpu},{host}}} 1000"),
+            format!("DCGM_FI_DEV_XID_ERRORS{{{gpu},{host}}} 79"),
+            format!("DCGM_FI_DEV_FB_USED{{{mig}}} 300"),
+            format!("DCGM_FI_DEV_XID_ERRORS{{{mig}}} 79"),
+        ] {
+            assert!(text.contains(&line), "{line} missing:\n{text}");
+        }
+        assert!(
+            !text.contains("DCGM_FI_PROF_PCIE_RX_BYTES{"),
+            "absent, not zero"
+        );
+        assert!(
+            text.contains("headroom_gpu_memory_used_bytes{"),
+            "Headroom's names stay"
+        );
     }
 
     #[test]

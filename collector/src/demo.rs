@@ -90,6 +90,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             flush_above: 0.90,
             metrics_listen: None,
             allocator_socket: None,
+            dcgm_metric_names: false,
         };
         agents.push(headroom_agent::start(settings, Box::new(source))?);
     }

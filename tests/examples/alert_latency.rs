@@ -270,6 +270,7 @@ async fn main() {
                     flush_above: 0.90,
                     metrics_listen: with_prometheus.then(|| "127.0.0.1:0".parse().unwrap()),
                     allocator_socket: None,
+                    dcgm_metric_names: false,
                 },
                 Box::new(source),
             )

@@ -163,6 +163,7 @@ async fn main() {
             flush_above: 1.5,
             metrics_listen: None,
             allocator_socket: None,
+            dcgm_metric_names: false,
         };
         let source = SimSource::new(&scenario, &format!("soak-{i:03}")).unwrap();
         handles.push(headroom_agent::start(settings, Box::new(source)).unwrap());

@@ -207,6 +207,7 @@ pub fn sim_agent_settings(collector_url: String, node: &str) -> headroom_agent::
         flush_above: 1.5,
         metrics_listen: None,
         allocator_socket: None,
+        dcgm_metric_names: false,
     }
 }
 

@@ -82,6 +82,7 @@ fn start_agent(collector: &RunningCollector, scenario: &str) -> AgentHandle {
             flush_above: 0.90,
             metrics_listen: None,
             allocator_socket: None,
+            dcgm_metric_names: false,
         },
         Box::new(SimSource::new(&scenario, "oom-node").unwrap()),
     )
@@ -367,6 +368,7 @@ memory = { shape = "steady", level = "77GiB" }
             flush_above: 0.90,
             metrics_listen: None,
             allocator_socket: None,
+            dcgm_metric_names: false,
         },
         Box::new(SimSource::new(&scenario, "full-node").unwrap()),
     )
