@@ -1,6 +1,7 @@
 mod backtest;
 #[cfg(feature = "demo")]
 mod demo;
+mod job_report_cli;
 mod route_check;
 mod status;
 
@@ -106,6 +107,20 @@ enum Command {
         #[arg(required = true)]
         labels: Vec<String>,
     },
+    /// Print the memory report of a Slurm job or pod that has ended (its
+    /// peak per GPU, what held it, its alerts, a right-sizing suggestion),
+    /// from a running collector's API.
+    JobReport {
+        /// The Slurm job id or the pod's UID.
+        id: String,
+        /// The collector's HTTP address.
+        #[arg(long, env = "HEADROOM_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// A dashboard token (viewer is enough) when the collector asks for
+        /// one (prefer the environment: flags show in `ps`).
+        #[arg(long, env = "HEADROOM_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// Print the built-in defaults of `serve` as a configuration file.
     PrintDefaultConfig,
     /// Enrol, list and revoke the tokens agents present (`[agents]
@@ -182,6 +197,9 @@ fn main() -> ExitCode {
                 serve(config, rules).await
             }
             Command::Backtest(args) => backtest::run(args),
+            Command::JobReport { id, url, token } => {
+                job_report_cli::run(&url, token.as_deref(), &id).await
+            }
             Command::Route { rules, labels } => {
                 print!(
                     "{}",

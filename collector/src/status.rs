@@ -104,7 +104,12 @@ pub fn render(fleet: &Value, alerts: &Value, listed: usize) -> String {
     out
 }
 
-async fn get(client: &reqwest::Client, url: &str, token: Option<&str>) -> anyhow::Result<Value> {
+/// A GET of the collector's API, with the collector's own words on a refusal.
+pub(crate) async fn get(
+    client: &reqwest::Client,
+    url: &str,
+    token: Option<&str>,
+) -> anyhow::Result<Value> {
     let mut request = client.get(url);
     if let Some(token) = token {
         request = request.bearer_auth(token);
@@ -120,7 +125,12 @@ async fn get(client: &reqwest::Client, url: &str, token: Option<&str>) -> anyhow
         );
     }
     if !status.is_success() {
-        anyhow::bail!("{url} answered HTTP {status}");
+        let body = response.text().await.unwrap_or_default();
+        let said = serde_json::from_str::<Value>(&body)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_owned))
+            .unwrap_or(body);
+        anyhow::bail!("{url} answered HTTP {status}: {}", said.trim());
     }
     response
         .json()

@@ -322,6 +322,25 @@ impl Default for EventsRule {
     }
 }
 
+/// When a job's memory report is written (`docs/job-reports.md`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobReportRule {
+    pub enabled: bool,
+    /// A job has ended on a node once the node has reported this long of
+    /// sample time without any of its processes.
+    pub end_after: Span,
+}
+
+impl Default for JobReportRule {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            end_after: Span(2 * 60_000),
+        }
+    }
+}
+
 /// A generic JSON webhook, signed with HMAC-SHA256.
 #[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -470,6 +489,7 @@ pub struct RulesConfig {
     pub fragmentation: FragmentationRule,
     pub alloc_retries: AllocRetriesRule,
     pub allocator_oom: AllocatorOomRule,
+    pub job_report: JobReportRule,
     pub notify: NotifyConfig,
 }
 
@@ -592,6 +612,9 @@ impl RulesConfig {
             return Err(
                 "alloc_retries.window and allocator_oom.resolve_after must be at least 1s".into(),
             );
+        }
+        if !(1_000..=86_400_000).contains(&self.job_report.end_after.0) {
+            return Err("job_report.end_after must be between 1s and 1d".into());
         }
         if self.agent_silent.intervals == 0 {
             return Err("agent_silent.intervals must be at least 1".into());

@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 
 use crate::alerts::AlertStore;
+use crate::job_reports::JobReportStore;
 use crate::model::{FlushReport, NodeSession, Registration, StoreBatch, WriteOutcome};
 use crate::peers::{OpenSamples, OpenSamplesQuery, PeerLink};
 use crate::rollup::{MaintenanceReport, Watermarks};
@@ -29,7 +30,9 @@ pub(crate) fn log_flush_on_close(flushed: Result<FlushReport, StoreError>) {
 }
 
 #[async_trait]
-pub trait Store: AlertStore + TokenStore + Send + Sync + std::fmt::Debug + 'static {
+pub trait Store:
+    AlertStore + TokenStore + JobReportStore + Send + Sync + std::fmt::Debug + 'static
+{
     /// One round trip to the database: whether it answers now (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
 

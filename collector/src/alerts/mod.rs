@@ -21,12 +21,19 @@ use headroom_rules::config::{NotifyConfig, RulesConfig, Severity};
 use headroom_rules::engine::Engine;
 use headroom_rules::lifecycle::Transition;
 use headroom_rules::observation::{DeviceObservation, EventObservation, ProcessObservation};
+use headroom_store::JobReportRow;
 use headroom_store::alerts::{AlertFilter, AlertUpdate, NewNotification, SilenceView, UpdateKind};
 use headroom_store::model::{AllocatorRow, NodeSession, StoreBatch};
+
+use crate::job_reports::JobTracker;
 use headroom_store::{Store, StoreError};
 
 /// How long a Slack notification waits for companions from the same node.
 const SLACK_GROUP_WAIT_MS: i64 = 2_000;
+/// Ended jobs are looked for every this many seconds.
+const JOB_REPORT_EVERY_TICKS: u64 = 5;
+/// Reports kept for another try while the store refuses them.
+const MAX_UNSAVED_REPORTS: usize = 10_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AlertingError {
@@ -50,6 +57,10 @@ pub struct Alerting {
     /// An alert fired or resolved: Alertmanager hears of it now, not at the
     /// next resend.
     wake_alertmanager: Notify,
+    /// The jobs running on the nodes this collector holds, for their reports.
+    jobs: Mutex<JobTracker>,
+    /// Reports the store refused, tried again at the next pass.
+    unsaved_reports: Mutex<Vec<JobReportRow>>,
 }
 
 /// A silence may name the rule as well as labels.
@@ -107,6 +118,8 @@ impl Alerting {
             clock,
             wake_outbox: Notify::new(),
             wake_alertmanager: Notify::new(),
+            jobs: Mutex::new(JobTracker::default()),
+            unsaved_reports: Mutex::new(Vec::new()),
         }))
     }
 
@@ -138,12 +151,17 @@ impl Alerting {
         let mut tick_stop = stop.clone();
         tokio::spawn(async move {
             let mut interval = tokio::time::interval(Duration::from_secs(1));
+            let mut ticks: u64 = 0;
             loop {
                 tokio::select! {
                     _ = interval.tick() => {
                         let now = ticker.clock.now_ms();
                         let changes = ticker.engine.lock().map(|mut e| e.tick(now)).unwrap_or_default();
                         ticker.apply(changes).await;
+                        ticks += 1;
+                        if ticks.is_multiple_of(JOB_REPORT_EVERY_TICKS) {
+                            ticker.report_ended_jobs(now).await;
+                        }
                     }
                     _ = stopped(&mut tick_stop) => return,
                 }
@@ -159,8 +177,81 @@ impl Alerting {
         }
     }
 
+    /// Writes the reports of the jobs that have ended, with the alerts that
+    /// concerned them; a report the store refuses is tried again next time.
+    async fn report_ended_jobs(&self, now_ms: i64) {
+        let rule = self
+            .engine
+            .lock()
+            .map(|e| e.config().job_report.clone())
+            .unwrap_or_default();
+        if !rule.enabled {
+            return;
+        }
+        let ended = self
+            .jobs
+            .lock()
+            .map(|mut j| j.take_ended(now_ms, rule.end_after.ms()))
+            .unwrap_or_default();
+        let mut rows: Vec<JobReportRow> = self
+            .unsaved_reports
+            .lock()
+            .map(|mut u| std::mem::take(&mut *u))
+            .unwrap_or_default();
+        if !ended.is_empty() {
+            let mut alerts = self
+                .store
+                .alerts(AlertFilter::Active, 10_000)
+                .await
+                .unwrap_or_default();
+            alerts.extend(
+                self.store
+                    .alerts(AlertFilter::Resolved, 10_000)
+                    .await
+                    .unwrap_or_default(),
+            );
+            for job in &ended {
+                let body = crate::job_reports::report_body(job, &alerts, Some(job.last_seen_ms));
+                tracing::info!(kind = job.kind.as_str(), job = %job.job_id, node = %job.node,
+                    gpus = job.gpus.len(), "job ended; memory report written");
+                rows.push(JobReportRow {
+                    kind: job.kind.as_str().to_owned(),
+                    job_id: job.job_id.clone(),
+                    node: job.node.clone(),
+                    started_at_ms: job.observed_from_ms,
+                    ended_at_ms: job.last_seen_ms,
+                    report: body.to_string(),
+                });
+            }
+        }
+        let mut failed = Vec::new();
+        for row in rows {
+            if let Err(error) = self.store.save_job_report(&row).await {
+                tracing::warn!(%error, job = %row.job_id, "saving a job report failed; trying again");
+                failed.push(row);
+            }
+        }
+        if !failed.is_empty()
+            && let Ok(mut unsaved) = self.unsaved_reports.lock()
+        {
+            unsaved.extend(failed);
+            // A database away for long must not make the collector grow.
+            let excess = unsaved.len().saturating_sub(MAX_UNSAVED_REPORTS);
+            if excess > 0 {
+                tracing::error!(
+                    dropped = excess,
+                    "job reports dropped: the store refused them too long"
+                );
+                unsaved.drain(..excess);
+            }
+        }
+    }
+
     /// Runs the rules over a committed batch and persists what changed.
     pub async fn observe_batch(&self, session: &NodeSession, batch: &StoreBatch) {
+        if let Ok(mut jobs) = self.jobs.lock() {
+            jobs.observe(session, batch);
+        }
         // Memory the agent attributes to processes, per device; a GPU in MIG
         // mode counts the processes of its instances.
         let mut attributed: HashMap<(i64, i64), u64> = HashMap::new();
@@ -404,7 +495,7 @@ pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
 }
 
 /// A stored allocator report as the rules read it.
-fn allocator_observation(a: AllocatorRow) -> AllocatorObservation {
+pub(crate) fn allocator_observation(a: AllocatorRow) -> AllocatorObservation {
     let as_u64 = |v: i64| u64::try_from(v).unwrap_or(0);
     AllocatorObservation {
         timestamp_ms: a.timestamp_ms,

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use headroom_common::{Breakdown, Share};
 use headroom_rules::remedy;
 use headroom_store::ProcessView;
@@ -139,6 +139,25 @@ pub fn jobs(processes: &[ProcessView]) -> Vec<JobView> {
             .then_with(|| a.id.cmp(&b.id))
     });
     jobs
+}
+
+/// `GET /api/v1/jobs/{id}/report`: the memory report of a Slurm job or pod
+/// that has ended, merged over the nodes and collectors that watched it.
+pub async fn report(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let rows = state.store.job_reports(&id).await?;
+    let bodies: Vec<serde_json::Value> = rows
+        .iter()
+        .filter_map(|r| serde_json::from_str(&r.report).ok())
+        .collect();
+    crate::job_reports::merge(&bodies).map(Json).ok_or_else(|| {
+        ApiError::NotFound(format!(
+            "no report for job {id:?}: a report is written once the job has ended \
+             (its node reported for 2 min without it)"
+        ))
+    })
 }
 
 #[cfg(test)]

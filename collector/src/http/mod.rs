@@ -136,6 +136,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/processes", get(api::processes))
         .route("/api/v1/processes/summary", get(process_summary::summary))
         .route("/api/v1/jobs", get(jobs::list))
+        .route("/api/v1/jobs/{id}/report", get(jobs::report))
         .route(
             "/api/v1/gpus/{uuid}/processes/{pid}/allocator",
             get(api::allocator),

@@ -409,6 +409,7 @@ async fn load_session(
 }
 
 crate::tokens::impl_token_store!(PostgresStore);
+crate::job_reports::impl_job_report_store!(PostgresStore);
 
 #[async_trait]
 impl Store for PostgresStore {

@@ -261,6 +261,7 @@ async fn load_session(
 }
 
 crate::tokens::impl_token_store!(SqliteStore);
+crate::job_reports::impl_job_report_store!(SqliteStore);
 
 #[async_trait]
 impl Store for SqliteStore {

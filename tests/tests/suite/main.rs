@@ -26,6 +26,7 @@ mod hostile_grpc;
 mod hostile_http;
 mod http_hardening;
 mod ingest_grpc;
+mod job_reports;
 mod kubernetes;
 mod notifiers;
 mod nvml_agent;

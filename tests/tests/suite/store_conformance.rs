@@ -1637,6 +1637,50 @@ async fn closed_hours_are_compacted_and_chart_the_same(store: Arc<dyn Store>) {
     );
 }
 
+async fn job_reports_are_kept_per_node_and_replaced_on_the_same_start(store: Arc<dyn Store>) {
+    use headroom_store::JobReportRow;
+    let row = |node: &str, started: i64, report: &str| JobReportRow {
+        kind: "slurm".into(),
+        job_id: "4242".into(),
+        node: node.into(),
+        started_at_ms: started,
+        ended_at_ms: started + 60_000,
+        report: report.into(),
+    };
+    store
+        .save_job_report(&row("n2", 1_000, "{\"a\":1}"))
+        .await
+        .unwrap();
+    store
+        .save_job_report(&row("n1", 1_000, "{\"a\":2}"))
+        .await
+        .unwrap();
+    // The same collector writing again (a later end) replaces its row.
+    store
+        .save_job_report(&row("n1", 1_000, "{\"a\":3}"))
+        .await
+        .unwrap();
+    // Another collector that took the stream over writes its own.
+    store
+        .save_job_report(&row("n1", 5_000, "{\"a\":4}"))
+        .await
+        .unwrap();
+    let rows = store.job_reports("4242").await.unwrap();
+    let seen: Vec<(&str, i64, &str)> = rows
+        .iter()
+        .map(|r| (r.node.as_str(), r.started_at_ms, r.report.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("n1", 1_000, "{\"a\":3}"),
+            ("n2", 1_000, "{\"a\":1}"),
+            ("n1", 5_000, "{\"a\":4}")
+        ]
+    );
+    assert!(store.job_reports("42").await.unwrap().is_empty());
+}
+
 async fn sqlite_store() -> (Arc<dyn Store>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("conformance.db").display());
@@ -1693,6 +1737,7 @@ conformance!(
     a_group_of_batches_gets_one_outcome_each,
     steady_processes_are_stored_every_second_and_changes_show_at_once,
     tokens_are_enrolled_listed_and_revoked,
+    job_reports_are_kept_per_node_and_replaced_on_the_same_start,
     a_device_moves_only_when_its_node_lets_go,
     a_node_cannot_grow_its_devices_past_the_budget,
 );

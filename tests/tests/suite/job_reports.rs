@@ -1,0 +1,142 @@
+//! A job's memory report end to end: a simulated Slurm job holds memory,
+//! trips the watermark and ends; the collector writes its report, which the
+//! API and the CLI give back with the peak, the alert and a suggestion.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use headroom_agent::source::SimSource;
+use headroom_collector::Collector;
+use headroom_rules::config::RulesConfig;
+use headroom_sim::Scenario;
+use headroom_store::Store;
+use headroom_tests::harness::{RunningCollector, built, eventually, sim_agent_settings};
+
+/// Job 777 holds 74 GiB of an 80 GiB GPU (92.5 %) for 8 s and ends; a
+/// second process with no job keeps the node busy.
+const SCENARIO: &str = r#"
+[[node]]
+name = "report-node"
+
+[[node.gpu]]
+model = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+
+[[node.gpu.process]]
+pid = 777
+name = "python train.py"
+user = "carol"
+slurm_job_id = "777"
+end_s = 8
+memory = { shape = "steady", level = "74GiB" }
+
+[[node.gpu.process]]
+pid = 9
+name = "python notebook.py"
+user = "dave"
+memory = { shape = "steady", level = "1GiB" }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_job_has_a_report_with_its_peak_its_alerts_and_a_suggestion() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("reports.db").display());
+    let store: Arc<dyn Store> = headroom_store::connect(&url).await.unwrap();
+    let rules = RulesConfig::parse(
+        "[watermark]\nfor = \"1s\"\n[job_report]\nend_after = \"2s\"\n",
+        Path::new("test-rules.toml"),
+    )
+    .unwrap();
+    let collector = RunningCollector::start_collector(
+        Collector::builder(store)
+            .rules(rules)
+            .build()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let scenario = Scenario::from_toml_str(SCENARIO).unwrap();
+    let agent = headroom_agent::start(
+        sim_agent_settings(collector.grpc_url(), "report-node"),
+        Box::new(SimSource::new(&scenario, "report-node").unwrap()),
+    )
+    .unwrap();
+
+    // While it runs there is no report, and the API says why.
+    let early = reqwest::get(collector.api("/api/v1/jobs/777/report"))
+        .await
+        .unwrap();
+    assert_eq!(early.status(), reqwest::StatusCode::NOT_FOUND);
+    assert!(
+        early
+            .text()
+            .await
+            .unwrap()
+            .contains("once the job has ended")
+    );
+
+    let report = eventually("job 777's report", Duration::from_secs(60), || async {
+        let r = reqwest::get(collector.api("/api/v1/jobs/777/report"))
+            .await
+            .ok()?;
+        if !r.status().is_success() {
+            return None;
+        }
+        r.json::<serde_json::Value>().await.ok()
+    })
+    .await;
+    assert_eq!(report["kind"], "slurm");
+    assert_eq!(report["users"], serde_json::json!(["carol"]));
+    assert_eq!(report["nodes"], serde_json::json!(["report-node"]));
+    assert!(report["ended_at_ms"].is_i64(), "{report}");
+    let gpu = &report["gpus"][0];
+    assert_eq!(
+        gpu["peak_bytes"],
+        74u64 << 30,
+        "the job's own memory, not the neighbour's"
+    );
+    assert_eq!(gpu["total_bytes"], 80u64 << 30);
+    assert_eq!(gpu["headroom_bytes"], 6u64 << 30);
+    assert!(
+        gpu["suggestion"]
+            .as_str()
+            .unwrap()
+            .starts_with("peaked at 74 GiB of 80 GiB: 6 GiB of headroom"),
+        "{gpu}"
+    );
+    let alerts = report["alerts"].as_array().unwrap();
+    assert!(
+        alerts.iter().any(|a| a["rule"] == "watermark"),
+        "the GPU crossed the watermark while the job ran: {report}"
+    );
+    // The neighbour without a job has no report.
+    let none = reqwest::get(collector.api("/api/v1/jobs/9/report"))
+        .await
+        .unwrap();
+    assert_eq!(none.status(), reqwest::StatusCode::NOT_FOUND);
+
+    // The CLI prints it for the job's owner.
+    let out = tokio::process::Command::new(built("headroom-collector"))
+        .args(["job-report", "777", "--url", &collector.api("")])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.starts_with("Slurm job 777: users carol; nodes report-node\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("report-node GPU 0: peak 74 GiB of 80 GiB"),
+        "{text}"
+    );
+    assert!(text.contains("watermark"), "{text}");
+    agent.stop().await;
+    collector.stop().await;
+}
