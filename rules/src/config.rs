@@ -444,6 +444,20 @@ impl fmt::Debug for PagerDutyChannel {
     }
 }
 
+/// `http://` or `https://`, a host, and no white space: a URL a request can
+/// be sent to (whether anything answers is for the notifier to find out).
+fn is_http_url(url: &str) -> bool {
+    let Some(rest) = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+    else {
+        return false;
+    };
+    let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = host.rsplit('@').next().unwrap_or_default();
+    !host.is_empty() && !host.starts_with(':') && !url.chars().any(char::is_whitespace)
+}
+
 fn default_min_severity() -> Severity {
     Severity::Warning
 }
@@ -624,9 +638,9 @@ impl RulesConfig {
             if !names.insert(w.name.as_str()) {
                 return Err(format!("notify channel name {:?} is used twice", w.name));
             }
-            if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
+            if !is_http_url(&w.url) {
                 return Err(format!(
-                    "notify.webhook {:?}: url must start with http:// or https://",
+                    "notify.webhook {:?}: url must be an http:// or https:// URL with a host",
                     w.name
                 ));
             }
@@ -648,7 +662,7 @@ impl RulesConfig {
                 ));
             }
         }
-        let is_http = |url: &str| url.starts_with("http://") || url.starts_with("https://");
+        let is_http = is_http_url;
         for a in &self.notify.alertmanager {
             if !names.insert(a.name.as_str()) {
                 return Err(format!("notify channel name {:?} is used twice", a.name));
@@ -661,7 +675,7 @@ impl RulesConfig {
             }
             if let Some(url) = a.urls.iter().find(|u| !is_http(u)) {
                 return Err(format!(
-                    "notify.alertmanager {:?}: url {url:?} must start with http:// or https://",
+                    "notify.alertmanager {:?}: url {url:?} must be an http:// or https:// URL with a host",
                     a.name
                 ));
             }
@@ -678,7 +692,7 @@ impl RulesConfig {
             }
             if !is_http(&p.url) {
                 return Err(format!(
-                    "notify.pagerduty {:?}: url must start with http:// or https://",
+                    "notify.pagerduty {:?}: url must be an http:// or https:// URL with a host",
                     p.name
                 ));
             }
@@ -775,11 +789,19 @@ mod tests {
             ),
             (
                 "[[notify.alertmanager]]\nname = \"am\"\nurls = [\"am-0:9093\"]\n",
-                "url \"am-0:9093\" must start with http://",
+                "url \"am-0:9093\" must be an http:// or https:// URL with a host",
             ),
             (
                 "[[notify.alertmanager]]\nname = \"am\"\nurls = [\"http://a\"]\nresend_interval = \"1s\"\n",
                 "resend_interval must be between 5s and 1h",
+            ),
+            (
+                "[[notify.alertmanager]]\nname = \"am\"\nurls = [\"http:///api\"]\n",
+                "url \"http:///api\" must be an http:// or https:// URL with a host",
+            ),
+            (
+                "[[notify.pagerduty]]\nname = \"pd\"\nrouting_key = \"k\"\nurl = \"https://events pagerduty\"\n",
+                "notify.pagerduty \"pd\": url must be an http:// or https:// URL with a host",
             ),
             (
                 "[[notify.pagerduty]]\nname = \"pd\"\n",

@@ -14,6 +14,26 @@ use serde::Deserialize;
 
 use crate::config::{NotifyConfig, RulesError, Severity};
 
+/// The labels a route can match: those the rules put on alerts
+/// (`engine.rs`, `rules/xid.rs`), and `rule`, `severity` and `team`. A
+/// matcher on any other would never match, silently.
+pub const ROUTABLE_LABELS: [&str; 14] = [
+    "node",
+    "gpu",
+    "device_uuid",
+    "mig_profile",
+    "pid",
+    "process",
+    "user",
+    "job",
+    "pod",
+    "container",
+    "xid",
+    "rule",
+    "severity",
+    "team",
+];
+
 /// One accepted value, or any of several.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(untagged)]
@@ -232,6 +252,15 @@ impl NotifyConfig {
                     "notify.route[{index}]: channels is empty: name the channels it sends to"
                 ));
             }
+            if let Some(label) = route
+                .matchers
+                .keys()
+                .find(|k| !ROUTABLE_LABELS.contains(&k.as_str()))
+            {
+                return Err(format!(
+                    "notify.route[{index}]: no alert has a label {label:?}: match one of {ROUTABLE_LABELS:?}"
+                ));
+            }
             if let Some(c) = route.channels.iter().find(|c| !known(c)) {
                 return Err(format!(
                     "notify.route[{index}]: channel {c:?} is not configured (channels: {names:?})"
@@ -377,6 +406,12 @@ mod tests {
             (
                 format!("{CHANNELS}[[notify.route]]\nchannels = []\n"),
                 "notify.route[0]: channels is empty",
+            ),
+            (
+                format!(
+                    "{CHANNELS}[[notify.route]]\nmatchers = {{ taem = \"vision\" }}\nchannels = [\"ops\"]\n"
+                ),
+                "notify.route[0]: no alert has a label \"taem\"",
             ),
             (
                 format!("{CHANNELS}[notify]\ndefault_channels = [\"nobody\"]\n"),
