@@ -315,13 +315,15 @@ impl AgentMetrics {
                 .collect(),
         );
         let node = format!("node=\"{}\"", escape(&self.node));
-        let events = self.events.lock().map(|e| e.clone()).unwrap_or_default();
-        let mut events: Vec<(String, String)> = events
-            .into_iter()
-            .map(|(kind, count)| {
+        let counts = self.events.lock().map(|e| e.clone()).unwrap_or_default();
+        // Every kind from the start, at 0: a series that appears only with
+        // its first event at 1 shows no increase() to Prometheus.
+        let mut events: Vec<(String, String)> = EVENT_KINDS
+            .iter()
+            .map(|kind| {
                 (
-                    format!("{node},kind=\"{}\"", event_kind_label(kind)),
-                    count.to_string(),
+                    format!("{node},kind=\"{}\"", event_kind_label(*kind)),
+                    counts.get(kind).copied().unwrap_or(0).to_string(),
                 )
             })
             .collect();
@@ -495,6 +497,14 @@ fn labels_of(inventory: &Inventory) -> HashMap<String, DeviceLabels> {
     }
     devices
 }
+
+const EVENT_KINDS: [EventKind; 5] = [
+    EventKind::Xid,
+    EventKind::GpuLost,
+    EventKind::MigReconfigured,
+    EventKind::NvmlHung,
+    EventKind::NvmlInvalidData,
+];
 
 fn event_kind_label(kind: EventKind) -> &'static str {
     match kind {
@@ -709,5 +719,9 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("headroom_agent_polls_total{node=\"node-1\"} 1"));
+        assert!(
+            text.contains("headroom_agent_events_total{node=\"node-1\",kind=\"xid\"} 0"),
+            "every kind from the start, so the first event is an increase: {text}"
+        );
     }
 }

@@ -104,7 +104,9 @@ impl JobTracker {
             let Some((kind, id)) = job_of(&p.slurm_job_id, &p.pod_uid) else {
                 continue;
             };
-            let used = u64::try_from(p.used_last).unwrap_or(0);
+            // The interval's highest: a spike within a second is what
+            // brings a job to out of memory.
+            let used = u64::try_from(p.used_max.max(p.used_last)).unwrap_or(0);
             let breakdown = p
                 .allocator
                 .map(crate::alerts::allocator_observation)
@@ -184,6 +186,14 @@ impl JobTracker {
             .collect();
         out.sort_by(|a, b| (a.kind, &a.job_id, &a.node).cmp(&(b.kind, &b.job_id, &b.node)));
         out
+    }
+
+    /// Returns ended jobs whose reports could not be written yet.
+    pub fn put_back(&mut self, ended: Vec<JobOnNode>) {
+        for job in ended {
+            let key = (job.kind, job.job_id.clone(), job.node.clone());
+            self.jobs.entry(key).or_insert(job);
+        }
     }
 
     /// The jobs being watched now (for a report asked before the end).

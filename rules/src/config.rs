@@ -673,9 +673,10 @@ impl RulesConfig {
                     a.name
                 ));
             }
-            if let Some(url) = a.urls.iter().find(|u| !is_http(u)) {
+            // The index, not the URL: a URL may carry credentials.
+            if let Some(index) = a.urls.iter().position(|u| !is_http(u)) {
                 return Err(format!(
-                    "notify.alertmanager {:?}: url {url:?} must be an http:// or https:// URL with a host",
+                    "notify.alertmanager {:?}: urls[{index}] must be an http:// or https:// URL with a host",
                     a.name
                 ));
             }
@@ -789,7 +790,7 @@ mod tests {
             ),
             (
                 "[[notify.alertmanager]]\nname = \"am\"\nurls = [\"am-0:9093\"]\n",
-                "url \"am-0:9093\" must be an http:// or https:// URL with a host",
+                "urls[0] must be an http:// or https:// URL with a host",
             ),
             (
                 "[[notify.alertmanager]]\nname = \"am\"\nurls = [\"http://a\"]\nresend_interval = \"1s\"\n",
@@ -797,7 +798,7 @@ mod tests {
             ),
             (
                 "[[notify.alertmanager]]\nname = \"am\"\nurls = [\"http:///api\"]\n",
-                "url \"http:///api\" must be an http:// or https:// URL with a host",
+                "\"am\": urls[0] must be an http:// or https:// URL with a host",
             ),
             (
                 "[[notify.pagerduty]]\nname = \"pd\"\nrouting_key = \"k\"\nurl = \"https://events pagerduty\"\n",

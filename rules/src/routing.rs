@@ -132,6 +132,15 @@ impl OwnersConfig {
         }
     }
 
+    /// The team owning an alert with these labels, if the map names one.
+    pub fn team(&self, labels: &BTreeMap<String, String>) -> Option<&str> {
+        labels
+            .get("user")
+            .and_then(|u| self.users.get(u))
+            .or_else(|| labels.get("node").and_then(|n| self.nodes.get(n)))
+            .map(String::as_str)
+    }
+
     /// Takes in an owners file's entries that the rules file does not set.
     pub fn extend_missing(&mut self, file: OwnerMap) {
         let mut map = self.map();
@@ -229,7 +238,7 @@ impl NotifyConfig {
         severity: &str,
     ) -> BTreeMap<String, String> {
         let mut out = labels.clone();
-        if let Some(team) = self.owners.map().team(labels) {
+        if let Some(team) = self.owners.team(labels) {
             out.entry("team".to_owned())
                 .or_insert_with(|| team.to_owned());
         }
@@ -266,6 +275,13 @@ impl NotifyConfig {
                     "notify.route[{index}]: channel {c:?} is not configured (channels: {names:?})"
                 ));
             }
+        }
+        if self.default_channels.as_ref().is_some_and(Vec::is_empty) {
+            return Err(
+                "notify.default_channels is empty: alerts no route takes would go nowhere \
+                 (leave it out to send them to every channel)"
+                    .into(),
+            );
         }
         if let Some(c) = self.default_channels.iter().flatten().find(|c| !known(c)) {
             return Err(format!(
@@ -412,6 +428,10 @@ mod tests {
                     "{CHANNELS}[[notify.route]]\nmatchers = {{ taem = \"vision\" }}\nchannels = [\"ops\"]\n"
                 ),
                 "notify.route[0]: no alert has a label \"taem\"",
+            ),
+            (
+                format!("{CHANNELS}[notify]\ndefault_channels = []\n"),
+                "notify.default_channels is empty",
             ),
             (
                 format!("{CHANNELS}[notify]\ndefault_channels = [\"nobody\"]\n"),

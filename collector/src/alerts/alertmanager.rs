@@ -199,8 +199,12 @@ impl Sent {
                 self.superseded.push((now_ms, ended));
             }
         }
-        self.superseded
-            .retain(|(at, _)| *at >= now_ms - RESOLVED_RETENTION_MS);
+        // An ended label set that is current again (a warning that came
+        // back) must not be sent as ended beside it.
+        let current_labels: Vec<&Value> = current.iter().map(|(_, a)| &a["labels"]).collect();
+        self.superseded.retain(|(at, ended)| {
+            *at >= now_ms - RESOLVED_RETENTION_MS && !current_labels.contains(&&ended["labels"])
+        });
         self.labels_by_fingerprint = current
             .iter()
             .map(|(f, a)| (f.clone(), a["labels"].clone()))
@@ -244,7 +248,25 @@ async fn current_state(
             .take_while(|a| a.updated_at_ms >= now_ms - RESOLVED_RETENTION_MS),
     );
     let silences = alerting.store.silences(now_ms).await?;
-    Ok((alerts, silences))
+    Ok((newest_per_fingerprint(alerts), silences))
+}
+
+/// One row per alert: an alert that fired again after it resolved has a
+/// resolved row and a firing one, and Alertmanager, given both, would keep
+/// whichever came last. The newer row (the higher id) is the alert's state.
+fn newest_per_fingerprint(alerts: Vec<AlertView>) -> Vec<AlertView> {
+    let mut newest: HashMap<String, AlertView> = HashMap::new();
+    for alert in alerts {
+        match newest.get(&alert.fingerprint) {
+            Some(kept) if kept.id >= alert.id => {}
+            _ => {
+                newest.insert(alert.fingerprint.clone(), alert);
+            }
+        }
+    }
+    let mut out: Vec<AlertView> = newest.into_values().collect();
+    out.sort_by_key(|a| a.id);
+    out
 }
 
 /// Sends `body` to every instance of `target`; true when all accepted.
@@ -528,6 +550,38 @@ mod tests {
             rules,
             vec!["leak"],
             "the watermark alert is routed to ops only"
+        );
+    }
+
+    #[test]
+    fn an_alert_that_fired_again_is_sent_once_as_firing() {
+        let mut old = alert("watermark", "warning", "resolved", Some(NOW - 60_000));
+        old.id = 1;
+        let mut again = alert("watermark", "warning", "firing", None);
+        again.id = 2;
+        let rows = newest_per_fingerprint(vec![again.clone(), old.clone()]);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].state, "firing");
+        // A label set ended by an escalation that comes back is not also
+        // sent as ended.
+        let (target, routing) = channel("info", "");
+        let mut sent = Sent::default();
+        let warning = payload(&[again.clone()], &[], &target, &routing, NOW, None);
+        sent.body(warning.clone(), NOW);
+        let mut critical = again.clone();
+        critical.severity = "critical".into();
+        let critical = payload(&[critical], &[], &target, &routing, NOW + 1_000, None);
+        assert_eq!(sent.body(critical, NOW + 1_000).len(), 2);
+        let back = payload(&[again], &[], &target, &routing, NOW + 2_000, None);
+        let body = sent.body(back, NOW + 2_000);
+        let warnings: Vec<&Value> = body
+            .iter()
+            .filter(|a| a["labels"]["severity"] == "warning")
+            .collect();
+        assert_eq!(warnings.len(), 1, "{body:?}");
+        assert_eq!(
+            warnings[0]["endsAt"],
+            render::rfc3339(NOW + 2_000 + 240_000).unwrap()
         );
     }
 

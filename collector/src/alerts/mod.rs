@@ -199,17 +199,22 @@ impl Alerting {
             .map(|mut u| std::mem::take(&mut *u))
             .unwrap_or_default();
         if !ended.is_empty() {
-            let mut alerts = self
-                .store
-                .alerts(AlertFilter::Active, 10_000)
-                .await
-                .unwrap_or_default();
-            alerts.extend(
-                self.store
-                    .alerts(AlertFilter::Resolved, 10_000)
-                    .await
-                    .unwrap_or_default(),
-            );
+            let read = async {
+                let mut alerts = self.store.alerts(AlertFilter::Active, 10_000).await?;
+                alerts.extend(self.store.alerts(AlertFilter::Resolved, 10_000).await?);
+                Ok::<_, StoreError>(alerts)
+            };
+            let alerts = match read.await {
+                Ok(alerts) => alerts,
+                Err(error) => {
+                    // Not written without its alerts: tried again next pass.
+                    tracing::warn!(%error, "reading alerts for job reports failed; trying again");
+                    if let Ok(mut jobs) = self.jobs.lock() {
+                        jobs.put_back(ended);
+                    }
+                    return;
+                }
+            };
             for job in &ended {
                 let body = crate::job_reports::report_body(job, &alerts, Some(job.last_seen_ms));
                 tracing::info!(kind = job.kind.as_str(), job = %job.job_id, node = %job.node,
@@ -249,7 +254,11 @@ impl Alerting {
 
     /// Runs the rules over a committed batch and persists what changed.
     pub async fn observe_batch(&self, session: &NodeSession, batch: &StoreBatch) {
-        if let Ok(mut jobs) = self.jobs.lock() {
+        let reports_on = self
+            .engine
+            .lock()
+            .is_ok_and(|e| e.config().job_report.enabled);
+        if reports_on && let Ok(mut jobs) = self.jobs.lock() {
             jobs.observe(session, batch);
         }
         // Memory the agent attributes to processes, per device; a GPU in MIG
@@ -377,7 +386,7 @@ impl Alerting {
         for mut change in changes {
             // The owning team is a label like any other: routes, silences,
             // Alertmanager and receivers all see it.
-            if let Some(team) = routing.owners.map().team(&change.labels) {
+            if let Some(team) = routing.owners.team(&change.labels) {
                 let team = team.to_owned();
                 change.labels.entry("team".to_owned()).or_insert(team);
             }
@@ -389,12 +398,16 @@ impl Alerting {
                 Transition::Withdrawn => UpdateKind::Withdrawn,
                 Transition::Resolved => UpdateKind::Resolved,
             };
-            let notifications =
-                if silenced || matches!(kind, UpdateKind::Pending | UpdateKind::Withdrawn) {
-                    Vec::new()
-                } else {
-                    self.notifications(&change, &routing, dashboard.as_deref())
-                };
+            // A silence keeps news of an alert from people, but the end of
+            // one they were told of still goes out: a PagerDuty incident or
+            // a ticket opened by its firing is closed by it.
+            let suppressed = matches!(kind, UpdateKind::Pending | UpdateKind::Withdrawn)
+                || (silenced && !matches!(kind, UpdateKind::Resolved));
+            let notifications = if suppressed {
+                Vec::new()
+            } else {
+                self.notifications(&change, &routing, dashboard.as_deref())
+            };
             let update = AlertUpdate {
                 fingerprint: change.fingerprint.clone(),
                 rule: change.rule.to_owned(),

@@ -155,7 +155,7 @@ pub async fn report(
     crate::job_reports::merge(&bodies).map(Json).ok_or_else(|| {
         ApiError::NotFound(format!(
             "no report for job {id:?}: a report is written once the job has ended \
-             (its node reported for 2 min without it)"
+             (its node reported `job_report.end_after` without it)"
         ))
     })
 }
