@@ -196,8 +196,9 @@ impl JobTracker {
         }
     }
 
-    /// The jobs being watched now (for a report asked before the end).
-    pub fn running(&self, job_id: &str) -> Vec<JobOnNode> {
+    /// The jobs being watched now, for the tests to look into.
+    #[cfg(test)]
+    fn running(&self, job_id: &str) -> Vec<JobOnNode> {
         let mut out: Vec<JobOnNode> = self
             .jobs
             .values()

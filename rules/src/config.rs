@@ -634,10 +634,15 @@ impl RulesConfig {
             return Err("agent_silent.intervals must be at least 1".into());
         }
         let mut names = std::collections::HashSet::new();
+        if let Some(name) = self
+            .notify
+            .channel_names()
+            .into_iter()
+            .find(|n| !names.insert(*n))
+        {
+            return Err(format!("notify channel name {name:?} is used twice"));
+        }
         for w in &self.notify.webhook {
-            if !names.insert(w.name.as_str()) {
-                return Err(format!("notify channel name {:?} is used twice", w.name));
-            }
             if !is_http_url(&w.url) {
                 return Err(format!(
                     "notify.webhook {:?}: url must be an http:// or https:// URL with a host",
@@ -652,9 +657,6 @@ impl RulesConfig {
             }
         }
         for s in &self.notify.slack {
-            if !names.insert(s.name.as_str()) {
-                return Err(format!("notify channel name {:?} is used twice", s.name));
-            }
             if s.webhook_url.is_some() == s.webhook_url_file.is_some() {
                 return Err(format!(
                     "notify.slack {:?}: set exactly one of webhook_url and webhook_url_file",
@@ -664,9 +666,6 @@ impl RulesConfig {
         }
         let is_http = is_http_url;
         for a in &self.notify.alertmanager {
-            if !names.insert(a.name.as_str()) {
-                return Err(format!("notify channel name {:?} is used twice", a.name));
-            }
             if a.urls.is_empty() {
                 return Err(format!(
                     "notify.alertmanager {:?}: urls is empty: name at least one Alertmanager",
@@ -688,9 +687,6 @@ impl RulesConfig {
             }
         }
         for p in &self.notify.pagerduty {
-            if !names.insert(p.name.as_str()) {
-                return Err(format!("notify channel name {:?} is used twice", p.name));
-            }
             if !is_http(&p.url) {
                 return Err(format!(
                     "notify.pagerduty {:?}: url must be an http:// or https:// URL with a host",

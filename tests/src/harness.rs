@@ -34,10 +34,15 @@ impl RunningCollector {
     /// A collector on a fresh SQLite file in `dir`, running the built-in
     /// rules with no notification channels.
     pub async fn start_sqlite_with_default_rules(dir: &std::path::Path) -> Self {
+        Self::start_sqlite_with_rules(dir, RulesConfig::default()).await
+    }
+
+    /// A collector on a fresh SQLite file in `dir`, running `rules`.
+    pub async fn start_sqlite_with_rules(dir: &std::path::Path, rules: RulesConfig) -> Self {
         let url = format!("sqlite://{}", dir.join("headroom.db").display());
         let store: Arc<dyn Store> = headroom_store::connect(&url).await.unwrap();
         let collector = Collector::builder(store)
-            .rules(RulesConfig::default())
+            .rules(rules)
             .build()
             .await
             .unwrap();
@@ -209,6 +214,21 @@ pub fn sim_agent_settings(collector_url: String, node: &str) -> headroom_agent::
         allocator_socket: None,
         dcgm_metric_names: false,
     }
+}
+
+/// An in-process agent serving `node` of the scenario `toml` to `collector`,
+/// with [`sim_agent_settings`].
+pub fn start_sim_agent(
+    collector: &RunningCollector,
+    toml: &str,
+    node: &str,
+) -> headroom_agent::AgentHandle {
+    let scenario = headroom_sim::Scenario::from_toml_str(toml).unwrap();
+    headroom_agent::start(
+        sim_agent_settings(collector.grpc_url(), node),
+        Box::new(headroom_agent::source::SimSource::new(&scenario, node).unwrap()),
+    )
+    .unwrap()
 }
 
 /// A child process that is killed and reaped when dropped, so a test that

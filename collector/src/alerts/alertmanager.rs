@@ -290,11 +290,7 @@ async fn push(http: &reqwest::Client, target: &Target, body: &[Value]) -> bool {
 }
 
 pub(super) async fn sync(alerting: Arc<Alerting>, mut stop: watch::Receiver<bool>) {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .user_agent(concat!("headroom/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .unwrap_or_default();
+    let http = super::channels::http_client();
     // When each channel is next due; a change makes every channel due.
     let mut next_due_ms: HashMap<String, i64> = HashMap::new();
     let mut sent: HashMap<String, Sent> = HashMap::new();

@@ -118,6 +118,16 @@ pub fn signature(secret: &[u8], timestamp_s: i64, body: &str) -> String {
     format!("sha256={hex}")
 }
 
+/// The client every notifier sends with: a receiver that hangs costs a
+/// delivery attempt, not the task.
+pub(super) fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .user_agent(concat!("headroom/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .unwrap_or_default()
+}
+
 #[derive(Debug, Clone)]
 pub struct Sender {
     http: reqwest::Client,
@@ -126,11 +136,7 @@ pub struct Sender {
 
 impl Sender {
     pub fn new(channels: Vec<Channel>) -> Self {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .user_agent(concat!("headroom/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .unwrap_or_default();
+        let http = http_client();
         Self {
             http,
             channels: channels.into_iter().map(|c| (c.name.clone(), c)).collect(),

@@ -21,8 +21,9 @@ use sha2::Sha256;
 
 const SECRET: &str = "s3cret-for-tests";
 
-/// 70 GiB growing 2 GiB/s on an 80 GiB GPU: over 90 % within a second.
-const SCENARIO: &str = r#"
+/// 70 GiB growing 2 GiB/s on an 80 GiB GPU: over 90 % within a second,
+/// out of memory in five; then the job dies and memory falls.
+pub(crate) const SCENARIO: &str = r#"
 [[node]]
 name = "oom-node"
 

@@ -3,15 +3,10 @@
 //! API and the CLI give back with the peak, the alert and a suggestion.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
-use headroom_agent::source::SimSource;
-use headroom_collector::Collector;
 use headroom_rules::config::RulesConfig;
-use headroom_sim::Scenario;
-use headroom_store::Store;
-use headroom_tests::harness::{RunningCollector, built, eventually, sim_agent_settings};
+use headroom_tests::harness::{RunningCollector, built, eventually, start_sim_agent};
 
 /// Job 777 holds 74 GiB of an 80 GiB GPU (92.5 %) for 8 s and ends; a
 /// second process with no job keeps the node busy.
@@ -41,27 +36,13 @@ memory = { shape = "steady", level = "1GiB" }
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ended_job_has_a_report_with_its_peak_its_alerts_and_a_suggestion() {
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("reports.db").display());
-    let store: Arc<dyn Store> = headroom_store::connect(&url).await.unwrap();
     let rules = RulesConfig::parse(
         "[watermark]\nfor = \"1s\"\n[job_report]\nend_after = \"2s\"\n",
         Path::new("test-rules.toml"),
     )
     .unwrap();
-    let collector = RunningCollector::start_collector(
-        Collector::builder(store)
-            .rules(rules)
-            .build()
-            .await
-            .unwrap(),
-    )
-    .await;
-    let scenario = Scenario::from_toml_str(SCENARIO).unwrap();
-    let agent = headroom_agent::start(
-        sim_agent_settings(collector.grpc_url(), "report-node"),
-        Box::new(SimSource::new(&scenario, "report-node").unwrap()),
-    )
-    .unwrap();
+    let collector = RunningCollector::start_sqlite_with_rules(dir.path(), rules).await;
+    let agent = start_sim_agent(&collector, SCENARIO, "report-node");
 
     // While it runs there is no report, and the API says why.
     let early = reqwest::get(collector.api("/api/v1/jobs/777/report"))

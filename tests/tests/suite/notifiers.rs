@@ -5,59 +5,24 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
 use headroom_agent::AgentHandle;
-use headroom_agent::source::SimSource;
-use headroom_collector::Collector;
 use headroom_rules::config::RulesConfig;
-use headroom_sim::Scenario;
-use headroom_store::Store;
 use headroom_tests::harness::{
-    KillOnDrop, RunningCollector, eventually, free_loopback_addr, sim_agent_settings,
+    KillOnDrop, RunningCollector, eventually, free_loopback_addr, start_sim_agent,
 };
 use headroom_tests::receiver::Receiver;
 use headroom_tests::skip_or_fail_under_ci;
 use serde_json::Value;
 
-/// 70 GiB growing 2 GiB/s on an 80 GiB GPU: past the watermark within a
-/// second, out of memory in five, then the job dies and memory falls.
-const RAMP_TO_OOM: &str = r#"
-[[node]]
-name = "oom-node"
-
-[[node.gpu]]
-model = "NVIDIA H100 80GB HBM3"
-memory_total = "80GiB"
-
-[[node.gpu.process]]
-pid = 31337
-name = "python train.py --batch-size 4096"
-user = "carol"
-slurm_job_id = "555"
-memory = { shape = "ramp_to_oom", start = "70GiB", rate_per_min = "120GiB" }
-"#;
-
+/// A collector on SQLite running `rules`, and an agent on the ramp to OOM
+/// of the alerting tests.
 async fn start(rules: &str) -> (RunningCollector, AgentHandle, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("alerts.db").display());
-    let store: Arc<dyn Store> = headroom_store::connect(&url).await.unwrap();
     let rules = RulesConfig::parse(rules, Path::new("test-rules.toml")).unwrap();
-    let collector = RunningCollector::start_collector(
-        Collector::builder(store)
-            .rules(rules)
-            .build()
-            .await
-            .unwrap(),
-    )
-    .await;
-    let scenario = Scenario::from_toml_str(RAMP_TO_OOM).unwrap();
-    let agent = headroom_agent::start(
-        sim_agent_settings(collector.grpc_url(), "oom-node"),
-        Box::new(SimSource::new(&scenario, "oom-node").unwrap()),
-    )
-    .unwrap();
+    let collector = RunningCollector::start_sqlite_with_rules(dir.path(), rules).await;
+    let agent = start_sim_agent(&collector, super::alerting::SCENARIO, "oom-node");
     (collector, agent, dir)
 }
 
