@@ -85,8 +85,10 @@ pub struct AgentConfig {
     pub flush_above: f64,
     /// Prometheus `/metrics`, `/healthz` and `/readyz`.
     pub metrics_listen: SocketAddr,
-    /// Also expose memory, PCIe and XID figures under dcgm-exporter 4.8's
-    /// names and labels (`DCGM_FI_DEV_FB_USED`, ...), beside Headroom's.
+    /// Also expose memory, PCIe, XID, temperature, power and SM clock under
+    /// dcgm-exporter 4.8's names and labels (`DCGM_FI_DEV_FB_USED`, ...),
+    /// beside Headroom's; temperature, power and clock are then read from
+    /// NVML once a second.
     pub dcgm_metric_names: bool,
     /// Unix socket on which training processes report their allocator's
     /// statistics (`clients/python`); open to every local user, each report

@@ -60,8 +60,9 @@ struct Cli {
     /// Address for Prometheus /metrics and /healthz (default 0.0.0.0:9401).
     #[arg(long, env = "HEADROOM_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
-    /// Also expose memory, PCIe and XID figures under dcgm-exporter 4.8's
-    /// names and labels, beside Headroom's (`dcgm_metric_names`).
+    /// Also expose memory, PCIe, XID, temperature, power and SM clock under
+    /// dcgm-exporter 4.8's names and labels, beside Headroom's
+    /// (`dcgm_metric_names`).
     #[arg(long, env = "HEADROOM_DCGM_METRIC_NAMES")]
     dcgm_metric_names: Option<bool>,
     /// Unix socket for allocator reports from training processes (default
@@ -143,6 +144,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 pcie_fallback_interval: Duration::from_millis(config.pcie_fallback_interval_ms),
                 // Slow-moving values once a second, whatever the poll rate.
                 slow_every: (1000 / config.poll_interval_ms).max(1),
+                read_health: config.dcgm_metric_names,
                 ..NvmlOptions::default()
             })?;
             let node = match &config.node_name {

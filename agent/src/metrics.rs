@@ -473,8 +473,10 @@ fn labels_of(inventory: &Inventory) -> HashMap<String, DeviceLabels> {
                 dcgm: DcgmDevice {
                     gpu: gpu.index,
                     gpu_uuid: gpu.uuid.clone(),
+                    pci_bus_id: gpu.pci_bus_id.clone(),
                     model: gpu.name.clone(),
                     mig: None,
+                    driver_version: inventory.driver_version.clone(),
                 },
             },
         );
@@ -488,8 +490,10 @@ fn labels_of(inventory: &Inventory) -> HashMap<String, DeviceLabels> {
                     dcgm: DcgmDevice {
                         gpu: gpu.index,
                         gpu_uuid: gpu.uuid.clone(),
+                        pci_bus_id: gpu.pci_bus_id.clone(),
                         model: gpu.name.clone(),
                         mig: Some((mig.profile.clone(), mig.gpu_instance_id)),
+                        driver_version: inventory.driver_version.clone(),
                     },
                 },
             );
@@ -596,6 +600,7 @@ mod tests {
                 uuid: "GPU-p".into(),
                 name: "NVIDIA A100-SXM4-80GB".into(),
                 memory_total: 80 * 1024 * MIB,
+                pci_bus_id: "00000000:01:00.0".into(),
                 pcie_generation: 4,
                 pcie_width: 16,
                 mig_instances: vec![crate::source::MigDevice {
@@ -615,6 +620,7 @@ mod tests {
             utilization_pct: Some(37),
             pcie_tx_bytes_per_s: Some(1000),
             pcie_rx_bytes_per_s: None,
+            health: None,
         };
         let mut xid =
             crate::source::SourceEvent::now(EventKind::Xid, "GPU-p".into(), String::new());
@@ -623,7 +629,14 @@ mod tests {
         m.record_poll(
             &Arc::new(Poll {
                 devices: vec![
-                    reading("GPU-p", 1000, 80 * 1024),
+                    DeviceReading {
+                        health: Some(crate::source::GpuHealth {
+                            temperature_c: Some(61),
+                            power_mw: Some(312_345),
+                            sm_clock_mhz: None,
+                        }),
+                        ..reading("GPU-p", 1000, 80 * 1024)
+                    },
                     reading("MIG-m", 300, 40 * 1024),
                 ],
                 events: vec![xid],
@@ -634,8 +647,8 @@ mod tests {
         assert!(!m.render().contains("DCGM_"), "off by default");
         m.set_dcgm_names(true);
         let text = m.render();
-        let gpu = "gpu=\"2\",UUID=\"GPU-p\",device=\"nvidia2\",modelName=\"NVIDIA A100-SXM4-80GB\"";
-        let host = "Hostname=\"gpu-a01\"";
+        let gpu = "gpu=\"2\",UUID=\"GPU-p\",pci_bus_id=\"00000000:01:00.0\",device=\"nvidia2\",modelName=\"NVIDIA A100-SXM4-80GB\"";
+        let host = "Hostname=\"gpu-a01\",DCGM_FI_DRIVER_VERSION=\"550\"";
         let mig = format!("{gpu},GPU_I_PROFILE=\"3g.40gb\",GPU_I_ID=\"5\",{host}");
         for line in [
             format!("DCGM_FI_DEV_FB_USED{{{gpu},{host}}} 1000"),
@@ -647,13 +660,16 @@ mod tests {
             format!("DCGM_FI_DEV_GPU_UTIL{{{gpu},{host}}} 37"),
             format!("DCGM_FI_PROF_PCIE_TX_BYTES{{{gpu},{host}}} 1000"),
             format!("DCGM_FI_DEV_XID_ERRORS{{{gpu},{host}}} 79"),
+            format!("DCGM_FI_DEV_GPU_TEMP{{{gpu},{host}}} 61"),
+            format!("DCGM_FI_DEV_POWER_USAGE{{{gpu},{host}}} 312.345"),
             format!("DCGM_FI_DEV_FB_USED{{{mig}}} 300"),
             format!("DCGM_FI_DEV_XID_ERRORS{{{mig}}} 79"),
         ] {
             assert!(text.contains(&line), "{line} missing:\n{text}");
         }
         assert!(
-            !text.contains("DCGM_FI_PROF_PCIE_RX_BYTES{"),
+            !text.contains("DCGM_FI_PROF_PCIE_RX_BYTES{")
+                && !text.contains("DCGM_FI_DEV_SM_CLOCK{"),
             "absent, not zero"
         );
         assert!(
@@ -671,6 +687,7 @@ mod tests {
                 uuid: "GPU-a".into(),
                 name: "H100".into(),
                 memory_total: 100,
+                pci_bus_id: String::new(),
                 pcie_generation: 5,
                 pcie_width: 16,
                 mig_instances: vec![],
@@ -687,6 +704,7 @@ mod tests {
                     utilization_pct: Some(50),
                     pcie_tx_bytes_per_s: None,
                     pcie_rx_bytes_per_s: Some(7),
+                    health: None,
                 }],
                 processes: vec![ProcessReading {
                     device_uuid: "GPU-a".into(),

@@ -148,6 +148,7 @@ mod tests {
                     utilization_pct: None,
                     pcie_tx_bytes_per_s: None,
                     pcie_rx_bytes_per_s: None,
+                    health: None,
                 }],
                 ..Poll::default()
             })

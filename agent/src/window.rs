@@ -231,6 +231,7 @@ mod tests {
             utilization_pct: util,
             pcie_tx_bytes_per_s: Some(100),
             pcie_rx_bytes_per_s: None,
+            health: None,
         }
     }
 

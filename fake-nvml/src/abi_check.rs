@@ -7,7 +7,7 @@
 
 use nvml_wrapper_sys::bindings::NvmlLib;
 
-use crate::{device, events, fields, gpustat_compat as compat, mig, processes, system};
+use crate::{device, events, fields, gpustat_compat as compat, health, mig, processes, system};
 
 fn same<F, E>(_: &Result<F, E>, _: F) {}
 
@@ -60,19 +60,19 @@ fn current(lib: &NvmlLib) {
         events::nvmlEventSetWait_v2,
         events::nvmlDeviceGetSupportedEventTypes,
         events::nvmlDeviceRegisterEvents,
-        compat::nvmlDeviceGetTemperature,
+        health::nvmlDeviceGetTemperature,
         compat::nvmlDeviceGetTemperatureThreshold,
         compat::nvmlDeviceGetFanSpeed,
         compat::nvmlDeviceGetFanSpeed_v2,
         compat::nvmlDeviceGetNumFans,
-        compat::nvmlDeviceGetPowerUsage,
+        health::nvmlDeviceGetPowerUsage,
         compat::nvmlDeviceGetPowerState,
         compat::nvmlDeviceGetPowerManagementLimit,
         compat::nvmlDeviceGetEnforcedPowerLimit,
         compat::nvmlDeviceGetTotalEnergyConsumption,
         compat::nvmlDeviceGetEncoderUtilization,
         compat::nvmlDeviceGetDecoderUtilization,
-        compat::nvmlDeviceGetClockInfo,
+        health::nvmlDeviceGetClockInfo,
         compat::nvmlDeviceGetMaxClockInfo,
         compat::nvmlDeviceGetPerformanceState,
         compat::nvmlDeviceGetPersistenceMode,

@@ -19,7 +19,7 @@ const MEMORY_V2_VERSION: c_uint = size_of::<nvmlMemory_v2_t>() as c_uint | 2 << 
 const NVIDIA_PCI_VENDOR_ID: c_uint = 0x10de;
 
 /// Whole-GPU queries answer `NVML_ERROR_NOT_SUPPORTED` on a MIG handle.
-fn whole_gpu(call: &Call) -> NvmlResult {
+pub(crate) fn whole_gpu(call: &Call) -> NvmlResult {
     match call.device {
         Device::Gpu(_) => Ok(()),
         Device::Mig { .. } => Err(NOT_SUPPORTED),
@@ -89,7 +89,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     })
 }
 
-/// A synthetic PCI address: domain 0, bus `index + 1`, device 0.
+/// The scenario's PCI address (domain 0, bus `index + 1`, device 0).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     device: nvmlDevice_t,
@@ -99,7 +99,14 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
         // SAFETY: an nvml.h out-parameter.
         let pci = unsafe { Out::new(pci) }?;
         whole_gpu(call)?;
-        let bus = (call.info()?.index + 1) & 0xff;
+        let full = &call.info()?.pci_bus_id;
+        // `00000000:01:00.0`: the legacy form has a 4-digit domain.
+        let legacy = full.get(4..).unwrap_or_default();
+        let bus = full
+            .split(':')
+            .nth(1)
+            .and_then(|bus| c_uint::from_str_radix(bus, 16).ok())
+            .unwrap_or(0);
         let mut info = nvmlPciInfo_t {
             busIdLegacy: [0; 16],
             domain: 0,
@@ -109,8 +116,6 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
             pciSubSystemId: 0,
             busId: [0; 32],
         };
-        let legacy = format!("0000:{bus:02X}:00.0");
-        let full = format!("00000000:{bus:02X}:00.0");
         for (slot, byte) in info.busIdLegacy.iter_mut().zip(legacy.bytes()) {
             *slot = byte as c_char;
         }

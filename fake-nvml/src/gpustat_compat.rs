@@ -11,7 +11,7 @@ use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
 use nvml_wrapper_sys::bindings::{
     nvmlBAR1Memory_t, nvmlBrandType_t, nvmlClockType_t, nvmlComputeMode_t, nvmlDevice_t,
     nvmlDeviceArchitecture_t, nvmlEccCounterType_t, nvmlEnableState_t, nvmlMemoryErrorType_t,
-    nvmlPstates_t, nvmlTemperatureSensors_t, nvmlTemperatureThresholds_t,
+    nvmlPstates_t, nvmlTemperatureThresholds_t,
 };
 
 use crate::call;
@@ -28,7 +28,6 @@ macro_rules! not_supported {
 }
 
 not_supported! {
-    fn nvmlDeviceGetTemperature(sensor_type: nvmlTemperatureSensors_t, temp: *mut c_uint);
     fn nvmlDeviceGetTemperatureThreshold(
         threshold_type: nvmlTemperatureThresholds_t,
         temp: *mut c_uint
@@ -36,14 +35,12 @@ not_supported! {
     fn nvmlDeviceGetFanSpeed(speed: *mut c_uint);
     fn nvmlDeviceGetFanSpeed_v2(fan: c_uint, speed: *mut c_uint);
     fn nvmlDeviceGetNumFans(num_fans: *mut c_uint);
-    fn nvmlDeviceGetPowerUsage(power: *mut c_uint);
     fn nvmlDeviceGetPowerState(p_state: *mut nvmlPstates_t);
     fn nvmlDeviceGetPowerManagementLimit(limit: *mut c_uint);
     fn nvmlDeviceGetEnforcedPowerLimit(limit: *mut c_uint);
     fn nvmlDeviceGetTotalEnergyConsumption(energy: *mut c_ulonglong);
     fn nvmlDeviceGetEncoderUtilization(utilization: *mut c_uint, sampling_period_us: *mut c_uint);
     fn nvmlDeviceGetDecoderUtilization(utilization: *mut c_uint, sampling_period_us: *mut c_uint);
-    fn nvmlDeviceGetClockInfo(clock_type: nvmlClockType_t, clock: *mut c_uint);
     fn nvmlDeviceGetMaxClockInfo(clock_type: nvmlClockType_t, clock: *mut c_uint);
     fn nvmlDeviceGetPerformanceState(p_state: *mut nvmlPstates_t);
     fn nvmlDeviceGetPersistenceMode(mode: *mut nvmlEnableState_t);

@@ -145,6 +145,7 @@ mod tests {
             uuid: format!("GPU-{index}"),
             name: "NVIDIA A100-SXM4-80GB".into(),
             memory_total: 80 * GIB,
+            pci_bus_id: String::new(),
             pcie_generation: 4,
             pcie_width: 16,
             mig,

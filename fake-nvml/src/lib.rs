@@ -38,6 +38,7 @@ mod ffi;
 mod fields;
 mod gpustat_compat;
 mod handles;
+mod health;
 mod host;
 mod layout;
 mod mig;

@@ -426,9 +426,19 @@ fn raw_entry_points_follow_nvml_h() {
         let name = CStr::from_ptr(name.as_ptr()).to_str().unwrap();
         assert_eq!(name, "NVIDIA H100 80GB HBM3");
 
-        // What the scenario cannot answer, the library says so.
+        // Temperature, power and SM clock follow the scenario's load; what
+        // it cannot answer (the memory clock), the library says so.
         let mut temperature = 0;
-        assert_eq!(lib.nvmlDeviceGetTemperature(gpu0, 0, &mut temperature), 3);
+        assert_eq!(lib.nvmlDeviceGetTemperature(gpu0, 0, &mut temperature), 0);
+        assert!((32..=72).contains(&temperature), "{temperature} C");
+        assert_eq!(lib.nvmlDeviceGetTemperature(gpu0, 7, &mut temperature), 2);
+        let mut power = 0;
+        assert_eq!(lib.nvmlDeviceGetPowerUsage(gpu0, &mut power), 0);
+        assert!((70_000..=700_000).contains(&power), "{power} mW");
+        let mut clock = 0;
+        assert_eq!(lib.nvmlDeviceGetClockInfo(gpu0, 1, &mut clock), 0);
+        assert!(clock >= 345, "{clock} MHz");
+        assert_eq!(lib.nvmlDeviceGetClockInfo(gpu0, 2, &mut clock), 3);
         let message = CStr::from_ptr(lib.nvmlErrorString(15)).to_str().unwrap();
         assert_eq!(message, "GPU is lost");
 

@@ -19,6 +19,15 @@ const DEFAULT_BUSY_UTILIZATION_PCT: u32 = 60;
 const UTILIZATION_JITTER_PCT: f64 = 5.0;
 /// PCIe traffic swings ±30 % around its mean over a one-minute cycle.
 const PCIE_SWING: f64 = 0.3;
+/// An idle data-centre GPU's temperature, and how far full load lifts it.
+const IDLE_TEMPERATURE_C: f64 = 32.0;
+const LOAD_TEMPERATURE_RISE_C: f64 = 40.0;
+/// An H100 SXM's idle draw and board limit, in milliwatts.
+const IDLE_POWER_MW: f64 = 70_000.0;
+const MAX_POWER_MW: f64 = 700_000.0;
+/// SM clocks at idle and under load (an H100's base and boost).
+const IDLE_SM_CLOCK_MHZ: u32 = 345;
+const BUSY_SM_CLOCK_MHZ: u32 = 1_980;
 const PCIE_PERIOD_S: f64 = 60.0;
 const PCIE_WIDTH: u32 = 16;
 
@@ -36,6 +45,7 @@ impl NodeSpec {
                 uuid: gpu.uuid.clone(),
                 name: gpu.model.clone(),
                 memory_total: gpu.memory_total,
+                pci_bus_id: format!("00000000:{:02X}:00.0", pci_bus(gpu.index)),
                 pcie_generation: gpu.pcie_generation(),
                 pcie_width: PCIE_WIDTH,
                 mig: gpu.mig.iter().map(mig_info).collect(),
@@ -51,6 +61,12 @@ impl NodeSpec {
             .map(|gpu| GpuInstant::new(self, gpu, t).state())
             .collect()
     }
+}
+
+/// The PCI bus a GPU sits on: one per GPU from bus 1, as a simple board
+/// numbers them.
+fn pci_bus(index: u32) -> u32 {
+    (index + 1) & 0xff
 }
 
 fn mig_info(instance: &MigInstance) -> MigInfo {
@@ -110,14 +126,23 @@ impl<'a> GpuInstant<'a> {
             .min(gpu.memory_total.saturating_sub(gpu.reserved));
         let busy = !processes.is_empty() || mig.iter().any(|m| !m.processes.is_empty());
 
+        let utilization_pct = if busy { self.busy_utilization() } else { 0 };
+        let load = f64::from(utilization_pct) / 100.0;
         GpuState {
             uuid: gpu.uuid.clone(),
             memory_used,
             memory_reserved: gpu.reserved,
             memory_total: gpu.memory_total,
-            utilization_pct: if busy { self.busy_utilization() } else { 0 },
+            utilization_pct,
             pcie_tx_bytes_per_s: self.pcie_rate("pcie-tx", gpu.pcie_tx),
             pcie_rx_bytes_per_s: self.pcie_rate("pcie-rx", gpu.pcie_rx),
+            temperature_c: (IDLE_TEMPERATURE_C + LOAD_TEMPERATURE_RISE_C * load).round() as u32,
+            power_mw: (IDLE_POWER_MW + (MAX_POWER_MW - IDLE_POWER_MW) * load).round() as u32,
+            sm_clock_mhz: if busy {
+                BUSY_SM_CLOCK_MHZ
+            } else {
+                IDLE_SM_CLOCK_MHZ
+            },
             processes,
             mig,
         }

@@ -13,6 +13,9 @@ pub struct GpuInfo {
     /// Marketing name, e.g. `NVIDIA H100 80GB HBM3`.
     pub name: String,
     pub memory_total: u64,
+    /// Domain 0, bus `index + 1`, device 0, as NVML writes it
+    /// (`00000000:01:00.0`).
+    pub pci_bus_id: String,
     pub pcie_generation: u32,
     pub pcie_width: u32,
     /// Empty unless the GPU is in MIG mode.
@@ -43,6 +46,12 @@ pub struct GpuState {
     pub utilization_pct: u32,
     pub pcie_tx_bytes_per_s: u64,
     pub pcie_rx_bytes_per_s: u64,
+    /// What `nvmlDeviceGetTemperature` (GPU sensor), `nvmlDeviceGetPowerUsage`
+    /// and `nvmlDeviceGetClockInfo` (SM) answer: plausible figures that
+    /// follow utilization, for tools and dashboards that chart them.
+    pub temperature_c: u32,
+    pub power_mw: u32,
+    pub sm_clock_mhz: u32,
     /// Processes placed directly on the GPU; empty in MIG mode, where they
     /// are listed under their instance in `mig`.
     pub processes: Vec<ProcessState>,

@@ -25,6 +25,8 @@ pub struct GpuDevice {
     pub uuid: String,
     pub name: String,
     pub memory_total: u64,
+    /// As NVML writes it: `00000000:3B:00.0`; empty where NVML gives none.
+    pub pci_bus_id: String,
     pub pcie_generation: u32,
     pub pcie_width: u32,
     pub mig_instances: Vec<MigDevice>,
@@ -106,6 +108,18 @@ pub struct DeviceReading {
     pub utilization_pct: Option<u32>,
     pub pcie_tx_bytes_per_s: Option<u64>,
     pub pcie_rx_bytes_per_s: Option<u64>,
+    /// Read only for dcgm-exporter's names (`NvmlOptions::read_health`),
+    /// once a second: no Headroom rule or chart needs them.
+    pub health: Option<GpuHealth>,
+}
+
+/// What dashboards built for dcgm-exporter chart beside memory. Each is
+/// `None` where the GPU does not report it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuHealth {
+    pub temperature_c: Option<u32>,
+    pub power_mw: Option<u32>,
+    pub sm_clock_mhz: Option<u32>,
 }
 
 /// A process holding memory on one GPU or MIG instance, with what the agent

@@ -9,8 +9,8 @@ use crate::allocator::AllocatorStats;
 use crate::time::epoch_ms_now;
 
 use super::{
-    DeviceReading, GpuDevice, GpuSource, Inventory, MigDevice, Poll, ProcessOwner, ProcessReading,
-    SourceError,
+    DeviceReading, GpuDevice, GpuHealth, GpuSource, Inventory, MigDevice, Poll, ProcessOwner,
+    ProcessReading, SourceError,
 };
 
 #[derive(Debug)]
@@ -85,6 +85,11 @@ impl SimSource {
             utilization_pct: Some(gpu.utilization_pct),
             pcie_tx_bytes_per_s: Some(gpu.pcie_tx_bytes_per_s),
             pcie_rx_bytes_per_s: Some(gpu.pcie_rx_bytes_per_s),
+            health: Some(GpuHealth {
+                temperature_c: Some(gpu.temperature_c),
+                power_mw: Some(gpu.power_mw),
+                sm_clock_mhz: Some(gpu.sm_clock_mhz),
+            }),
         });
         for p in &gpu.processes {
             poll.processes.push(self.process(&gpu.uuid, p));
@@ -100,6 +105,7 @@ impl SimSource {
                 utilization_pct: None,
                 pcie_tx_bytes_per_s: None,
                 pcie_rx_bytes_per_s: None,
+                health: None,
             });
             for p in &mig.processes {
                 poll.processes.push(self.process(&mig.uuid, p));
@@ -121,6 +127,7 @@ impl GpuSource for SimSource {
                     uuid: g.uuid,
                     name: g.name,
                     memory_total: g.memory_total,
+                    pci_bus_id: g.pci_bus_id,
                     pcie_generation: g.pcie_generation,
                     pcie_width: g.pcie_width,
                     mig_instances: g

@@ -315,7 +315,7 @@ async fn simulated_agent_to_postgres_collector_api_returns_scenario_values() {
     // a MIG instance under its parent GPU's index and UUID.
     assert!(
         exposition.contains(&format!(
-            "DCGM_FI_DEV_FB_USED{{gpu=\"0\",UUID=\"{gpu0_uuid}\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"e2e-node\"}} {}",
+            "DCGM_FI_DEV_FB_USED{{gpu=\"0\",UUID=\"{gpu0_uuid}\",pci_bus_id=\"00000000:01:00.0\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"e2e-node\",DCGM_FI_DRIVER_VERSION=\"550.54.15\"}} {}",
             13 * 1024
         )),
         "{exposition}"

@@ -20,6 +20,7 @@ mod coalesced_writes;
 mod container_image;
 mod dashboard_auth;
 mod dashboard_browser;
+mod dcgm_dashboard;
 mod doc_links;
 mod end_to_end;
 mod hostile_grpc;

@@ -218,6 +218,7 @@ fn source(call_timeout: Duration) -> NvmlSource {
         pcie_fallback_interval: Duration::from_millis(200),
         attribution_refresh: Duration::from_secs(5),
         slow_every: 10,
+        read_health: true,
     })
     .unwrap()
 }
@@ -276,8 +277,8 @@ fn readings_case() {
             (want.index, &want.uuid, &want.name, want.memory_total)
         );
         assert_eq!(
-            (got.pcie_generation, got.pcie_width),
-            (want.pcie_generation, want.pcie_width)
+            (got.pcie_generation, got.pcie_width, &got.pci_bus_id),
+            (want.pcie_generation, want.pcie_width, &want.pci_bus_id)
         );
         let want_mig: Vec<MigDevice> = want
             .mig
@@ -323,6 +324,19 @@ fn readings_case() {
     let state = node.state_at(1.0);
     for gpu in &state {
         let d = last.devices.iter().find(|d| d.uuid == gpu.uuid).unwrap();
+        // Temperature and power follow utilization, which wobbles; the
+        // clock does not.
+        let health = d
+            .health
+            .unwrap_or_else(|| panic!("no health for {}", gpu.uuid));
+        assert_eq!(health.sm_clock_mhz, Some(gpu.sm_clock_mhz), "{}", gpu.uuid);
+        assert!(
+            health.temperature_c.is_some_and(|t| (32..=72).contains(&t))
+                && health
+                    .power_mw
+                    .is_some_and(|p| (70_000..=700_000).contains(&p)),
+            "{health:?}"
+        );
         assert_eq!(
             (d.memory_used, d.memory_reserved, d.memory_total),
             (gpu.memory_used, gpu.memory_reserved, gpu.memory_total),

@@ -38,6 +38,9 @@ pub(crate) fn read_layout<'nvml>(
         .run("nvmlDeviceGetMemoryInfo_v2", || device.memory_info())
         .map_err(|e| ("nvmlDeviceGetMemoryInfo_v2", e))?
         .total;
+    let pci_bus_id = optional(watchdog.run("nvmlDeviceGetPciInfo_v3", || device.pci_info()))?
+        .map(|pci| pci.bus_id)
+        .unwrap_or_default();
     let pcie_generation = optional(watchdog.run("nvmlDeviceGetMaxPcieLinkGeneration", || {
         device.max_pcie_link_gen()
     }))?
@@ -105,6 +108,7 @@ pub(crate) fn read_layout<'nvml>(
             uuid,
             name,
             memory_total,
+            pci_bus_id,
             pcie_generation,
             pcie_width,
             mig_instances: instances,

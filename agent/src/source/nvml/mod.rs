@@ -61,6 +61,9 @@ pub struct NvmlOptions {
     /// on one poll in this many (10: once a second at 10 Hz). Memory,
     /// compute processes and PCIe are read on every poll.
     pub slow_every: u64,
+    /// Also read temperature, power draw and SM clock on the slow polls:
+    /// only dcgm-exporter's names show them (`dcgm_metric_names`).
+    pub read_health: bool,
 }
 
 impl Default for NvmlOptions {
@@ -74,6 +77,7 @@ impl Default for NvmlOptions {
             pcie_fallback_interval: Duration::from_secs(1),
             attribution_refresh: Duration::from_secs(5),
             slow_every: 10,
+            read_health: false,
         }
     }
 }
@@ -171,6 +175,7 @@ impl NvmlSource {
         let timing = WorkerTiming {
             layout_check: options.layout_check,
             slow_every: options.slow_every,
+            read_health: options.read_health,
         };
         let mut workers = Vec::new();
         for index in 0..count {

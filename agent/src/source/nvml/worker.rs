@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
 
+use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{Device, Nvml};
 
-use crate::source::{DeviceReading, GpuDevice};
+use crate::source::{DeviceReading, GpuDevice, GpuHealth};
 
 use super::mig::{MigHandle, read_layout};
 use super::pcie::{CounterRate, ThroughputBoard};
@@ -73,6 +74,8 @@ pub(crate) struct WorkerTiming {
     /// Utilisation and graphics processes are read on one poll in this
     /// many (see `NvmlOptions::slow_every`).
     pub slow_every: u64,
+    /// Temperature, power and SM clock are read on the slow polls too.
+    pub read_health: bool,
 }
 
 /// Starts GPU `index`'s thread. It answers one reading per message on
@@ -131,6 +134,7 @@ struct GpuState<'a> {
     /// Polls so far; every `slow_every`-th reads the slow-moving values.
     polls: u64,
     utilization: Option<u32>,
+    health: Option<GpuHealth>,
     graphics: Vec<ProcessInfo>,
 }
 
@@ -186,6 +190,9 @@ impl<'a> Gpu<'a> {
                 Err(_) => None,
             };
         }
+        if slow && self.timing.read_health {
+            state.health = Some(read_health(&state.device, watchdog)?);
+        }
         let utilization = state.utilization;
         let (tx, rx) = read_pcie(state, watchdog, self.pcie, self.index)?;
         let uuid = state.uuid.clone();
@@ -199,6 +206,7 @@ impl<'a> Gpu<'a> {
                 utilization_pct: utilization,
                 pcie_tx_bytes_per_s: tx,
                 pcie_rx_bytes_per_s: rx,
+                health: state.health,
             },
         );
         if state.mig.is_empty() {
@@ -228,6 +236,7 @@ impl<'a> Gpu<'a> {
                         utilization_pct: None,
                         pcie_tx_bytes_per_s: None,
                         pcie_rx_bytes_per_s: None,
+                        health: None,
                     },
                 );
                 match running_processes(&mig.device, watchdog, &mut mig.graphics, slow) {
@@ -280,10 +289,41 @@ impl<'a> Gpu<'a> {
             rx: CounterRate::default(),
             polls: 0,
             utilization: None,
+            health: None,
             graphics: Vec::new(),
         });
         Ok(())
     }
+}
+
+/// A figure a GPU does not report is `None`; only a lost GPU fails the read.
+fn read_health(device: &Device<'_>, watchdog: &Watchdog) -> Result<GpuHealth, CallError> {
+    fn figure(
+        call: &'static str,
+        result: Result<u32, NvmlError>,
+    ) -> Result<Option<u32>, CallError> {
+        match result {
+            Ok(value) => Ok(Some(value)),
+            Err(NvmlError::GpuLost) => Err((call, NvmlError::GpuLost)),
+            Err(_) => Ok(None),
+        }
+    }
+    Ok(GpuHealth {
+        temperature_c: figure(
+            "nvmlDeviceGetTemperature",
+            watchdog.run("nvmlDeviceGetTemperature", || {
+                device.temperature(TemperatureSensor::Gpu)
+            }),
+        )?,
+        power_mw: figure(
+            "nvmlDeviceGetPowerUsage",
+            watchdog.run("nvmlDeviceGetPowerUsage", || device.power_usage()),
+        )?,
+        sm_clock_mhz: figure(
+            "nvmlDeviceGetClockInfo",
+            watchdog.run("nvmlDeviceGetClockInfo", || device.clock_info(Clock::SM)),
+        )?,
+    })
 }
 
 /// A device reading that cannot be true is reported, not stored.
