@@ -65,6 +65,10 @@ enum Command {
         /// port (`[cluster] advertise_url`).
         #[arg(long, env = "HEADROOM_ADVERTISE_URL")]
         advertise_url: Option<String>,
+        /// Start even when a notification channel's host does not answer
+        /// (its notifications wait in the outbox); refused otherwise.
+        #[arg(long, env = "HEADROOM_ALLOW_UNREACHABLE_NOTIFIERS")]
+        allow_unreachable_notifiers: bool,
     },
     /// Replay a memory trace (CSV) through the rules and print the alerts
     /// they would raise, one JSON object per line; or score the rules on a
@@ -183,6 +187,7 @@ fn main() -> ExitCode {
                 database_url,
                 rules,
                 advertise_url,
+                allow_unreachable_notifiers,
             } => {
                 let config = CollectorConfig::load(
                     config.as_deref(),
@@ -194,7 +199,7 @@ fn main() -> ExitCode {
                         advertise_url,
                     },
                 )?;
-                serve(config, rules).await
+                serve(config, rules, allow_unreachable_notifiers).await
             }
             Command::Backtest(args) => backtest::run(args),
             Command::JobReport { id, url, token } => {
@@ -319,8 +324,31 @@ fn read_rules_file(path: &std::path::Path) -> anyhow::Result<RulesConfig> {
     Ok(rules)
 }
 
-async fn serve(config: CollectorConfig, rules_path: Option<PathBuf>) -> anyhow::Result<()> {
+/// Refuses rules whose notification channels nobody answers for, unless
+/// `allow`; warns of each one down either way.
+async fn check_notifiers(rules: &RulesConfig, allow: bool) -> anyhow::Result<()> {
+    use headroom_collector::alerts::{channels, reachability};
+    let targets = channels::from_config(&rules.notify)?;
+    let warnings =
+        match reachability::check(&rules.notify, &targets, reachability::CONNECT_TIMEOUT).await {
+            Ok(warnings) => warnings,
+            Err(unreachable) if allow => vec![unreachable],
+            Err(unreachable) => return Err(unreachable.into()),
+        };
+    for warning in warnings {
+        tracing::warn!(key = %warning.key, endpoint = %warning.endpoint, reason = %warning.reason,
+            "notification channel not answering; its notifications wait until it does");
+    }
+    Ok(())
+}
+
+async fn serve(
+    config: CollectorConfig,
+    rules_path: Option<PathBuf>,
+    allow_unreachable_notifiers: bool,
+) -> anyhow::Result<()> {
     let rules = load_rules(rules_path.as_deref())?;
+    check_notifiers(&rules, allow_unreachable_notifiers).await?;
     let store = headroom_store::connect_with(&config.database_url, config.storage.clone())
         .await
         .with_context(|| format!("opening {}", redact_url(&config.database_url)))?;
@@ -350,7 +378,11 @@ async fn serve(config: CollectorConfig, rules_path: Option<PathBuf>) -> anyhow::
             "the dashboard needs no sign-in ([http_auth] mode = \"none\"): anyone who reaches this port can read and acknowledge or silence alerts");
     }
     if let (Some(alerting), Some(path)) = (collector.alerting().cloned(), rules_path) {
-        tokio::spawn(reload_on_sighup(alerting, path));
+        tokio::spawn(reload_on_sighup(
+            alerting,
+            path,
+            allow_unreachable_notifiers,
+        ));
     }
     headroom_common::service::ready("serving");
     // Progress is the runtime scheduling the watchdog's own task: a wedged
@@ -376,13 +408,21 @@ async fn serve(config: CollectorConfig, rules_path: Option<PathBuf>) -> anyhow::
 
 /// Re-reads the rules file on SIGHUP; a bad file is reported and the running
 /// rules stay in force.
-async fn reload_on_sighup(alerting: std::sync::Arc<Alerting>, path: PathBuf) {
+async fn reload_on_sighup(
+    alerting: std::sync::Arc<Alerting>,
+    path: PathBuf,
+    allow_unreachable_notifiers: bool,
+) {
     let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
         return;
     };
     while hup.recv().await.is_some() {
-        let result = read_rules_file(&path)
-            .and_then(|rules| alerting.reload(rules).map_err(anyhow::Error::from));
+        let result = match read_rules_file(&path) {
+            Ok(rules) => check_notifiers(&rules, allow_unreachable_notifiers)
+                .await
+                .and_then(|()| alerting.reload(rules).map_err(anyhow::Error::from)),
+            Err(error) => Err(error),
+        };
         if let Err(error) = result {
             tracing::error!(error = %format!("{error:#}"), "rules reload failed; keeping the running rules");
         }

@@ -5,6 +5,7 @@
 mod alertmanager;
 pub mod channels;
 mod outbox;
+pub mod reachability;
 pub mod render;
 
 use std::collections::HashMap;

@@ -304,3 +304,52 @@ async fn routes_send_each_alert_to_its_owners_channels_only() {
     agent.stop().await;
     collector.stop().await;
 }
+
+/// `serve` with a rules file whose webhook nobody answers: refused, naming
+/// the key; with `--allow-unreachable-notifiers` it starts.
+#[test]
+fn a_collector_refuses_to_start_with_a_notifier_nobody_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = free_loopback_addr();
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(
+        &rules,
+        format!(
+            "[[notify.webhook]]\nname = \"ops\"\nurl = \"http://{closed}/hook?token=s3cret\"\nsecret = \"x\"\n"
+        ),
+    )
+    .unwrap();
+    let serve = |allow: bool| {
+        let mut command = Command::new(headroom_tests::harness::built("headroom-collector"));
+        command
+            .args(["serve", "--grpc-listen", "127.0.0.1:0", "--http-listen"])
+            .arg(free_loopback_addr().to_string())
+            .arg("--rules")
+            .arg(&rules)
+            .env(
+                "HEADROOM_DATABASE_URL",
+                format!("sqlite://{}", dir.path().join("h.db").display()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if allow {
+            command.arg("--allow-unreachable-notifiers");
+        }
+        command
+    };
+    let refused = serve(false).output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "notify.webhook \"ops\": url: cannot reach {closed}"
+        )),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+
+    let mut started = KillOnDrop(serve(true).spawn().unwrap());
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(started.is_running(), "allowed, it serves");
+}
