@@ -40,6 +40,10 @@ pub struct AgentConfig {
     /// The host's `/proc`, for attributing processes to users, containers,
     /// pods and Slurm jobs (in a container: the host's, mounted).
     pub procfs_root: PathBuf,
+    /// The kubelet's pod log directories (`<namespace>_<pod>_<uid>`), for
+    /// the namespace of a pod's processes (in a container: the host's,
+    /// mounted).
+    pub pod_log_dir: PathBuf,
     /// An NVML call running longer than this is reported as hung and its
     /// GPU as stalled.
     pub nvml_call_timeout_ms: u64,
@@ -108,6 +112,7 @@ impl Default for AgentConfig {
             source: SourceKind::Nvml,
             nvml_library: None,
             procfs_root: PathBuf::from("/proc"),
+            pod_log_dir: PathBuf::from(crate::attribution::DEFAULT_POD_LOG_DIR),
             nvml_call_timeout_ms: 5_000,
             mig_check_interval_ms: 10_000,
             pcie_fallback_interval_ms: 1_000,
@@ -157,6 +162,7 @@ pub struct Overrides {
     pub source: Option<SourceKind>,
     pub nvml_library: Option<PathBuf>,
     pub procfs_root: Option<PathBuf>,
+    pub pod_log_dir: Option<PathBuf>,
     pub nvml_call_timeout_ms: Option<u64>,
     pub mig_check_interval_ms: Option<u64>,
     pub scenario: Option<PathBuf>,
@@ -221,6 +227,9 @@ impl AgentConfig {
         }
         if let Some(v) = o.procfs_root {
             self.procfs_root = v;
+        }
+        if let Some(v) = o.pod_log_dir {
+            self.pod_log_dir = v;
         }
         if let Some(v) = o.nvml_call_timeout_ms {
             self.nvml_call_timeout_ms = v;

@@ -39,6 +39,9 @@ struct Cli {
     /// The host's /proc, for attributing processes to users, containers, pods and jobs.
     #[arg(long, env = "HEADROOM_PROCFS_ROOT")]
     procfs_root: Option<PathBuf>,
+    /// The kubelet's pod log directories, for pods' namespaces.
+    #[arg(long, env = "HEADROOM_POD_LOG_DIR")]
+    pod_log_dir: Option<PathBuf>,
     /// Report an NVML call as hung (and its GPU as stalled) after this many milliseconds.
     #[arg(long, env = "HEADROOM_NVML_CALL_TIMEOUT_MS")]
     nvml_call_timeout_ms: Option<u64>,
@@ -116,6 +119,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             source: cli.source,
             nvml_library: cli.nvml_library,
             procfs_root: cli.procfs_root,
+            pod_log_dir: cli.pod_log_dir,
             nvml_call_timeout_ms: cli.nvml_call_timeout_ms,
             mig_check_interval_ms: cli.mig_check_interval_ms,
             scenario: cli.scenario,
@@ -138,6 +142,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let source = NvmlSource::new(NvmlOptions {
                 library: config.nvml_library.clone(),
                 procfs_root: config.procfs_root.clone(),
+                pod_log_dir: config.pod_log_dir.clone(),
                 call_timeout: Duration::from_millis(config.nvml_call_timeout_ms),
                 poll_wait: Duration::from_millis(config.poll_interval_ms * 4 / 5),
                 layout_check: Duration::from_millis(config.mig_check_interval_ms),

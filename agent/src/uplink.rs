@@ -530,6 +530,8 @@ fn to_batch(node: &str, interval: IntervalSamples) -> pb::Batch {
                 slurm_job_id: p.last.owner.slurm_job_id.clone(),
                 container_runtime: p.last.owner.container_runtime.clone(),
                 pod_qos_class: p.last.owner.pod_qos_class.clone(),
+                slurm_account: p.last.owner.slurm_account.clone(),
+                pod_namespace: p.last.owner.pod_namespace.clone(),
                 allocator: p.last.allocator.map(|a| pb::AllocatorStats {
                     timestamp_ms: a.timestamp_ms,
                     allocated_bytes: a.allocated_bytes,

@@ -30,9 +30,15 @@ pub(crate) fn process_name(labels: &BTreeMap<String, String>) -> String {
     }
     if let Some(job) = labels.get("job") {
         who.push_str(&format!(", Slurm job {job}"));
+        if let Some(account) = labels.get("account") {
+            who.push_str(&format!(" ({account})"));
+        }
     }
     if let Some(pod) = labels.get("pod") {
         who.push_str(&format!(", pod {pod}"));
+        if let Some(namespace) = labels.get("namespace") {
+            who.push_str(&format!(" in {namespace}"));
+        }
     }
     who
 }

@@ -249,7 +249,9 @@ impl Engine {
             for (k, v) in [
                 ("user", o.user),
                 ("job", o.slurm_job_id),
+                ("account", o.slurm_account),
                 ("pod", o.pod_uid),
+                ("namespace", o.pod_namespace),
                 ("container", o.container_id),
             ] {
                 if !v.is_empty() {

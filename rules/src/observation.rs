@@ -37,7 +37,10 @@ pub struct ProcessObservation<'a> {
     pub name: &'a str,
     pub user: &'a str,
     pub slurm_job_id: &'a str,
+    /// Empty where unknown, as the other owner fields.
+    pub slurm_account: &'a str,
     pub pod_uid: &'a str,
+    pub pod_namespace: &'a str,
     pub container_id: &'a str,
     pub timestamp_ms: i64,
     pub used_last: u64,

@@ -17,7 +17,7 @@ use crate::config::{NotifyConfig, RulesError, Severity};
 /// The labels a route can match: those the rules put on alerts
 /// (`engine.rs`, `rules/xid.rs`), and `rule`, `severity` and `team`. A
 /// matcher on any other would never match, silently.
-pub const ROUTABLE_LABELS: [&str; 14] = [
+pub const ROUTABLE_LABELS: [&str; 16] = [
     "node",
     "gpu",
     "device_uuid",
@@ -26,7 +26,9 @@ pub const ROUTABLE_LABELS: [&str; 14] = [
     "process",
     "user",
     "job",
+    "account",
     "pod",
+    "namespace",
     "container",
     "xid",
     "rule",
@@ -72,18 +74,33 @@ impl Route {
     }
 }
 
-/// user → team and node → team. A process's alert takes its user's team;
-/// an alert of a whole GPU, which names no user, its node's.
+/// Slurm account, Kubernetes namespace, user and node → team. A process's
+/// alert takes the team of its job's account or its pod's namespace (the
+/// cluster's own grouping of work), else of its user; an alert of a whole
+/// GPU, which names no process, its node's.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OwnerMap {
+    pub accounts: BTreeMap<String, String>,
+    pub namespaces: BTreeMap<String, String>,
     pub users: BTreeMap<String, String>,
     pub nodes: BTreeMap<String, String>,
 }
 
+/// The first of `maps` (label, label value → team) that names a team for
+/// `labels`.
+fn first_team<'a>(
+    maps: [(&str, &'a BTreeMap<String, String>); 4],
+    labels: &BTreeMap<String, String>,
+) -> Option<&'a str> {
+    maps.into_iter()
+        .find_map(|(label, map)| map.get(labels.get(label)?))
+        .map(String::as_str)
+}
+
 impl OwnerMap {
-    /// Parses an owners file (`[users]` and `[nodes]` tables); `path` only
-    /// names it in errors.
+    /// Parses an owners file (`[accounts]`, `[namespaces]`, `[users]` and
+    /// `[nodes]` tables); `path` only names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Self, RulesError> {
         toml::from_str(text).map_err(|e| RulesError::Parse {
             path: path.to_owned(),
@@ -93,21 +110,16 @@ impl OwnerMap {
 
     /// Adds `other`'s entries that this map does not already have.
     pub fn extend_missing(&mut self, other: OwnerMap) {
-        for (user, team) in other.users {
-            self.users.entry(user).or_insert(team);
+        for (mine, theirs) in [
+            (&mut self.accounts, other.accounts),
+            (&mut self.namespaces, other.namespaces),
+            (&mut self.users, other.users),
+            (&mut self.nodes, other.nodes),
+        ] {
+            for (key, team) in theirs {
+                mine.entry(key).or_insert(team);
+            }
         }
-        for (node, team) in other.nodes {
-            self.nodes.entry(node).or_insert(team);
-        }
-    }
-
-    /// The team owning an alert with these labels, if the map names one.
-    pub fn team(&self, labels: &BTreeMap<String, String>) -> Option<&str> {
-        labels
-            .get("user")
-            .and_then(|u| self.users.get(u))
-            .or_else(|| labels.get("node").and_then(|n| self.nodes.get(n)))
-            .map(String::as_str)
     }
 }
 
@@ -116,35 +128,41 @@ impl OwnerMap {
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OwnersConfig {
+    pub accounts: BTreeMap<String, String>,
+    pub namespaces: BTreeMap<String, String>,
     pub users: BTreeMap<String, String>,
     pub nodes: BTreeMap<String, String>,
-    /// An owners file with `[users]` and `[nodes]` tables, read with the
-    /// rules file (and again on reload); entries written here win over the
-    /// file's.
+    /// An owners file with the same four tables, read with the rules file
+    /// (and again on reload); entries written here win over the file's.
     pub file: Option<std::path::PathBuf>,
 }
 
 impl OwnersConfig {
-    pub fn map(&self) -> OwnerMap {
-        OwnerMap {
-            users: self.users.clone(),
-            nodes: self.nodes.clone(),
-        }
-    }
-
-    /// The team owning an alert with these labels, if the map names one.
+    /// The team owning an alert with these labels, if the map names one:
+    /// its account's, its namespace's, its user's, then its node's.
     pub fn team(&self, labels: &BTreeMap<String, String>) -> Option<&str> {
-        labels
-            .get("user")
-            .and_then(|u| self.users.get(u))
-            .or_else(|| labels.get("node").and_then(|n| self.nodes.get(n)))
-            .map(String::as_str)
+        first_team(
+            [
+                ("account", &self.accounts),
+                ("namespace", &self.namespaces),
+                ("user", &self.users),
+                ("node", &self.nodes),
+            ],
+            labels,
+        )
     }
 
     /// Takes in an owners file's entries that the rules file does not set.
     pub fn extend_missing(&mut self, file: OwnerMap) {
-        let mut map = self.map();
+        let mut map = OwnerMap {
+            accounts: std::mem::take(&mut self.accounts),
+            namespaces: std::mem::take(&mut self.namespaces),
+            users: std::mem::take(&mut self.users),
+            nodes: std::mem::take(&mut self.nodes),
+        };
         map.extend_missing(file);
+        self.accounts = map.accounts;
+        self.namespaces = map.namespaces;
         self.users = map.users;
         self.nodes = map.nodes;
     }
@@ -394,13 +412,40 @@ mod tests {
     }
 
     #[test]
+    fn a_jobs_account_or_a_pods_namespace_names_the_team_before_its_user() {
+        let c = notify(
+            "[notify.owners]\nusers = { carol = \"vision\" }\naccounts = { speech = \"audio\" }\n\
+             namespaces = { serving = \"inference\" }\n",
+        );
+        let team = |pairs: &[(&str, &str)]| {
+            c.routing_labels(&labels(pairs), "leak", "warning")
+                .get("team")
+                .cloned()
+        };
+        let carol = ("user", "carol");
+        assert_eq!(
+            team(&[carol, ("account", "speech")]).as_deref(),
+            Some("audio")
+        );
+        assert_eq!(
+            team(&[carol, ("namespace", "serving")]).as_deref(),
+            Some("inference")
+        );
+        assert_eq!(
+            team(&[carol, ("account", "unmapped")]).as_deref(),
+            Some("vision")
+        );
+    }
+
+    #[test]
     fn an_owners_file_adds_what_the_rules_file_does_not_say() {
         let mut map = OwnerMap {
             users: labels(&[("carol", "vision")]),
-            nodes: BTreeMap::new(),
+            ..OwnerMap::default()
         };
         let file = OwnerMap::parse(
-            "[users]\ncarol = \"nlp\"\ndave = \"nlp\"\n[nodes]\ngpu-a01 = \"infra\"\n",
+            "[users]\ncarol = \"nlp\"\ndave = \"nlp\"\n[nodes]\ngpu-a01 = \"infra\"\n\
+             [accounts]\nspeech = \"audio\"\n[namespaces]\nserving = \"inference\"\n",
             Path::new("owners.toml"),
         )
         .unwrap();
@@ -408,6 +453,8 @@ mod tests {
         assert_eq!(map.users["carol"], "vision");
         assert_eq!(map.users["dave"], "nlp");
         assert_eq!(map.nodes["gpu-a01"], "infra");
+        assert_eq!(map.accounts["speech"], "audio");
+        assert_eq!(map.namespaces["serving"], "inference");
         let e = OwnerMap::parse("[user]\ncarol = 1\n", Path::new("owners.toml")).unwrap_err();
         assert!(e.to_string().contains("owners.toml"), "{e}");
     }

@@ -287,7 +287,9 @@ fn process_state(process: &Process, footprint: Footprint, t: f64) -> ProcessStat
         uid: process.uid,
         container_id: process.container_id.clone(),
         pod_uid: process.pod_uid.clone(),
+        pod_namespace: process.pod_namespace.clone(),
         slurm_job_id: process.slurm_job_id.clone(),
+        slurm_account: process.slurm_account.clone(),
         memory_used: footprint.bytes,
         allocator,
     }

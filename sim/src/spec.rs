@@ -69,7 +69,11 @@ pub(crate) struct ProcessFile {
     #[serde(default)]
     pub pod_uid: String,
     #[serde(default)]
+    pub pod_namespace: String,
+    #[serde(default)]
     pub slurm_job_id: String,
+    #[serde(default)]
+    pub slurm_account: String,
     pub start_s: Option<f64>,
     pub end_s: Option<f64>,
     pub memory: MemoryShape,

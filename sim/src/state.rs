@@ -99,7 +99,9 @@ pub struct ProcessState {
     pub uid: u32,
     pub container_id: Arc<str>,
     pub pod_uid: Arc<str>,
+    pub pod_namespace: Arc<str>,
     pub slurm_job_id: Arc<str>,
+    pub slurm_account: Arc<str>,
     pub memory_used: u64,
     /// For a process that reports its allocator's statistics.
     pub allocator: Option<AllocatorSnapshot>,

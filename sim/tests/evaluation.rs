@@ -102,7 +102,9 @@ fn process_metadata_and_lifetime() {
             uid: 1001,
             container_id: "abc".into(),
             pod_uid: "pod-1".into(),
+            pod_namespace: "".into(),
             slurm_job_id: "42".into(),
+            slurm_account: "".into(),
             memory_used: 10 * GIB,
             allocator: None,
         }

@@ -190,6 +190,11 @@ pub struct ProcessSampleRow {
     pub pod_uid: String,
     pub pod_qos_class: String,
     pub slurm_job_id: String,
+    /// The pod's namespace and the Slurm job's account, where the agent
+    /// read them. They reach the rules (and so the labels stored with an
+    /// alert, which routes match) but no table's columns.
+    pub pod_namespace: String,
+    pub slurm_account: String,
     /// What the process's own allocator reported, when it reports.
     pub allocator: Option<AllocatorRow>,
 }

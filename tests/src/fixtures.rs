@@ -90,6 +90,8 @@ pub fn process_sample(uuid: &str, ts: i64, pid: u32, used: u64) -> pb::ProcessSa
         container_runtime: "docker".into(),
         pod_qos_class: String::new(),
         allocator: None,
+        slurm_account: "vision-ml".into(),
+        pod_namespace: String::new(),
     }
 }
 

@@ -1,4 +1,5 @@
-//! Who owns a GPU process: user, command, container, pod, Slurm job.
+//! Who owns a GPU process: user, command, container, pod and its namespace,
+//! Slurm job and its account.
 //!
 //! NVML reports only pids and bytes. Everything else is read from procfs
 //! under a configurable root, so the agent can read the host's `/proc` from
@@ -12,6 +13,7 @@
 //! `<pid>/stat` per call, which the start time needs anyway.
 
 mod cgroup;
+mod pod_logs;
 pub mod process;
 #[cfg(test)]
 mod properties;
@@ -30,6 +32,7 @@ pub use process::MAX_COMMAND_BYTES;
 pub use users::UserNameResolver;
 
 use cgroup::CgroupOwner;
+use pod_logs::PodNamespaces;
 use process::StatFields;
 use users::UserNames;
 
@@ -55,7 +58,19 @@ pub struct Attribution {
     pub container: Option<Container>,
     pub pod: Option<Pod>,
     pub slurm_job_id: Option<String>,
+    /// A Slurm job's account, as its environment says (`SLURM_JOB_ACCOUNT`).
+    /// Reading another user's `environ` takes `CAP_SYS_PTRACE` (or root);
+    /// without it this is `None`. The user can change their own process's
+    /// environment, so this routes alerts; it proves nothing.
+    pub slurm_account: Option<String>,
+    /// A pod's namespace, from the kubelet's log directory of the pod
+    /// ([`pod_logs`]); absent where that directory is not visible.
+    pub pod_namespace: Option<String>,
 }
+
+/// An `environ` is read this far at most: Slurm puts its variables among the
+/// first few kilobytes, and a job may carry megabytes of environment.
+const ENVIRON_LIMIT: usize = 64 * 1024;
 
 /// Attributes pids to owners, caching each process for its lifetime.
 #[derive(Debug)]
@@ -69,7 +84,11 @@ pub struct Attributor {
     buf: Vec<u8>,
     cache: HashMap<u32, Cached>,
     users: UserNames,
+    pods: PodNamespaces,
 }
+
+/// Where the kubelet keeps pods' logs, one directory per pod.
+pub const DEFAULT_POD_LOG_DIR: &str = "/var/log/pods";
 
 #[derive(Debug)]
 struct Cached {
@@ -93,7 +112,16 @@ impl Attributor {
             buf: Vec::with_capacity(4096),
             cache: HashMap::new(),
             users: UserNames::new(resolver),
+            pods: PodNamespaces::new(PathBuf::from(DEFAULT_POD_LOG_DIR)),
         }
+    }
+
+    /// Reads pods' namespaces from `dir` instead of [`DEFAULT_POD_LOG_DIR`]
+    /// (the host's, mounted elsewhere in the agent's container; a fixture in
+    /// tests).
+    pub fn with_pod_log_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.pods = PodNamespaces::new(dir.into());
+        self
     }
 
     /// `None` when the process is gone (it may exit between the NVML call
@@ -165,6 +193,19 @@ impl Attributor {
             Err(_) => CgroupOwner::default(),
         };
 
+        // Read only for a process in a Slurm job or a pod, once per process.
+        let slurm_account = match owner.slurm_job_id {
+            Some(_) => self
+                .read_pid_file(pid, "environ", Some(ENVIRON_LIMIT))
+                .ok()
+                .and_then(|env| process::environ_value(env, "SLURM_JOB_ACCOUNT")),
+            None => None,
+        };
+        let pod_namespace = owner
+            .pod
+            .as_ref()
+            .and_then(|pod| self.pods.namespace(&pod.uid));
+
         Some(Attribution {
             uid,
             user: process::printable(self.users.name(uid)),
@@ -174,6 +215,8 @@ impl Attributor {
             container: owner.container,
             pod: owner.pod,
             slurm_job_id: owner.slurm_job_id,
+            slurm_account,
+            pod_namespace,
         })
     }
 

@@ -116,6 +116,29 @@ fn truncate_at_char_boundary(s: &mut String, max: usize) {
     }
 }
 
+/// The value of `key` in an `environ` file (NUL-separated `KEY=value`
+/// entries); `None` when absent, empty, or not a short printable word, as a
+/// label value must be.
+pub fn environ_value(contents: &[u8], key: &str) -> Option<String> {
+    let value = contents.split(|&b| b == 0).find_map(|entry| {
+        entry
+            .strip_prefix(key.as_bytes())
+            .and_then(|rest| rest.strip_prefix(b"="))
+    })?;
+    let value = std::str::from_utf8(value).ok()?;
+    is_label_word(value).then(|| value.to_owned())
+}
+
+/// At most 128 bytes of letters, digits and `._-`: Slurm's account names
+/// and nothing that could garble a label or a log line.
+fn is_label_word(value: &str) -> bool {
+    !value.is_empty()
+        && value.len() <= 128
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 /// Boot time in seconds since the Unix epoch, from `/proc/stat`'s `btime`.
 pub fn parse_btime(contents: &str) -> Option<u64> {
     contents
@@ -135,6 +158,24 @@ pub fn start_time_ms(btime_s: u64, start_ticks: u64) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn environ_values_are_whole_keys_and_label_words() {
+        let env =
+            b"PATH=/usr/bin\0SLURM_JOB_ACCOUNT_X=no\0SLURM_JOB_ACCOUNT=ml-vision\0HOME=/home/a\0";
+        assert_eq!(
+            environ_value(env, "SLURM_JOB_ACCOUNT").as_deref(),
+            Some("ml-vision")
+        );
+        assert_eq!(environ_value(env, "SLURM_JOB"), None);
+        for bad in [
+            &b"SLURM_JOB_ACCOUNT=\0"[..],
+            b"SLURM_JOB_ACCOUNT=a b\0",
+            b"SLURM_JOB_ACCOUNT=\xff\0",
+        ] {
+            assert_eq!(environ_value(bad, "SLURM_JOB_ACCOUNT"), None, "{bad:?}");
+        }
+    }
 
     fn stat_line(comm: &str, start_ticks: u64) -> String {
         format!(

@@ -143,8 +143,54 @@ fn plain_host_process() {
             container: None,
             pod: None,
             slurm_job_id: None,
+            slurm_account: None,
+            pod_namespace: None,
         }
     );
+}
+
+/// A Slurm job's account comes from its environment and a pod's namespace
+/// from the kubelet's log directory of the pod; a host process has
+/// neither, even with the variable set.
+#[test]
+fn slurm_accounts_and_pod_namespaces() {
+    let proc = FakeProc::new();
+    let mut attributor = proc.attributor();
+    let env = b"HOME=/home/alice\0SLURM_JOB_ID=12345\0SLURM_JOB_ACCOUNT=vision-ml\0";
+
+    let job =
+        Proc::new(5001).cgroup("0::/system.slice/slurmstepd.scope/job_12345/step_0/user/task_0\n");
+    proc.add(&job);
+    proc.write(job.pid, "environ", env);
+    let got = attributor.attribute(job.pid).unwrap();
+    assert_eq!(got.slurm_account.as_deref(), Some("vision-ml"));
+
+    let host = Proc::new(5002);
+    proc.add(&host);
+    proc.write(host.pid, "environ", env);
+    assert_eq!(attributor.attribute(host.pid).unwrap().slurm_account, None);
+
+    let pod = Proc::new(5003).cgroup(format!(
+        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_US}.slice/cri-containerd-{ID}.scope\n"
+    ));
+    proc.add(&pod);
+    let logs = tempfile::tempdir().unwrap();
+    fs::create_dir(logs.path().join(format!("research_trainer-0_{POD}"))).unwrap();
+    let got = attributor
+        .with_pod_log_dir(logs.path())
+        .attribute(pod.pid)
+        .unwrap();
+    assert!(got.pod.is_some(), "{got:?}");
+    assert_eq!(got.pod_namespace.as_deref(), Some("research"));
+
+    // No log directory for it: the pod is still attributed.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let got = proc
+        .attributor()
+        .with_pod_log_dir(elsewhere.path())
+        .attribute(pod.pid)
+        .unwrap();
+    assert!(got.pod.is_some() && got.pod_namespace.is_none(), "{got:?}");
 }
 
 /// One process per runtime, cgroup version, Kubernetes QoS class and driver,

@@ -155,7 +155,11 @@ pub struct ProcessOwner {
     pub pod_uid: String,
     /// `guaranteed`, `burstable`, `besteffort`; empty when unknown.
     pub pod_qos_class: String,
+    /// Empty outside a pod or where it mounts no service account.
+    pub pod_namespace: String,
     pub slurm_job_id: String,
+    /// Empty outside Slurm or where the job's environment does not say.
+    pub slurm_account: String,
 }
 
 #[derive(Debug, thiserror::Error)]

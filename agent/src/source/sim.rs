@@ -57,7 +57,9 @@ impl SimSource {
                 user: p.user.to_string(),
                 container_id: p.container_id.to_string(),
                 pod_uid: p.pod_uid.to_string(),
+                pod_namespace: p.pod_namespace.to_string(),
                 slurm_job_id: p.slurm_job_id.to_string(),
+                slurm_account: p.slurm_account.to_string(),
                 ..ProcessOwner::default()
             }),
             // The scenario's allocator model stands in for a job reporting

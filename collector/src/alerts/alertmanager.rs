@@ -68,9 +68,12 @@ pub fn targets(config: &NotifyConfig) -> Vec<Target> {
 /// Alertmanager's label names are `[a-zA-Z_][a-zA-Z0-9_]*`. Headroom's
 /// `job` (the Slurm job) becomes `slurm_job`: in Alertmanager `job` is the
 /// Prometheus scrape job, and routes written for it must not match a job id.
+/// Its `account` (the Slurm job's) becomes `slurm_account` beside it.
 fn label_name(key: &str) -> String {
-    if key == "job" {
-        return "slurm_job".to_owned();
+    match key {
+        "job" => return "slurm_job".to_owned(),
+        "account" => return "slurm_account".to_owned(),
+        _ => {}
     }
     let mut name: String = key
         .chars()
@@ -588,5 +591,6 @@ mod tests {
         assert_eq!(label_name("9lives"), "_9lives");
         assert_eq!(label_name(""), "_");
         assert_eq!(label_name("job"), "slurm_job");
+        assert_eq!(label_name("account"), "slurm_account");
     }
 }

@@ -145,7 +145,9 @@ pub fn slack(change: &AlertChange, dashboard: Option<&str>) -> String {
     for (key, title) in [
         ("user", "User"),
         ("job", "Slurm job"),
+        ("account", "Slurm account"),
         ("pod", "Pod"),
+        ("namespace", "Namespace"),
         ("pid", "PID"),
     ] {
         if let Some(v) = change.labels.get(key) {

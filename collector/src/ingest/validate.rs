@@ -484,6 +484,18 @@ pub fn batch(
             limits.max_id_len,
             false,
         )?;
+        check_text(
+            at("slurm_account"),
+            &p.slurm_account,
+            limits.max_id_len,
+            false,
+        )?;
+        check_text(
+            at("pod_namespace"),
+            &p.pod_namespace,
+            limits.max_id_len,
+            false,
+        )?;
         let last = bytes(at("memory_used_last_bytes"), p.memory_used_last_bytes)?;
         let max = bytes(at("memory_used_max_bytes"), p.memory_used_max_bytes)?;
         if let Some(device) = session.devices.get(&id)
@@ -530,6 +542,8 @@ pub fn batch(
             pod_uid: p.pod_uid,
             pod_qos_class: p.pod_qos_class,
             slurm_job_id: p.slurm_job_id,
+            pod_namespace: p.pod_namespace,
+            slurm_account: p.slurm_account,
             allocator,
         });
     }

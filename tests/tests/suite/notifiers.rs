@@ -305,6 +305,104 @@ async fn routes_send_each_alert_to_its_owners_channels_only() {
     collector.stop().await;
 }
 
+/// Two jobs whose allocators hit an OOM at once: a Slurm job under account
+/// `speech` and a pod in namespace `serving`.
+const OWNED_JOBS: &str = r#"
+[[node]]
+name = "shared-node"
+
+[[node.gpu]]
+model = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+
+[[node.gpu.process]]
+pid = 2001
+name = "python asr_train.py"
+user = "erin"
+slurm_job_id = "9001"
+slurm_account = "speech"
+memory = { shape = "steady", level = "40GiB" }
+allocator = { oom_at_s = 1 }
+
+[[node.gpu]]
+model = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+
+[[node.gpu.process]]
+pid = 2002
+name = "vllm serve"
+user = "erin"
+pod_uid = "5f1c2d3e-4a5b-4c6d-8e7f-9a0b1c2d3e4f"
+pod_namespace = "serving"
+memory = { shape = "steady", level = "40GiB" }
+allocator = { oom_at_s = 1 }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_slurm_account_and_a_pods_namespace_route_to_their_teams() {
+    let audio = Receiver::start().await;
+    let inference = Receiver::start().await;
+    let ops = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // erin's own team would be ops: the account and the namespace win.
+    let rules = RulesConfig::parse(
+        &format!(
+            "[notify]\ndefault_channels = [\"ops\"]\n\
+             [notify.owners]\nusers = {{ erin = \"research\" }}\n\
+             accounts = {{ speech = \"audio\" }}\nnamespaces = {{ serving = \"inference\" }}\n\
+             [[notify.webhook]]\nname = \"audio\"\nurl = \"{}\"\nsecret = \"s\"\n\
+             [[notify.webhook]]\nname = \"inference\"\nurl = \"{}\"\nsecret = \"s\"\n\
+             [[notify.webhook]]\nname = \"ops\"\nurl = \"{}\"\nsecret = \"s\"\n\
+             [[notify.route]]\nmatchers = {{ team = \"audio\" }}\nchannels = [\"audio\"]\n\
+             [[notify.route]]\nmatchers = {{ team = \"inference\" }}\nchannels = [\"inference\"]\n",
+            audio.url(),
+            inference.url(),
+            ops.url()
+        ),
+        Path::new("test-rules.toml"),
+    )
+    .unwrap();
+    let collector = RunningCollector::start_sqlite_with_rules(dir.path(), rules).await;
+    let agent = start_sim_agent(&collector, OWNED_JOBS, "shared-node");
+    let oom_on = |r: &Receiver| {
+        r.accepted()
+            .iter()
+            .filter_map(|r| serde_json::from_str::<Value>(&r.body).ok())
+            .find(|b| b["alert"]["rule"] == "allocator_oom" && b["status"] == "firing")
+    };
+    let speech = eventually(
+        "the Slurm job's OOM on audio's hook",
+        Duration::from_secs(30),
+        || async { oom_on(&audio) },
+    )
+    .await;
+    let labels = &speech["alert"]["labels"];
+    assert_eq!(
+        (&labels["account"], &labels["job"], &labels["team"]),
+        (
+            &Value::from("speech"),
+            &Value::from("9001"),
+            &Value::from("audio")
+        ),
+        "{speech}"
+    );
+    let serving = eventually(
+        "the pod's OOM on inference's hook",
+        Duration::from_secs(30),
+        || async { oom_on(&inference) },
+    )
+    .await;
+    let labels = &serving["alert"]["labels"];
+    assert_eq!(
+        (&labels["namespace"], &labels["team"]),
+        (&Value::from("serving"), &Value::from("inference")),
+        "{serving}"
+    );
+    assert!(oom_on(&ops).is_none(), "ops got an owned job's OOM");
+    agent.stop().await;
+    collector.stop().await;
+}
+
 /// `serve` with a rules file whose webhook nobody answers: refused, naming
 /// the key; with `--allow-unreachable-notifiers` it starts.
 #[test]

@@ -102,8 +102,20 @@ fn write_procfs(root: &Path) {
         .unwrap();
         std::fs::write(dir.join("cmdline"), cmdline).unwrap();
         std::fs::write(dir.join("cgroup"), cgroup).unwrap();
+        std::fs::write(
+            dir.join("environ"),
+            "HOME=/root\0SLURM_JOB_ID=777\0SLURM_JOB_ACCOUNT=llm-pretrain\0",
+        )
+        .unwrap();
     }
+    // The kubelet's log directory of the vLLM pod, and of one long gone.
+    let pods = root.join(POD_LOGS);
+    std::fs::create_dir_all(pods.join(format!("serving_vllm-0_{POD_UID}"))).unwrap();
+    std::fs::create_dir_all(pods.join("old_job-1_00000000-0000-0000-0000-000000000000")).unwrap();
 }
+
+/// Where, under the procfs fixture's directory, the pods' log directories are.
+const POD_LOGS: &str = "pod-logs";
 
 /// Runs `case` in a fresh process of this test binary with the fake
 /// library configured by `faults` (a faults TOML, or none).
@@ -212,6 +224,7 @@ fn source(call_timeout: Duration) -> NvmlSource {
     NvmlSource::new(NvmlOptions {
         library: Some(headroom_tests::fake_nvml::library()),
         procfs_root: PathBuf::from(std::env::var(PROCFS_ENV).unwrap()),
+        pod_log_dir: PathBuf::from(std::env::var(PROCFS_ENV).unwrap()).join(POD_LOGS),
         call_timeout,
         poll_wait: Duration::from_millis(80),
         layout_check: Duration::from_millis(300),
@@ -379,6 +392,9 @@ fn readings_case() {
     assert_eq!(train.owner.name, "python train.py --config 70b.yaml");
     assert_eq!((train.owner.uid, train.owner.user.as_str()), (0, "root"));
     assert_eq!(train.owner.slurm_job_id, "777");
+    assert_eq!(train.owner.slurm_account, "llm-pretrain");
+    // The same environment outside a Slurm job names no account.
+    assert_eq!(process(&last, 4102).owner.slurm_account, "");
     // 4101 s of 100 Hz ticks after boot.
     assert_eq!(train.start_time_ms, ((BOOT_TIME_S + 4101) * 1000) as i64);
     let serve = process(&last, 4201);
@@ -386,8 +402,12 @@ fn readings_case() {
     assert_eq!(serve.owner.container_runtime, "podman");
     let pod = process(&last, 4301);
     assert_eq!(
-        (pod.owner.pod_uid.as_str(), pod.owner.container_id.as_str()),
-        (POD_UID, POD_CONTAINER)
+        (
+            pod.owner.pod_uid.as_str(),
+            pod.owner.container_id.as_str(),
+            pod.owner.pod_namespace.as_str()
+        ),
+        (POD_UID, POD_CONTAINER, "serving")
     );
     assert_eq!(
         (

@@ -45,6 +45,8 @@ pub struct NvmlOptions {
     pub library: Option<PathBuf>,
     /// Where to read processes' owners from (the host's `/proc`).
     pub procfs_root: PathBuf,
+    /// Where the kubelet keeps pods' log directories (pods' namespaces).
+    pub pod_log_dir: PathBuf,
     /// An NVML call running longer than this is reported as hung.
     pub call_timeout: Duration,
     /// How long one poll waits for the GPUs' answers; an answer that comes
@@ -71,6 +73,7 @@ impl Default for NvmlOptions {
         Self {
             library: None,
             procfs_root: PathBuf::from("/proc"),
+            pod_log_dir: PathBuf::from(crate::attribution::DEFAULT_POD_LOG_DIR),
             call_timeout: Duration::from_secs(5),
             poll_wait: Duration::from_millis(80),
             layout_check: Duration::from_secs(10),
@@ -208,7 +211,8 @@ impl NvmlSource {
         )?;
         let (xid_tx, xid_events) = mpsc::channel();
         events::spawn(nvml, (0..count).collect(), xid_tx, stop.clone())?;
-        let attributor = Attributor::new(options.procfs_root.clone());
+        let attributor =
+            Attributor::new(options.procfs_root.clone()).with_pod_log_dir(&options.pod_log_dir);
         let mut source = Self {
             driver_version,
             workers,
@@ -420,7 +424,9 @@ fn owner_of(a: &Attribution) -> ProcessOwner {
             .and_then(|p| p.qos.as_ref())
             .map(|q| q.label().to_owned())
             .unwrap_or_default(),
+        pod_namespace: a.pod_namespace.clone().unwrap_or_default(),
         slurm_job_id: a.slurm_job_id.clone().unwrap_or_default(),
+        slurm_account: a.slurm_account.clone().unwrap_or_default(),
     }
 }
 
