@@ -61,6 +61,9 @@ pub struct JobOnNode {
     pub job_id: String,
     pub node: String,
     pub users: BTreeSet<String>,
+    /// Slurm accounts and pod namespaces its processes ran under.
+    pub accounts: BTreeSet<String>,
+    pub namespaces: BTreeSet<String>,
     pub observed_from_ms: i64,
     pub last_seen_ms: i64,
     pub gpus: BTreeMap<String, GpuPeak>,
@@ -128,12 +131,20 @@ impl JobTracker {
                     job_id: id,
                     node: node.to_owned(),
                     users: BTreeSet::new(),
+                    accounts: BTreeSet::new(),
+                    namespaces: BTreeSet::new(),
                     observed_from_ms: p.timestamp_ms,
                     last_seen_ms: p.timestamp_ms,
                     gpus: BTreeMap::new(),
                 });
-            if !p.user.is_empty() && !job.users.contains(&p.user) {
-                job.users.insert(p.user.clone());
+            for (set, value) in [
+                (&mut job.users, &p.user),
+                (&mut job.accounts, &p.slurm_account),
+                (&mut job.namespaces, &p.pod_namespace),
+            ] {
+                if !value.is_empty() && !set.contains(value) {
+                    set.insert(value.clone());
+                }
             }
             job.observed_from_ms = job.observed_from_ms.min(p.timestamp_ms);
             job.last_seen_ms = job.last_seen_ms.max(p.timestamp_ms);
@@ -263,6 +274,30 @@ fn concerns(alert: &AlertView, job: &JobOnNode) -> bool {
     named || (on_its_gpu && overlaps)
 }
 
+/// The labels a job report's routes match (before `rule`, `severity` and
+/// `team`): its node, its id as `job` or `pod`, and its user, account and
+/// namespace where it had exactly one of each, as an alert about one of its
+/// processes would carry them.
+pub fn owner_labels(job: &JobOnNode) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    labels.insert("node".to_owned(), job.node.clone());
+    let id_label = match job.kind {
+        JobKind::Slurm => "job",
+        JobKind::Pod => "pod",
+    };
+    labels.insert(id_label.to_owned(), job.job_id.clone());
+    for (label, set) in [
+        ("user", &job.users),
+        ("account", &job.accounts),
+        ("namespace", &job.namespaces),
+    ] {
+        if let (1, Some(only)) = (set.len(), set.first()) {
+            labels.insert(label.to_owned(), only.clone());
+        }
+    }
+    labels
+}
+
 /// The stored body of one job's report on one node (`docs/job-reports.md`).
 pub fn report_body(job: &JobOnNode, alerts: &[AlertView], ended_at_ms: Option<i64>) -> Value {
     let gpus: Vec<Value> = job
@@ -303,6 +338,8 @@ pub fn report_body(job: &JobOnNode, alerts: &[AlertView], ended_at_ms: Option<i6
         "kind": job.kind,
         "job_id": job.job_id,
         "users": job.users,
+        "accounts": job.accounts,
+        "namespaces": job.namespaces,
         "nodes": [job.node],
         "observed_from_ms": job.observed_from_ms,
         "last_seen_ms": job.last_seen_ms,
@@ -317,6 +354,8 @@ pub fn report_body(job: &JobOnNode, alerts: &[AlertView], ended_at_ms: Option<i6
 pub fn merge(bodies: &[Value]) -> Option<Value> {
     let first = bodies.first()?;
     let mut users = BTreeSet::new();
+    let mut accounts = BTreeSet::new();
+    let mut namespaces = BTreeSet::new();
     let mut nodes = BTreeSet::new();
     let mut gpus: BTreeMap<(String, String), Value> = BTreeMap::new();
     let mut alerts: BTreeMap<String, Value> = BTreeMap::new();
@@ -335,6 +374,8 @@ pub fn merge(bodies: &[Value]) -> Option<Value> {
                 .unwrap_or_default()
         };
         users.extend(strings("users"));
+        accounts.extend(strings("accounts"));
+        namespaces.extend(strings("namespaces"));
         nodes.extend(strings("nodes"));
         observed_from = observed_from.min(body["observed_from_ms"].as_i64().unwrap_or(i64::MAX));
         last_seen = last_seen.max(body["last_seen_ms"].as_i64().unwrap_or(i64::MIN));
@@ -368,6 +409,8 @@ pub fn merge(bodies: &[Value]) -> Option<Value> {
         "kind": first["kind"],
         "job_id": first["job_id"],
         "users": users,
+        "accounts": accounts,
+        "namespaces": namespaces,
         "nodes": nodes,
         "observed_from_ms": observed_from,
         "last_seen_ms": last_seen,

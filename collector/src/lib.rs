@@ -6,6 +6,7 @@ pub mod auth;
 pub mod config;
 pub mod http;
 pub mod ingest;
+pub mod job_report_text;
 pub mod job_reports;
 pub mod metrics;
 pub mod peers;

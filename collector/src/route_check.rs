@@ -1,11 +1,12 @@
-//! `headroom-collector route`: which channels an alert with given labels
-//! would reach under a rules file, and why, without sending anything.
+//! `headroom-collector route`: which channels an alert (or, with
+//! `rule=job_report`, a job's memory report) with given labels would reach
+//! under a rules file, and why, without sending anything.
 
 use std::collections::BTreeMap;
 
 use anyhow::{Context, bail};
 use headroom_rules::config::{RulesConfig, Severity};
-use headroom_rules::routing::Via;
+use headroom_rules::routing::{JOB_REPORT_RULE, Via};
 
 /// One line per channel: whether it sends, and by which route.
 pub fn explain(config: &RulesConfig, pairs: &[String]) -> anyhow::Result<String> {
@@ -15,6 +16,9 @@ pub fn explain(config: &RulesConfig, pairs: &[String]) -> anyhow::Result<String>
             .split_once('=')
             .with_context(|| format!("{pair:?} is not label=value"))?;
         labels.insert(key.to_owned(), value.to_owned());
+    }
+    if labels.get("rule").map(String::as_str) == Some(JOB_REPORT_RULE) {
+        return Ok(explain_job_report(config, &labels));
     }
     let Some(severity) = labels.get("severity").cloned() else {
         bail!("name the alert's severity: severity=critical, warning or info");
@@ -65,6 +69,32 @@ pub fn explain(config: &RulesConfig, pairs: &[String]) -> anyhow::Result<String>
     Ok(out)
 }
 
+/// Job reports take only the routes that name `rule = "job_report"`, and
+/// only webhooks and Slack; `min_severity` does not apply to them.
+fn explain_job_report(config: &RulesConfig, labels: &BTreeMap<String, String>) -> String {
+    let notify = &config.notify;
+    let mut owner = labels.clone();
+    owner.remove("rule");
+    owner.remove("severity");
+    let labels = notify.job_report_labels(&owner);
+    let routed = notify.job_report_channels(&labels);
+    let shown: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let mut out = format!("labels: {}\n", shown.join(" "));
+    let channels = notify.channels();
+    let width = channels.iter().map(|(n, _, _)| n.len()).max().unwrap_or(0);
+    for (name, kind, _) in channels {
+        let why = if !matches!(kind, "webhook" | "slack") {
+            "no: job reports go to webhooks and Slack only"
+        } else if routed.contains(&name) {
+            "sends the report, by a route naming rule = \"job_report\""
+        } else {
+            "no: no route naming rule = \"job_report\" sends it here"
+        };
+        out.push_str(&format!("{name:width$}  {kind:12}  {why}\n"));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,6 +132,41 @@ mod tests {
         let out = ask(&["user=dave", "severity=warning"]).unwrap();
         assert!(
             out.contains("ops           webhook       sends, by no route took it"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn a_job_report_goes_only_where_a_report_route_sends_it() {
+        let config = RulesConfig::parse(
+            "[[notify.webhook]]\nname = \"ops\"\nurl = \"https://ops\"\nsecret = \"s\"\n\
+             [[notify.slack]]\nname = \"vision-slack\"\nwebhook_url = \"https://slack\"\nmin_severity = \"critical\"\n\
+             [[notify.pagerduty]]\nname = \"vision-pager\"\nrouting_key = \"k\"\n\
+             [notify.owners]\nusers = { carol = \"vision\" }\n\
+             [[notify.route]]\nmatchers = { rule = \"job_report\", team = \"vision\" }\nchannels = [\"vision-slack\", \"vision-pager\"]\n",
+            std::path::Path::new("rules.toml"),
+        )
+        .unwrap();
+        let pairs = [
+            "rule=job_report".to_owned(),
+            "user=carol".to_owned(),
+            "job=77".to_owned(),
+        ];
+        let out = explain(&config, &pairs).unwrap();
+        assert!(
+            out.contains("team=vision") && out.contains("severity=info"),
+            "{out}"
+        );
+        assert!(
+            out.contains("vision-slack  slack         sends the report"),
+            "{out}"
+        );
+        assert!(
+            out.contains("vision-pager  pagerduty     no: job reports go to webhooks"),
+            "{out}"
+        );
+        assert!(
+            out.contains("ops           webhook       no: no route naming"),
             "{out}"
         );
     }

@@ -36,6 +36,9 @@ pub const ROUTABLE_LABELS: [&str; 16] = [
     "team",
 ];
 
+/// The `rule` a route matches to send job memory reports.
+pub const JOB_REPORT_RULE: &str = "job_report";
+
 /// One accepted value, or any of several.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(untagged)]
@@ -265,6 +268,41 @@ impl NotifyConfig {
         out
     }
 
+    /// The channels a job's memory report goes to: those of the routes that
+    /// name `rule = "job_report"` and match `labels` (see
+    /// [`Self::job_report_labels`]), tried in order as alert routes are.
+    /// Nothing else sends reports, no default and no catch-all route: a
+    /// report is news for its owner, not for every pager.
+    pub fn job_report_channels(&self, labels: &BTreeMap<String, String>) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        let for_reports = self.route.iter().filter(|r| {
+            r.matchers
+                .get("rule")
+                .is_some_and(|accepted| accepted.accepts(JOB_REPORT_RULE))
+        });
+        for route in for_reports {
+            if !route.matches(labels) {
+                continue;
+            }
+            for channel in &route.channels {
+                if !out.contains(&channel.as_str()) {
+                    out.push(channel.as_str());
+                }
+            }
+            if !route.continue_matching {
+                break;
+            }
+        }
+        out
+    }
+
+    /// What a job report's routes match: the job's owner labels (`node`,
+    /// `job` or `pod`, and `user`, `account`, `namespace` where the job had
+    /// one of each), `rule = "job_report"`, `severity = "info"` and `team`.
+    pub fn job_report_labels(&self, owner: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+        self.routing_labels(owner, JOB_REPORT_RULE, Severity::Info.as_str())
+    }
+
     /// Whether `channel` takes an alert with these routing labels.
     pub fn routes_to(&self, channel: &str, labels: &BTreeMap<String, String>) -> bool {
         self.route(labels).iter().any(|(c, _)| *c == channel)
@@ -409,6 +447,27 @@ mod tests {
         assert_eq!(device["team"], "infra");
         let unknown = c.routing_labels(&labels(&[("node", "gpu-b07")]), "watermark", "critical");
         assert!(!unknown.contains_key("team"));
+    }
+
+    #[test]
+    fn job_reports_go_only_where_a_route_names_them() {
+        let c = notify(&format!(
+            "{CHANNELS}[notify.owners]\nusers = {{ carol = \"vision\" }}\n\
+             [[notify.route]]\nmatchers = {{ team = \"vision\" }}\nchannels = [\"vision-slack\"]\n\
+             [[notify.route]]\nmatchers = {{ rule = \"job_report\", team = \"vision\" }}\nchannels = [\"ops\"]\n\
+             continue = true\n\
+             [[notify.route]]\nmatchers = {{ rule = [\"leak\", \"job_report\"] }}\nchannels = [\"vision-pager\"]\n"
+        ));
+        let carol = c.job_report_labels(&labels(&[("user", "carol"), ("job", "77")]));
+        assert_eq!(carol["rule"], "job_report");
+        assert_eq!(carol["severity"], "info");
+        // The first route takes vision's alerts, but names no job_report.
+        assert_eq!(c.job_report_channels(&carol), vec!["ops", "vision-pager"]);
+        let dave = c.job_report_labels(&labels(&[("user", "dave"), ("job", "78")]));
+        assert_eq!(c.job_report_channels(&dave), vec!["vision-pager"]);
+        // No route naming reports: none sent, whatever the default.
+        let none = notify(CHANNELS);
+        assert!(none.job_report_channels(&carol).is_empty());
     }
 
     #[test]

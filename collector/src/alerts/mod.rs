@@ -60,8 +60,9 @@ pub struct Alerting {
     wake_alertmanager: Notify,
     /// The jobs running on the nodes this collector holds, for their reports.
     jobs: Mutex<JobTracker>,
-    /// Reports the store refused, tried again at the next pass.
-    unsaved_reports: Mutex<Vec<JobReportRow>>,
+    /// Reports the store refused, with their notifications, tried again at
+    /// the next pass.
+    unsaved_reports: Mutex<Vec<(JobReportRow, Vec<NewNotification>)>>,
 }
 
 /// A silence may name the rule as well as labels.
@@ -194,7 +195,7 @@ impl Alerting {
             .lock()
             .map(|mut j| j.take_ended(now_ms, rule.end_after.ms()))
             .unwrap_or_default();
-        let mut rows: Vec<JobReportRow> = self
+        let mut rows: Vec<(JobReportRow, Vec<NewNotification>)> = self
             .unsaved_reports
             .lock()
             .map(|mut u| std::mem::take(&mut *u))
@@ -216,26 +217,39 @@ impl Alerting {
                     return;
                 }
             };
+            let routing = self.routing();
             for job in &ended {
                 let body = crate::job_reports::report_body(job, &alerts, Some(job.last_seen_ms));
+                let notifications = self.report_notifications(job, &body, &routing, now_ms);
                 tracing::info!(kind = job.kind.as_str(), job = %job.job_id, node = %job.node,
-                    gpus = job.gpus.len(), "job ended; memory report written");
-                rows.push(JobReportRow {
-                    kind: job.kind.as_str().to_owned(),
-                    job_id: job.job_id.clone(),
-                    node: job.node.clone(),
-                    started_at_ms: job.observed_from_ms,
-                    ended_at_ms: job.last_seen_ms,
-                    report: body.to_string(),
-                });
+                    gpus = job.gpus.len(), channels = notifications.len(),
+                    "job ended; memory report written");
+                rows.push((
+                    JobReportRow {
+                        kind: job.kind.as_str().to_owned(),
+                        job_id: job.job_id.clone(),
+                        node: job.node.clone(),
+                        started_at_ms: job.observed_from_ms,
+                        ended_at_ms: job.last_seen_ms,
+                        report: body.to_string(),
+                    },
+                    notifications,
+                ));
             }
         }
         let mut failed = Vec::new();
-        for row in rows {
-            if let Err(error) = self.store.save_job_report(&row).await {
-                tracing::warn!(%error, job = %row.job_id, "saving a job report failed; trying again");
-                failed.push(row);
+        let mut queued = false;
+        for (row, notifications) in rows {
+            match self.store.save_job_report(&row, &notifications).await {
+                Ok(()) => queued |= !notifications.is_empty(),
+                Err(error) => {
+                    tracing::warn!(%error, job = %row.job_id, "saving a job report failed; trying again");
+                    failed.push((row, notifications));
+                }
             }
+        }
+        if queued {
+            self.wake_outbox.notify_one();
         }
         if !failed.is_empty()
             && let Ok(mut unsaved) = self.unsaved_reports.lock()
@@ -448,6 +462,57 @@ impl Alerting {
             .read()
             .map(|r| Arc::clone(&r))
             .unwrap_or_default()
+    }
+
+    /// A job report for each webhook and Slack channel its routes name
+    /// (`rule = "job_report"`). PagerDuty and Alertmanager take incidents,
+    /// not reports, and are skipped.
+    fn report_notifications(
+        &self,
+        job: &crate::job_reports::JobOnNode,
+        body: &serde_json::Value,
+        routing: &NotifyConfig,
+        now_ms: i64,
+    ) -> Vec<NewNotification> {
+        let labels = routing.job_report_labels(&crate::job_reports::owner_labels(job));
+        let routed = routing.job_report_channels(&labels);
+        let Ok(channels) = self.channels.read() else {
+            return Vec::new();
+        };
+        channels
+            .iter()
+            .filter(|c| routed.contains(&c.name.as_str()))
+            .filter_map(|c| {
+                // One report version, one delivery per channel: a job seen
+                // again and ended later is a new version.
+                let key = format!(
+                    "job_report:{}:{}:{}:{}:{}:{}",
+                    job.kind.as_str(),
+                    job.job_id,
+                    job.node,
+                    job.observed_from_ms,
+                    job.last_seen_ms,
+                    c.name
+                );
+                let payload = match c.target {
+                    channels::Target::Webhook { .. } => render::job_report_webhook(
+                        body,
+                        &labels,
+                        &key,
+                        routing.dashboard_url.as_deref(),
+                    ),
+                    channels::Target::Slack { .. } => render::job_report_slack(body),
+                    channels::Target::PagerDuty { .. } => return None,
+                };
+                Some(NewNotification {
+                    channel: c.name.clone(),
+                    idempotency_key: key,
+                    payload,
+                    group_key: String::new(),
+                    deliver_at_ms: now_ms,
+                })
+            })
+            .collect()
     }
 
     fn notifications(

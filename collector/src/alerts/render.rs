@@ -197,3 +197,68 @@ pub fn merge_slack(payloads: &[&str]) -> String {
     json!({ "text": format!("{} alerts: {}", texts.len(), texts.join(" | ")), "blocks": blocks })
         .to_string()
 }
+
+/// A job's memory report for a webhook (schema version 1, `kind` tells it
+/// from an alert):
+/// `{ "version": 1, "kind": "job_report", "idempotency_key": "…",
+///    "labels": { "node": …, "job" | "pod": …, "user": …, "team": … },
+///    "report": { … as GET /api/v1/jobs/{id}/report … },
+///    "dashboard_url": "https://…" | null }`
+pub fn job_report_webhook(
+    report: &Value,
+    labels: &std::collections::BTreeMap<String, String>,
+    key: &str,
+    dashboard: Option<&str>,
+) -> String {
+    json!({
+        "version": 1,
+        "kind": "job_report",
+        "idempotency_key": key,
+        "labels": labels,
+        "report": report,
+        "dashboard_url": dashboard.map(|base| format!("{}/", base.trim_end_matches('/'))),
+    })
+    .to_string()
+}
+
+/// A job's memory report for Slack: its first line as the notification
+/// text, the whole report (as `headroom-collector job-report` prints it)
+/// in a code block.
+pub fn job_report_slack(report: &Value) -> String {
+    let text = crate::job_report_text::render(report);
+    let headline = text.lines().next().unwrap_or("Job memory report");
+    // Slack cuts a section's text at 3,000 characters.
+    let body: String = text.chars().take(2_900).collect();
+    json!({
+        "text": format!("Memory report: {headline}"),
+        "blocks": [
+            {"type": "header", "text": {"type": "plain_text", "text": "Job memory report"}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": format!("```{body}```")}},
+        ],
+    })
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_reports_slack_message_leads_with_the_job_and_holds_the_report() {
+        let report = json!({
+            "kind": "pod", "job_id": "p-1", "users": ["erin"], "nodes": ["n1"],
+            "observed_from_ms": 1_800_000_000_000i64, "last_seen_ms": 1_800_000_060_000i64,
+            "ended_at_ms": 1_800_000_060_000i64, "gpus": [], "alerts": [],
+        });
+        let message: Value = serde_json::from_str(&job_report_slack(&report)).unwrap();
+        assert_eq!(
+            message["text"],
+            "Memory report: Pod p-1: users erin; nodes n1"
+        );
+        let block = message["blocks"][1]["text"]["text"].as_str().unwrap();
+        assert!(
+            block.starts_with("```Pod p-1") && block.contains("alerts: none"),
+            "{block}"
+        );
+    }
+}

@@ -1,12 +1,15 @@
 //! A job's memory report end to end: a simulated Slurm job holds memory,
 //! trips the watermark and ends; the collector writes its report, which the
-//! API and the CLI give back with the peak, the alert and a suggestion.
+//! API and the CLI give back with the peak, the alert and a suggestion, and
+//! which its owner's route delivers, once.
 
 use std::path::Path;
 use std::time::Duration;
 
 use headroom_rules::config::RulesConfig;
 use headroom_tests::harness::{RunningCollector, built, eventually, start_sim_agent};
+use headroom_tests::receiver::Receiver;
+use serde_json::Value;
 
 /// Job 777 holds 74 GiB of an 80 GiB GPU (92.5 %) for 8 s and ends; a
 /// second process with no job keeps the node busy.
@@ -36,8 +39,20 @@ memory = { shape = "steady", level = "1GiB" }
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ended_job_has_a_report_with_its_peak_its_alerts_and_a_suggestion() {
     let dir = tempfile::tempdir().unwrap();
+    let vision = Receiver::start().await;
+    let ops = Receiver::start().await;
+    // carol's team gets her jobs' reports; ops, every alert and no report.
     let rules = RulesConfig::parse(
-        "[watermark]\nfor = \"1s\"\n[job_report]\nend_after = \"2s\"\n",
+        &format!(
+            "[watermark]\nfor = \"1s\"\n[job_report]\nend_after = \"2s\"\n\
+             [notify]\ndefault_channels = [\"ops\"]\n\
+             [notify.owners]\nusers = {{ carol = \"vision\" }}\n\
+             [[notify.webhook]]\nname = \"vision\"\nurl = \"{}\"\nsecret = \"s\"\nmin_severity = \"critical\"\n\
+             [[notify.webhook]]\nname = \"ops\"\nurl = \"{}\"\nsecret = \"s\"\n\
+             [[notify.route]]\nmatchers = {{ rule = \"job_report\", team = \"vision\" }}\nchannels = [\"vision\"]\n",
+            vision.url(),
+            ops.url()
+        ),
         Path::new("test-rules.toml"),
     )
     .unwrap();
@@ -118,6 +133,50 @@ async fn an_ended_job_has_a_report_with_its_peak_its_alerts_and_a_suggestion() {
         "{text}"
     );
     assert!(text.contains("watermark"), "{text}");
+
+    // The owner's route delivers it, whatever the channel's min_severity.
+    let bodies = |r: &Receiver| -> Vec<Value> {
+        r.accepted()
+            .iter()
+            .filter_map(|r| serde_json::from_str(&r.body).ok())
+            .collect()
+    };
+    let sent = eventually(
+        "the report on vision's hook",
+        Duration::from_secs(20),
+        || async {
+            bodies(&vision)
+                .into_iter()
+                .find(|b| b["kind"] == "job_report")
+        },
+    )
+    .await;
+    assert_eq!(sent["report"]["job_id"], "777", "{sent}");
+    assert_eq!(sent["report"]["gpus"][0]["peak_bytes"], 74u64 << 30);
+    assert_eq!(
+        (
+            &sent["labels"]["team"],
+            &sent["labels"]["job"],
+            &sent["labels"]["user"]
+        ),
+        (
+            &Value::from("vision"),
+            &Value::from("777"),
+            &Value::from("carol")
+        ),
+        "{sent}"
+    );
+    // A few more passes of the report writer: still one delivery, and none
+    // to the catch-all channel.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let reports = |r: &Receiver| {
+        bodies(r)
+            .iter()
+            .filter(|b| b["kind"] == "job_report")
+            .count()
+    };
+    assert_eq!(reports(&vision), 1);
+    assert_eq!(reports(&ops), 0, "a report went to the catch-all channel");
     agent.stop().await;
     collector.stop().await;
 }

@@ -1648,21 +1648,21 @@ async fn job_reports_are_kept_per_node_and_replaced_on_the_same_start(store: Arc
         report: report.into(),
     };
     store
-        .save_job_report(&row("n2", 1_000, "{\"a\":1}"))
+        .save_job_report(&row("n2", 1_000, "{\"a\":1}"), &[])
         .await
         .unwrap();
     store
-        .save_job_report(&row("n1", 1_000, "{\"a\":2}"))
+        .save_job_report(&row("n1", 1_000, "{\"a\":2}"), &[])
         .await
         .unwrap();
     // The same collector writing again (a later end) replaces its row.
     store
-        .save_job_report(&row("n1", 1_000, "{\"a\":3}"))
+        .save_job_report(&row("n1", 1_000, "{\"a\":3}"), &[])
         .await
         .unwrap();
     // Another collector that took the stream over writes its own.
     store
-        .save_job_report(&row("n1", 5_000, "{\"a\":4}"))
+        .save_job_report(&row("n1", 5_000, "{\"a\":4}"), &[])
         .await
         .unwrap();
     let rows = store.job_reports("4242").await.unwrap();
@@ -1679,6 +1679,39 @@ async fn job_reports_are_kept_per_node_and_replaced_on_the_same_start(store: Arc
         ]
     );
     assert!(store.job_reports("42").await.unwrap().is_empty());
+
+    // A report's notification is queued with it, once, however often the
+    // save is retried.
+    let note = headroom_store::alerts::NewNotification {
+        channel: "owner-hook".into(),
+        idempotency_key: "job_report:slurm:4243:n1:1000:61000:owner-hook".into(),
+        payload: "{\"kind\":\"job_report\"}".into(),
+        group_key: String::new(),
+        deliver_at_ms: 70_000,
+    };
+    let report = JobReportRow {
+        job_id: "4243".into(),
+        ..row("n1", 1_000, "{\"a\":5}")
+    };
+    for _ in 0..2 {
+        store
+            .save_job_report(&report, std::slice::from_ref(&note))
+            .await
+            .unwrap();
+    }
+    assert!(
+        store
+            .claim_notifications(69_999, 60_000, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let due = store.claim_notifications(70_000, 60_000, 10).await.unwrap();
+    assert_eq!(due.len(), 1, "{due:?}");
+    assert_eq!(
+        (due[0].channel.as_str(), due[0].payload.as_str()),
+        ("owner-hook", note.payload.as_str())
+    );
 }
 
 async fn sqlite_store() -> (Arc<dyn Store>, tempfile::TempDir) {
