@@ -532,6 +532,7 @@ fn to_batch(node: &str, interval: IntervalSamples) -> pb::Batch {
                 pod_qos_class: p.last.owner.pod_qos_class.clone(),
                 slurm_account: p.last.owner.slurm_account.clone(),
                 pod_namespace: p.last.owner.pod_namespace.clone(),
+                process_group: p.last.owner.process_group,
                 allocator: p.last.allocator.map(|a| pb::AllocatorStats {
                     timestamp_ms: a.timestamp_ms,
                     allocated_bytes: a.allocated_bytes,

@@ -36,6 +36,7 @@ pub fn render(report: &Value) -> String {
     let kind = match report["kind"].as_str() {
         Some("slurm") => "Slurm job",
         Some("pod") => "Pod",
+        Some("process_group") => "Process group",
         _ => "Job",
     };
     let _ = writeln!(

@@ -1,4 +1,5 @@
-//! A memory report for each Slurm job or pod once it ends: per GPU, the
+//! A memory report for each Slurm job, pod or process group once it ends:
+//! per GPU, the
 //! job's peak, when it peaked, the headroom it left, what its memory held at
 //! the peak (where its ranks report allocator statistics), the alerts it had
 //! and a right-sizing suggestion. Kept in the store past sample retention.
@@ -17,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use headroom_common::{ApproxBytes, Breakdown};
 use headroom_rules::remedy;
 use headroom_store::alerts::AlertView;
-use headroom_store::model::{NodeSession, StoreBatch};
+use headroom_store::model::{NodeSession, ProcessSampleRow, StoreBatch};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -29,6 +30,10 @@ pub const SILENT_NODE_END_MS: i64 = 60 * 60_000;
 pub enum JobKind {
     Slurm,
     Pod,
+    /// Processes of one process group on one node, in neither a Slurm job
+    /// nor a pod: what `torchrun` or a shell started together. Its id is
+    /// `<pgid>@<node>`.
+    ProcessGroup,
 }
 
 impl JobKind {
@@ -36,6 +41,7 @@ impl JobKind {
         match self {
             Self::Slurm => "slurm",
             Self::Pod => "pod",
+            Self::ProcessGroup => "process_group",
         }
     }
 }
@@ -61,6 +67,8 @@ pub struct JobOnNode {
     pub job_id: String,
     pub node: String,
     pub users: BTreeSet<String>,
+    /// Its processes' pids on the node, for the alerts that named them.
+    pub pids: BTreeSet<u32>,
     /// Slurm accounts and pod namespaces its processes ran under.
     pub accounts: BTreeSet<String>,
     pub namespaces: BTreeSet<String>,
@@ -81,12 +89,14 @@ pub struct JobTracker {
 }
 
 /// The job a process belongs to: its Slurm job where it has one, else its
-/// pod (as `/api/v1/jobs` groups them).
-fn job_of(slurm_job_id: &str, pod_uid: &str) -> Option<(JobKind, String)> {
-    if !slurm_job_id.is_empty() {
-        Some((JobKind::Slurm, slurm_job_id.to_owned()))
-    } else if !pod_uid.is_empty() {
-        Some((JobKind::Pod, pod_uid.to_owned()))
+/// pod (as `/api/v1/jobs` groups them), else its process group on `node`.
+fn job_of(p: &ProcessSampleRow, node: &str) -> Option<(JobKind, String)> {
+    if !p.slurm_job_id.is_empty() {
+        Some((JobKind::Slurm, p.slurm_job_id.clone()))
+    } else if !p.pod_uid.is_empty() {
+        Some((JobKind::Pod, p.pod_uid.clone()))
+    } else if p.process_group > 0 {
+        Some((JobKind::ProcessGroup, format!("{}@{node}", p.process_group)))
     } else {
         None
     }
@@ -104,7 +114,7 @@ impl JobTracker {
         // (job, device, time) → memory and composition of its processes.
         let mut moments: BTreeMap<Moment, (u64, Option<Breakdown>)> = BTreeMap::new();
         for p in &batch.process_samples {
-            let Some((kind, id)) = job_of(&p.slurm_job_id, &p.pod_uid) else {
+            let Some((kind, id)) = job_of(p, node) else {
                 continue;
             };
             // The interval's highest: a spike within a second is what
@@ -131,6 +141,7 @@ impl JobTracker {
                     job_id: id,
                     node: node.to_owned(),
                     users: BTreeSet::new(),
+                    pids: BTreeSet::new(),
                     accounts: BTreeSet::new(),
                     namespaces: BTreeSet::new(),
                     observed_from_ms: p.timestamp_ms,
@@ -145,6 +156,9 @@ impl JobTracker {
                 if !value.is_empty() && !set.contains(value) {
                     set.insert(value.clone());
                 }
+            }
+            if let Ok(pid) = u32::try_from(p.pid) {
+                job.pids.insert(pid);
             }
             job.observed_from_ms = job.observed_from_ms.min(p.timestamp_ms);
             job.last_seen_ms = job.last_seen_ms.max(p.timestamp_ms);
@@ -261,16 +275,25 @@ fn concerns(alert: &AlertView, job: &JobOnNode) -> bool {
     if label("node") != Some(job.node.as_str()) {
         return false;
     }
-    let named = match job.kind {
-        JobKind::Slurm => label("job") == Some(job.job_id.as_str()),
-        JobKind::Pod => label("pod") == Some(job.job_id.as_str()),
-    };
-    let on_its_gpu =
-        label("device_uuid").is_some_and(|u| job.gpus.contains_key(u)) && label("pid").is_none();
     let overlaps = alert.started_at_ms <= job.last_seen_ms
         && alert
             .resolved_at_ms
             .is_none_or(|end| end >= job.observed_from_ms);
+    let named = match job.kind {
+        JobKind::Slurm => label("job") == Some(job.job_id.as_str()),
+        JobKind::Pod => label("pod") == Some(job.job_id.as_str()),
+        // A pid is reused: one of the group's, while the group ran.
+        JobKind::ProcessGroup => {
+            overlaps
+                && label("job").is_none()
+                && label("pod").is_none()
+                && label("pid")
+                    .and_then(|p| p.parse::<u32>().ok())
+                    .is_some_and(|pid| job.pids.contains(&pid))
+        }
+    };
+    let on_its_gpu =
+        label("device_uuid").is_some_and(|u| job.gpus.contains_key(u)) && label("pid").is_none();
     named || (on_its_gpu && overlaps)
 }
 
@@ -281,11 +304,16 @@ fn concerns(alert: &AlertView, job: &JobOnNode) -> bool {
 pub fn owner_labels(job: &JobOnNode) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::new();
     labels.insert("node".to_owned(), job.node.clone());
-    let id_label = match job.kind {
-        JobKind::Slurm => "job",
-        JobKind::Pod => "pod",
-    };
-    labels.insert(id_label.to_owned(), job.job_id.clone());
+    match job.kind {
+        JobKind::Slurm => {
+            labels.insert("job".to_owned(), job.job_id.clone());
+        }
+        JobKind::Pod => {
+            labels.insert("pod".to_owned(), job.job_id.clone());
+        }
+        // Its id is no alert's label; its user and node route it.
+        JobKind::ProcessGroup => {}
+    }
     for (label, set) in [
         ("user", &job.users),
         ("account", &job.accounts),
@@ -423,7 +451,7 @@ pub fn merge(bodies: &[Value]) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use headroom_store::model::{DeviceMeta, GpuSampleRow, ProcessSampleRow};
+    use headroom_store::model::{DeviceMeta, GpuSampleRow};
 
     const GIB: i64 = 1 << 30;
     const T0: i64 = 1_800_000_000_000;
@@ -554,6 +582,33 @@ mod tests {
         t.observe(&s, &batch(T0, vec![process(10, T0, 2, "", 9), pod]));
         assert_eq!(t.jobs.len(), 1);
         assert_eq!(t.running("0f0e-pod")[0].kind, JobKind::Pod);
+    }
+
+    #[test]
+    fn outside_slurm_and_pods_a_process_group_is_the_job() {
+        let s = session("n1");
+        let mut t = JobTracker::default();
+        // torchrun's two workers share its group; a Slurm rank's group does
+        // not make it a second job.
+        let worker = |pid, gib| ProcessSampleRow {
+            process_group: 500,
+            ..process(10, T0, pid, "", gib)
+        };
+        let rank = ProcessSampleRow {
+            process_group: 600,
+            ..process(10, T0, 7, "77", 5)
+        };
+        t.observe(&s, &batch(T0, vec![worker(501, 10), worker(502, 12), rank]));
+        let group = t.running("500@n1");
+        assert_eq!(group.len(), 1);
+        assert_eq!(group[0].kind, JobKind::ProcessGroup);
+        assert_eq!(group[0].pids, BTreeSet::from([501, 502]));
+        assert_eq!(group[0].gpus["GPU-a"].peak_bytes, 22 * GIB as u64);
+        assert!(t.running("600@n1").is_empty());
+        // Its report's routes match its node and user, not a job label.
+        let labels = owner_labels(&group[0]);
+        assert_eq!(labels.get("user").map(String::as_str), Some("carol"));
+        assert!(!labels.contains_key("job") && !labels.contains_key("pod"));
     }
 
     fn peak(peak_gib: f64) -> GpuPeak {

@@ -290,6 +290,7 @@ fn process_state(process: &Process, footprint: Footprint, t: f64) -> ProcessStat
         pod_namespace: process.pod_namespace.clone(),
         slurm_job_id: process.slurm_job_id.clone(),
         slurm_account: process.slurm_account.clone(),
+        process_group: process.process_group.unwrap_or(process.pid),
         memory_used: footprint.bytes,
         allocator,
     }

@@ -74,6 +74,8 @@ pub(crate) struct Process {
     pub pod_namespace: Arc<str>,
     pub slurm_job_id: Arc<str>,
     pub slurm_account: Arc<str>,
+    /// `None`: the process leads its own group (each copy its own).
+    pub process_group: Option<u32>,
     pub start_s: f64,
     pub end_s: Option<f64>,
     pub memory: MemoryShape,

@@ -74,6 +74,8 @@ pub(crate) struct ProcessFile {
     pub slurm_job_id: String,
     #[serde(default)]
     pub slurm_account: String,
+    /// Default: the process leads its own group.
+    pub process_group: Option<i64>,
     pub start_s: Option<f64>,
     pub end_s: Option<f64>,
     pub memory: MemoryShape,

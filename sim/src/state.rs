@@ -102,6 +102,7 @@ pub struct ProcessState {
     pub pod_namespace: Arc<str>,
     pub slurm_job_id: Arc<str>,
     pub slurm_account: Arc<str>,
+    pub process_group: u32,
     pub memory_used: u64,
     /// For a process that reports its allocator's statistics.
     pub allocator: Option<AllocatorSnapshot>,

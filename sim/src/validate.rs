@@ -396,6 +396,16 @@ impl<'p> NodeBuilder<'p> {
                 0
             }),
         };
+        let process_group = file.process_group.and_then(|raw| match u32::try_from(raw) {
+            Ok(group) if group > 0 => Some(group),
+            _ => {
+                self.problem(format!(
+                    "{here}: process_group must be between 1 and {}, got {raw}",
+                    u32::MAX
+                ));
+                None
+            }
+        });
         let start_s = file.start_s.unwrap_or(0.0);
         if !(start_s.is_finite() && start_s >= 0.0) {
             self.problem(format!(
@@ -499,6 +509,7 @@ impl<'p> NodeBuilder<'p> {
             pod_namespace: file.pod_namespace.into(),
             slurm_job_id: file.slurm_job_id.into(),
             slurm_account: file.slurm_account.into(),
+            process_group,
             start_s,
             end_s: file.end_s,
             memory: file.memory,

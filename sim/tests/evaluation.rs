@@ -105,6 +105,7 @@ fn process_metadata_and_lifetime() {
             pod_namespace: "".into(),
             slurm_job_id: "42".into(),
             slurm_account: "".into(),
+            process_group: 100,
             memory_used: 10 * GIB,
             allocator: None,
         }

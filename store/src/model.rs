@@ -195,6 +195,9 @@ pub struct ProcessSampleRow {
     /// alert, which routes match) but no table's columns.
     pub pod_namespace: String,
     pub slurm_account: String,
+    /// The process group on its node (0: unknown); job reports group the
+    /// processes of neither a Slurm job nor a pod by it. Not stored either.
+    pub process_group: u32,
     /// What the process's own allocator reported, when it reports.
     pub allocator: Option<AllocatorRow>,
 }

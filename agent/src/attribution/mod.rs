@@ -58,6 +58,8 @@ pub struct Attribution {
     pub container: Option<Container>,
     pub pod: Option<Pod>,
     pub slurm_job_id: Option<String>,
+    /// The process group, where it is one a launcher made (not init's).
+    pub process_group: Option<u32>,
     /// A Slurm job's account, as its environment says (`SLURM_JOB_ACCOUNT`).
     /// Reading another user's `environ` takes `CAP_SYS_PTRACE` (or root);
     /// without it this is `None`. The user can change their own process's
@@ -173,6 +175,7 @@ impl Attributor {
     fn read_attribution(&mut self, pid: u32, stat: StatFields) -> Option<Attribution> {
         let btime_s = self.btime_s()?;
         let start_time_ms = process::start_time_ms(btime_s, stat.start_ticks)?;
+        let process_group = (stat.process_group > 1).then_some(stat.process_group);
 
         let status = self.read_pid_file(pid, "status", None).ok()?;
         let status = process::parse_status(&String::from_utf8_lossy(status));
@@ -215,6 +218,7 @@ impl Attributor {
             container: owner.container,
             pod: owner.pod,
             slurm_job_id: owner.slurm_job_id,
+            process_group,
             slurm_account,
             pod_namespace,
         })

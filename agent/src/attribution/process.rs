@@ -25,6 +25,9 @@ pub struct StatFields {
     pub comm: String,
     /// Clock ticks since boot; with the pid, it tells a reused pid apart.
     pub start_ticks: u64,
+    /// The process group (`pgrp`): what a shell's job control or a
+    /// launcher like torchrun gives the processes it starts together.
+    pub process_group: u32,
 }
 
 /// Parses `pid (comm) state ppid ... starttime ...`. `comm` runs from the
@@ -34,11 +37,15 @@ pub fn parse_stat(contents: &[u8]) -> Option<StatFields> {
     let close = contents.iter().rposition(|&b| b == b')')?;
     let comm = contents.get(open + 1..close)?;
     let rest = std::str::from_utf8(contents.get(close + 1..)?).ok()?;
-    // Fields after comm start at the third (state); starttime is the 22nd.
-    let start_ticks = rest.split_ascii_whitespace().nth(19)?.parse().ok()?;
+    // Fields after comm start at the third (state); pgrp is the 5th,
+    // starttime the 22nd.
+    let mut fields = rest.split_ascii_whitespace();
+    let process_group = fields.nth(2)?.parse().ok()?;
+    let start_ticks = fields.nth(16)?.parse().ok()?;
     Some(StatFields {
         comm: String::from_utf8_lossy(comm).into_owned(),
         start_ticks,
+        process_group,
     })
 }
 
@@ -192,6 +199,7 @@ mod tests {
             Some(StatFields {
                 comm: "python3".into(),
                 start_ticks: 987_654,
+                process_group: 4242,
             })
         );
     }
@@ -204,6 +212,7 @@ mod tests {
             Some(StatFields {
                 comm: "a) b (c) 9 9".into(),
                 start_ticks: 77,
+                process_group: 4242,
             })
         );
     }

@@ -143,6 +143,7 @@ fn plain_host_process() {
             container: None,
             pod: None,
             slurm_job_id: None,
+            process_group: Some(4242),
             slurm_account: None,
             pod_namespace: None,
         }

@@ -160,6 +160,8 @@ pub struct ProcessOwner {
     pub slurm_job_id: String,
     /// Empty outside Slurm or where the job's environment does not say.
     pub slurm_account: String,
+    /// The process group; 0 when unknown.
+    pub process_group: u32,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -60,6 +60,7 @@ impl SimSource {
                 pod_namespace: p.pod_namespace.to_string(),
                 slurm_job_id: p.slurm_job_id.to_string(),
                 slurm_account: p.slurm_account.to_string(),
+                process_group: p.process_group,
                 ..ProcessOwner::default()
             }),
             // The scenario's allocator model stands in for a job reporting

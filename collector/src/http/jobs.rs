@@ -10,11 +10,12 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use headroom_common::{Breakdown, Share};
 use headroom_rules::remedy;
-use headroom_store::ProcessView;
+use headroom_store::{JobReportRow, ProcessView};
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::api::{ApiError, OwnerQuery, PROCESS_WINDOW_MS, fleet_or_owners};
+use crate::job_reports::JobKind;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobView {
@@ -148,8 +149,7 @@ pub async fn report(
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let rows = state.store.job_reports(&id).await?;
-    let bodies: Vec<serde_json::Value> = rows
-        .iter()
+    let bodies: Vec<serde_json::Value> = latest_run(&rows)
         .filter_map(|r| serde_json::from_str(&r.report).ok())
         .collect();
     crate::job_reports::merge(&bodies).map(Json).ok_or_else(|| {
@@ -158,6 +158,20 @@ pub async fn report(
              (its node reported `job_report.end_after` without it)"
         ))
     })
+}
+
+/// The rows of the job's newest run. A Slurm job id or a pod uid names one
+/// run, but a process group's `<pgid>@<node>` comes back once the kernel
+/// reuses the pgid: of those, only the rows that overlap the newest (one
+/// per collector that held the node meanwhile).
+fn latest_run(rows: &[JobReportRow]) -> impl Iterator<Item = &JobReportRow> {
+    let newest_start = rows
+        .iter()
+        .filter(|r| r.kind == JobKind::ProcessGroup.as_str())
+        .map(|r| r.started_at_ms)
+        .max();
+    rows.iter()
+        .filter(move |r| newest_start.is_none_or(|start| r.ended_at_ms >= start))
 }
 
 #[cfg(test)]
@@ -248,6 +262,35 @@ mod tests {
         assert_eq!(
             (pod.kind, pod.breakdown, pod.advice.as_ref()),
             ("pod", None, None)
+        );
+    }
+
+    #[test]
+    fn a_reused_process_group_id_reports_its_newest_run_only() {
+        let row = |kind: &str, node: &str, started: i64, ended: i64| JobReportRow {
+            kind: kind.into(),
+            job_id: "500@n1".into(),
+            node: node.into(),
+            started_at_ms: started,
+            ended_at_ms: ended,
+            report: String::new(),
+        };
+        let rows = [
+            row("process_group", "n1", 1_000, 2_000),
+            // Another collector's row of the newest run, and the newest.
+            row("process_group", "n1", 9_500, 12_000),
+            row("process_group", "n1", 10_000, 11_000),
+        ];
+        let kept: Vec<i64> = latest_run(&rows).map(|r| r.started_at_ms).collect();
+        assert_eq!(kept, vec![9_500, 10_000]);
+        let slurm = [
+            row("slurm", "n1", 1_000, 2_000),
+            row("slurm", "n2", 10_000, 11_000),
+        ];
+        assert_eq!(
+            latest_run(&slurm).count(),
+            2,
+            "a Slurm job's rows are all one run"
         );
     }
 }

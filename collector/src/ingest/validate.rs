@@ -544,6 +544,7 @@ pub fn batch(
             slurm_job_id: p.slurm_job_id,
             pod_namespace: p.pod_namespace,
             slurm_account: p.slurm_account,
+            process_group: p.process_group,
             allocator,
         });
     }

@@ -11,8 +11,9 @@ use headroom_tests::harness::{RunningCollector, built, eventually, start_sim_age
 use headroom_tests::receiver::Receiver;
 use serde_json::Value;
 
-/// Job 777 holds 74 GiB of an 80 GiB GPU (92.5 %) for 8 s and ends; a
-/// second process with no job keeps the node busy.
+/// Job 777 holds 74 GiB of an 80 GiB GPU (92.5 %) for 8 s and ends; so do
+/// two workers of process group 4000, in no Slurm job or pod; a process of
+/// its own group keeps the node busy.
 const SCENARIO: &str = r#"
 [[node]]
 name = "report-node"
@@ -33,6 +34,22 @@ memory = { shape = "steady", level = "74GiB" }
 pid = 9
 name = "python notebook.py"
 user = "dave"
+memory = { shape = "steady", level = "1GiB" }
+
+[[node.gpu.process]]
+pid = 4001
+name = "python worker.py --rank 0"
+user = "dave"
+process_group = 4000
+end_s = 8
+memory = { shape = "steady", level = "1GiB" }
+
+[[node.gpu.process]]
+pid = 4002
+name = "python worker.py --rank 1"
+user = "dave"
+process_group = 4000
+end_s = 8
 memory = { shape = "steady", level = "1GiB" }
 "#;
 
@@ -106,11 +123,26 @@ async fn an_ended_job_has_a_report_with_its_peak_its_alerts_and_a_suggestion() {
         alerts.iter().any(|a| a["rule"] == "watermark"),
         "the GPU crossed the watermark while the job ran: {report}"
     );
-    // The neighbour without a job has no report.
+    // The neighbour without a job has no report; the process group that
+    // ended has one, its two workers summed.
     let none = reqwest::get(collector.api("/api/v1/jobs/9/report"))
         .await
         .unwrap();
     assert_eq!(none.status(), reqwest::StatusCode::NOT_FOUND);
+    let group: serde_json::Value = eventually(
+        "process group 4000's report",
+        Duration::from_secs(20),
+        || async {
+            let r = reqwest::get(collector.api("/api/v1/jobs/4000@report-node/report"))
+                .await
+                .ok()?;
+            r.status().is_success().then_some(r.json().await.ok()?)
+        },
+    )
+    .await;
+    assert_eq!(group["kind"], "process_group", "{group}");
+    assert_eq!(group["users"], serde_json::json!(["dave"]));
+    assert_eq!(group["gpus"][0]["peak_bytes"], 2u64 << 30, "{group}");
 
     // The CLI prints it for the job's owner.
     let out = tokio::process::Command::new(built("headroom-collector"))

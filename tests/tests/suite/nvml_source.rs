@@ -393,6 +393,7 @@ fn readings_case() {
     assert_eq!((train.owner.uid, train.owner.user.as_str()), (0, "root"));
     assert_eq!(train.owner.slurm_job_id, "777");
     assert_eq!(train.owner.slurm_account, "llm-pretrain");
+    assert_eq!(train.owner.process_group, 4101, "it leads its own group");
     // The same environment outside a Slurm job names no account.
     assert_eq!(process(&last, 4102).owner.slurm_account, "");
     // 4101 s of 100 Hz ticks after boot.

@@ -427,6 +427,7 @@ fn owner_of(a: &Attribution) -> ProcessOwner {
         pod_namespace: a.pod_namespace.clone().unwrap_or_default(),
         slurm_job_id: a.slurm_job_id.clone().unwrap_or_default(),
         slurm_account: a.slurm_account.clone().unwrap_or_default(),
+        process_group: a.process_group.unwrap_or(0),
     }
 }
 
