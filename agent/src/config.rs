@@ -22,6 +22,10 @@ pub enum SourceKind {
     Sim,
 }
 
+/// The most pod label keys forwarded: each is a label on every alert about
+/// the pod's processes.
+pub const MAX_POD_LABELS: usize = 8;
+
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
@@ -44,6 +48,14 @@ pub struct AgentConfig {
     /// the namespace of a pod's processes (in a container: the host's,
     /// mounted).
     pub pod_log_dir: PathBuf,
+    /// Pod label keys (`team`, `app.kubernetes.io/part-of`) read from the
+    /// Kubernetes API server and sent with each pod's processes, for owner
+    /// routes; empty (the default) asks the API server nothing.
+    pub pod_labels: Vec<String>,
+    /// The API server; default: the in-cluster service, in a pod.
+    pub kubernetes_api_url: Option<String>,
+    /// The service account's `token` and `ca.crt`.
+    pub kubernetes_service_account_dir: PathBuf,
     /// An NVML call running longer than this is reported as hung and its
     /// GPU as stalled.
     pub nvml_call_timeout_ms: u64,
@@ -113,6 +125,9 @@ impl Default for AgentConfig {
             nvml_library: None,
             procfs_root: PathBuf::from("/proc"),
             pod_log_dir: PathBuf::from(crate::attribution::DEFAULT_POD_LOG_DIR),
+            pod_labels: Vec::new(),
+            kubernetes_api_url: None,
+            kubernetes_service_account_dir: PathBuf::from(crate::kubernetes::SERVICE_ACCOUNT_DIR),
             nvml_call_timeout_ms: 5_000,
             mig_check_interval_ms: 10_000,
             pcie_fallback_interval_ms: 1_000,
@@ -163,6 +178,8 @@ pub struct Overrides {
     pub nvml_library: Option<PathBuf>,
     pub procfs_root: Option<PathBuf>,
     pub pod_log_dir: Option<PathBuf>,
+    pub pod_labels: Option<Vec<String>>,
+    pub kubernetes_api_url: Option<String>,
     pub nvml_call_timeout_ms: Option<u64>,
     pub mig_check_interval_ms: Option<u64>,
     pub scenario: Option<PathBuf>,
@@ -230,6 +247,12 @@ impl AgentConfig {
         }
         if let Some(v) = o.pod_log_dir {
             self.pod_log_dir = v;
+        }
+        if let Some(v) = o.pod_labels {
+            self.pod_labels = v.into_iter().filter(|k| !k.trim().is_empty()).collect();
+        }
+        if o.kubernetes_api_url.is_some() {
+            self.kubernetes_api_url = o.kubernetes_api_url;
         }
         if let Some(v) = o.nvml_call_timeout_ms {
             self.nvml_call_timeout_ms = v;
@@ -304,6 +327,19 @@ impl AgentConfig {
         }
         if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
             return invalid("tls_cert_file and tls_key_file go together (mutual TLS)".into());
+        }
+        if self.pod_labels.len() > MAX_POD_LABELS {
+            return invalid(format!(
+                "pod_labels names {} keys; at most {MAX_POD_LABELS} are forwarded",
+                self.pod_labels.len()
+            ));
+        }
+        if let Some(url) = &self.kubernetes_api_url
+            && !(url.starts_with("https://") || url.starts_with("http://"))
+        {
+            return invalid(format!(
+                "kubernetes_api_url {url:?} must start with https:// (or http:// for a local proxy)"
+            ));
         }
         if !(10..=10_000).contains(&self.poll_interval_ms) {
             return invalid(format!(

@@ -9,6 +9,7 @@ pub mod batch_split;
 pub mod config;
 pub mod flush;
 pub mod identity;
+pub mod kubernetes;
 pub mod metrics;
 mod metrics_dcgm;
 pub mod outbox;

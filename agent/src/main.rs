@@ -1,5 +1,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -7,7 +8,7 @@ use clap::Parser;
 use headroom_agent::allocator::listener::ListenerConfig;
 use headroom_agent::config::{AgentConfig, Overrides, SourceKind};
 use headroom_agent::source::{GpuSource, NvmlOptions, NvmlSource, SimSource};
-use headroom_agent::{AgentSettings, AgentToken, identity};
+use headroom_agent::{AgentSettings, AgentToken, identity, kubernetes};
 use headroom_common::service;
 use headroom_sim::Scenario;
 
@@ -42,6 +43,13 @@ struct Cli {
     /// The kubelet's pod log directories, for pods' namespaces.
     #[arg(long, env = "HEADROOM_POD_LOG_DIR")]
     pod_log_dir: Option<PathBuf>,
+    /// Pod label keys to read from the API server and send with each pod's
+    /// processes, comma-separated (`team,app`); none by default.
+    #[arg(long, env = "HEADROOM_POD_LABELS", value_delimiter = ',')]
+    pod_labels: Option<Vec<String>>,
+    /// The Kubernetes API server; in a pod, the in-cluster service.
+    #[arg(long, env = "HEADROOM_KUBERNETES_API_URL")]
+    kubernetes_api_url: Option<String>,
     /// Report an NVML call as hung (and its GPU as stalled) after this many milliseconds.
     #[arg(long, env = "HEADROOM_NVML_CALL_TIMEOUT_MS")]
     nvml_call_timeout_ms: Option<u64>,
@@ -120,6 +128,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             nvml_library: cli.nvml_library,
             procfs_root: cli.procfs_root,
             pod_log_dir: cli.pod_log_dir,
+            pod_labels: cli.pod_labels,
+            kubernetes_api_url: cli.kubernetes_api_url,
             nvml_call_timeout_ms: cli.nvml_call_timeout_ms,
             mig_check_interval_ms: cli.mig_check_interval_ms,
             scenario: cli.scenario,
@@ -137,12 +147,41 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             token_file: cli.token_file,
         },
     )?;
+    let mut pod_label_reader = None;
     let (source, node): (Box<dyn GpuSource>, String) = match config.source {
         SourceKind::Nvml => {
+            let node = match &config.node_name {
+                Some(name) => name.clone(),
+                None => identity::hostname()
+                    .context("cannot read this host's name; set node_name (HEADROOM_NODE_NAME)")?,
+            };
+            let pod_labels = if config.pod_labels.is_empty() {
+                None
+            } else {
+                let url = config
+                    .kubernetes_api_url
+                    .clone()
+                    .or_else(kubernetes::ApiServer::in_cluster_url)
+                    .context(
+                        "pod_labels is set, but this agent runs in no pod and kubernetes_api_url is not set: name the API server",
+                    )?;
+                let labels = Arc::new(kubernetes::PodLabels::default());
+                pod_label_reader = Some((
+                    kubernetes::ApiServer {
+                        url,
+                        service_account_dir: config.kubernetes_service_account_dir.clone(),
+                        node: node.clone(),
+                        keys: config.pod_labels.clone(),
+                    },
+                    labels.clone(),
+                ));
+                Some(labels)
+            };
             let source = NvmlSource::new(NvmlOptions {
                 library: config.nvml_library.clone(),
                 procfs_root: config.procfs_root.clone(),
                 pod_log_dir: config.pod_log_dir.clone(),
+                pod_labels,
                 call_timeout: Duration::from_millis(config.nvml_call_timeout_ms),
                 poll_wait: Duration::from_millis(config.poll_interval_ms * 4 / 5),
                 layout_check: Duration::from_millis(config.mig_check_interval_ms),
@@ -152,11 +191,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 read_health: config.dcgm_metric_names,
                 ..NvmlOptions::default()
             })?;
-            let node = match &config.node_name {
-                Some(name) => name.clone(),
-                None => identity::hostname()
-                    .context("cannot read this host's name; set node_name (HEADROOM_NODE_NAME)")?,
-            };
             (Box::new(source), node)
         }
         SourceKind::Sim => {
@@ -226,6 +260,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let node = settings.node.clone();
         let agent = headroom_agent::start(settings, source)?;
+        let (stop_pod_labels, stopped) = tokio::sync::watch::channel(false);
+        if let Some((api, labels)) = pod_label_reader {
+            tokio::spawn(kubernetes::keep_pod_labels(api, labels, stopped));
+        }
         service::ready(&format!("polling the GPUs of {node}"));
         let watchdog = service::spawn_watchdog(agent.sampler_progress());
         shutdown_signal().await;
@@ -234,6 +272,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         if let Some(watchdog) = watchdog {
             watchdog.abort();
         }
+        let _ = stop_pod_labels.send(true);
         agent.stop().await;
         Ok(())
     })

@@ -533,6 +533,7 @@ fn to_batch(node: &str, interval: IntervalSamples) -> pb::Batch {
                 slurm_account: p.last.owner.slurm_account.clone(),
                 pod_namespace: p.last.owner.pod_namespace.clone(),
                 process_group: p.last.owner.process_group,
+                pod_labels: p.last.owner.pod_labels.iter().cloned().collect(),
                 allocator: p.last.allocator.map(|a| pb::AllocatorStats {
                     timestamp_ms: a.timestamp_ms,
                     allocated_bytes: a.allocated_bytes,

@@ -244,6 +244,7 @@ pub fn run(rules: RulesConfig, trace: impl BufRead) -> (Vec<BacktestAlert>, Vec<
                     slurm_account: "",
                     pod_uid: "",
                     pod_namespace: "",
+                    pod_labels: &[],
                     container_id: "",
                     timestamp_ms: row.ts,
                     used_last: row.used,

@@ -18,7 +18,9 @@ use crate::allocator::{self, AllocatorObservation};
 use crate::config::RulesConfig;
 use crate::describe::process_name;
 use crate::lifecycle::Transition;
-use crate::observation::{DeviceObservation, EventObservation, ProcessObservation};
+use crate::observation::{
+    DeviceObservation, EventObservation, POD_LABEL_PREFIX, ProcessObservation,
+};
 use crate::rule::{
     AcceptsEvent, DeviceRule, EventRule, NodeFacts, NodeRule, Outcome, ProcessFacts, ProcessRule,
     Rule, Start, StartDevice, StartEvent, StartNode, StartProcess,
@@ -257,6 +259,9 @@ impl Engine {
                 if !v.is_empty() {
                     labels.insert(k.to_owned(), v.to_owned());
                 }
+            }
+            for (key, value) in o.pod_labels {
+                labels.insert(format!("{POD_LABEL_PREFIX}{key}"), value.clone());
             }
             let start = o.start_time_ms.to_string();
             let pid = o.pid.to_string();

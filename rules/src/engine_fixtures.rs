@@ -80,6 +80,7 @@ pub fn training(ts: i64, report: Option<AllocatorObservation>) -> ProcessObserva
         slurm_account: "",
         pod_uid: "",
         pod_namespace: "",
+        pod_labels: &[],
         container_id: "",
         timestamp_ms: ts,
         used_last: 60 * GIB,

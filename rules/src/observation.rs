@@ -6,6 +6,9 @@ use headroom_common::Breakdown;
 
 use crate::allocator::AllocatorObservation;
 
+/// Alert labels that carry a pod's labels: `pod_label.team` for `team`.
+pub const POD_LABEL_PREFIX: &str = "pod_label.";
+
 /// One interval of one GPU or MIG instance.
 #[derive(Debug, Clone)]
 pub struct DeviceObservation<'a> {
@@ -41,6 +44,9 @@ pub struct ProcessObservation<'a> {
     pub slurm_account: &'a str,
     pub pod_uid: &'a str,
     pub pod_namespace: &'a str,
+    /// The pod's labels the agent forwards, each an alert label
+    /// `pod_label.<key>`.
+    pub pod_labels: &'a [(String, String)],
     pub container_id: &'a str,
     pub timestamp_ms: i64,
     pub used_last: u64,

@@ -13,6 +13,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::config::{NotifyConfig, RulesError, Severity};
+use crate::observation::POD_LABEL_PREFIX;
 
 /// The labels a route can match: those the rules put on alerts
 /// (`engine.rs`, `rules/xid.rs`), and `rule`, `severity` and `team`. A
@@ -35,6 +36,15 @@ pub const ROUTABLE_LABELS: [&str; 16] = [
     "severity",
     "team",
 ];
+
+/// A label some alert can carry: one of [`ROUTABLE_LABELS`], or a pod label
+/// the agents forward (`pod_label.team`).
+fn is_routable(label: &str) -> bool {
+    ROUTABLE_LABELS.contains(&label)
+        || label
+            .strip_prefix(POD_LABEL_PREFIX)
+            .is_some_and(|key| !key.is_empty())
+}
 
 /// The `rule` a route matches to send job memory reports.
 pub const JOB_REPORT_RULE: &str = "job_report";
@@ -131,6 +141,9 @@ impl OwnerMap {
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OwnersConfig {
+    /// A pod label whose value is the team (`team` for pods labelled
+    /// `team: vision`); the agents must forward it (`pod_labels`).
+    pub team_pod_label: Option<String>,
     pub accounts: BTreeMap<String, String>,
     pub namespaces: BTreeMap<String, String>,
     pub users: BTreeMap<String, String>,
@@ -141,9 +154,17 @@ pub struct OwnersConfig {
 }
 
 impl OwnersConfig {
-    /// The team owning an alert with these labels, if the map names one:
-    /// its account's, its namespace's, its user's, then its node's.
-    pub fn team(&self, labels: &BTreeMap<String, String>) -> Option<&str> {
+    /// The team owning an alert with these labels: its pod's own team label
+    /// where [`Self::team_pod_label`] names one, else the map's team of its
+    /// account, its namespace, its user, then its node.
+    pub fn team<'a>(&'a self, labels: &'a BTreeMap<String, String>) -> Option<&'a str> {
+        if let Some(key) = &self.team_pod_label
+            && let Some(team) = labels
+                .get(&format!("{POD_LABEL_PREFIX}{key}"))
+                .filter(|t| !t.is_empty())
+        {
+            return Some(team);
+        }
         first_team(
             [
                 ("account", &self.accounts),
@@ -317,13 +338,9 @@ impl NotifyConfig {
                     "notify.route[{index}]: channels is empty: name the channels it sends to"
                 ));
             }
-            if let Some(label) = route
-                .matchers
-                .keys()
-                .find(|k| !ROUTABLE_LABELS.contains(&k.as_str()))
-            {
+            if let Some(label) = route.matchers.keys().find(|k| !is_routable(k)) {
                 return Err(format!(
-                    "notify.route[{index}]: no alert has a label {label:?}: match one of {ROUTABLE_LABELS:?}"
+                    "notify.route[{index}]: no alert has a label {label:?}: match one of {ROUTABLE_LABELS:?} or {POD_LABEL_PREFIX}<key> for a forwarded pod label"
                 ));
             }
             if let Some(c) = route.channels.iter().find(|c| !known(c)) {
@@ -447,6 +464,36 @@ mod tests {
         assert_eq!(device["team"], "infra");
         let unknown = c.routing_labels(&labels(&[("node", "gpu-b07")]), "watermark", "critical");
         assert!(!unknown.contains_key("team"));
+    }
+
+    #[test]
+    fn a_pods_own_team_label_names_its_team_first_and_routes_may_match_pod_labels() {
+        let c = notify(&format!(
+            "{CHANNELS}[notify.owners]\nteam_pod_label = \"team\"\nnamespaces = {{ serving = \"inference\" }}\n\
+             [[notify.route]]\nmatchers = {{ \"pod_label.app\" = \"vllm\" }}\nchannels = [\"ops\"]\n"
+        ));
+        let team = |pairs: &[(&str, &str)]| {
+            c.routing_labels(&labels(pairs), "leak", "warning")
+                .get("team")
+                .cloned()
+        };
+        let serving = ("namespace", "serving");
+        assert_eq!(
+            team(&[serving, ("pod_label.team", "speech")]).as_deref(),
+            Some("speech")
+        );
+        assert_eq!(
+            team(&[serving, ("pod_label.team", "")]).as_deref(),
+            Some("inference")
+        );
+        assert!(c.routes_to("ops", &labels(&[("pod_label.app", "vllm")])));
+        let refused = RulesConfig::parse(
+            &format!("{CHANNELS}[[notify.route]]\nmatchers = {{ \"pod_label.\" = \"x\" }}\nchannels = [\"ops\"]\n"),
+            Path::new("rules.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(refused.contains("pod_label.<key>"), "{refused}");
     }
 
     #[test]

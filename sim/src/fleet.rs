@@ -291,6 +291,7 @@ fn process_state(process: &Process, footprint: Footprint, t: f64) -> ProcessStat
         slurm_job_id: process.slurm_job_id.clone(),
         slurm_account: process.slurm_account.clone(),
         process_group: process.process_group.unwrap_or(process.pid),
+        pod_labels: process.pod_labels.clone(),
         memory_used: footprint.bytes,
         allocator,
     }

@@ -76,6 +76,7 @@ pub(crate) struct Process {
     pub slurm_account: Arc<str>,
     /// `None`: the process leads its own group (each copy its own).
     pub process_group: Option<u32>,
+    pub pod_labels: Arc<[(String, String)]>,
     pub start_s: f64,
     pub end_s: Option<f64>,
     pub memory: MemoryShape,

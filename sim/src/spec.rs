@@ -76,6 +76,9 @@ pub(crate) struct ProcessFile {
     pub slurm_account: String,
     /// Default: the process leads its own group.
     pub process_group: Option<i64>,
+    /// The pod's labels, as the API server would give them.
+    #[serde(default)]
+    pub pod_labels: std::collections::BTreeMap<String, String>,
     pub start_s: Option<f64>,
     pub end_s: Option<f64>,
     pub memory: MemoryShape,

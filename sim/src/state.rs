@@ -103,6 +103,8 @@ pub struct ProcessState {
     pub slurm_job_id: Arc<str>,
     pub slurm_account: Arc<str>,
     pub process_group: u32,
+    /// Sorted by key.
+    pub pod_labels: Arc<[(String, String)]>,
     pub memory_used: u64,
     /// For a process that reports its allocator's statistics.
     pub allocator: Option<AllocatorSnapshot>,

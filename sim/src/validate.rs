@@ -510,6 +510,7 @@ impl<'p> NodeBuilder<'p> {
             slurm_job_id: file.slurm_job_id.into(),
             slurm_account: file.slurm_account.into(),
             process_group,
+            pod_labels: file.pod_labels.into_iter().collect(),
             start_s,
             end_s: file.end_s,
             memory: file.memory,

@@ -106,6 +106,7 @@ fn process_metadata_and_lifetime() {
             slurm_job_id: "42".into(),
             slurm_account: "".into(),
             process_group: 100,
+            pod_labels: std::sync::Arc::from([]),
             memory_used: 10 * GIB,
             allocator: None,
         }

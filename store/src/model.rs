@@ -198,6 +198,9 @@ pub struct ProcessSampleRow {
     /// The process group on its node (0: unknown); job reports group the
     /// processes of neither a Slurm job nor a pod by it. Not stored either.
     pub process_group: u32,
+    /// The pod's forwarded labels, sorted by key; as the two above, for the
+    /// rules only.
+    pub pod_labels: Vec<(String, String)>,
     /// What the process's own allocator reported, when it reports.
     pub allocator: Option<AllocatorRow>,
 }

@@ -93,6 +93,7 @@ pub fn process_sample(uuid: &str, ts: i64, pid: u32, used: u64) -> pb::ProcessSa
         slurm_account: "vision-ml".into(),
         pod_namespace: String::new(),
         process_group: pid,
+        pod_labels: Default::default(),
     }
 }
 

@@ -155,8 +155,11 @@ pub struct ProcessOwner {
     pub pod_uid: String,
     /// `guaranteed`, `burstable`, `besteffort`; empty when unknown.
     pub pod_qos_class: String,
-    /// Empty outside a pod or where it mounts no service account.
+    /// Empty outside a pod or where the kubelet's directory of it is not
+    /// visible.
     pub pod_namespace: String,
+    /// The pod's labels among those `pod_labels` forwards, sorted by key.
+    pub pod_labels: Vec<(String, String)>,
     pub slurm_job_id: String,
     /// Empty outside Slurm or where the job's environment does not say.
     pub slurm_account: String,

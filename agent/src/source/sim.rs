@@ -61,6 +61,7 @@ impl SimSource {
                 slurm_job_id: p.slurm_job_id.to_string(),
                 slurm_account: p.slurm_account.to_string(),
                 process_group: p.process_group,
+                pod_labels: p.pod_labels.to_vec(),
                 ..ProcessOwner::default()
             }),
             // The scenario's allocator model stands in for a job reporting

@@ -351,6 +351,7 @@ impl Alerting {
                     slurm_account: &p.slurm_account,
                     pod_uid: &p.pod_uid,
                     pod_namespace: &p.pod_namespace,
+                    pod_labels: &p.pod_labels,
                     container_id: &p.container_id,
                     timestamp_ms: p.timestamp_ms,
                     used_last: u64::try_from(p.used_last).unwrap_or(0),

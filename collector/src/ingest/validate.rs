@@ -151,6 +151,9 @@ impl fmt::Display for Clipped<'_> {
     }
 }
 
+/// Pod labels a process may carry: the agent forwards at most 8.
+const MAX_POD_LABELS: usize = 16;
+
 fn check_text(
     field: impl fmt::Display,
     value: &str,
@@ -496,6 +499,31 @@ pub fn batch(
             limits.max_id_len,
             false,
         )?;
+        if p.pod_labels.len() > MAX_POD_LABELS {
+            return invalid(format!(
+                "{} has {} entries (limit {MAX_POD_LABELS})",
+                at("pod_labels"),
+                p.pod_labels.len()
+            ));
+        }
+        let mut pod_labels: Vec<(String, String)> = Vec::with_capacity(p.pod_labels.len());
+        for (key, value) in &p.pod_labels {
+            let valid_key = !key.is_empty()
+                && key
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'));
+            if !valid_key {
+                return invalid(format!(
+                    "{} key {} is not a Kubernetes label key",
+                    at("pod_labels"),
+                    Clipped(key)
+                ));
+            }
+            check_text(at("pod_labels key"), key, limits.max_id_len, true)?;
+            check_text(at("pod_labels value"), value, limits.max_id_len, false)?;
+            pod_labels.push((key.clone(), value.clone()));
+        }
+        pod_labels.sort();
         let last = bytes(at("memory_used_last_bytes"), p.memory_used_last_bytes)?;
         let max = bytes(at("memory_used_max_bytes"), p.memory_used_max_bytes)?;
         if let Some(device) = session.devices.get(&id)
@@ -545,6 +573,7 @@ pub fn batch(
             pod_namespace: p.pod_namespace,
             slurm_account: p.slurm_account,
             process_group: p.process_group,
+            pod_labels,
             allocator,
         });
     }

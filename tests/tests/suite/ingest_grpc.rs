@@ -204,6 +204,17 @@ async fn bad_batches_are_rejected_by_name_without_harming_accepted_data_or_other
     let answers = exchange(&mut client, vec![negative_start], 1).await;
     expect_error(&answers, Code::InvalidArgument, "start_time_ms");
 
+    let mut bad_label = fixtures::batch(2, ts + 1000);
+    bad_label.process_samples[0]
+        .pod_labels
+        .insert("team name".into(), "vision".into());
+    let answers = exchange(&mut client, vec![bad_label], 1).await;
+    expect_error(
+        &answers,
+        Code::InvalidArgument,
+        "key \"team name\" is not a Kubernetes label key",
+    );
+
     // Another agent streams on, and this one resumes with a good batch.
     let other = fixtures::other_node_batch(1, ts + 1000);
     assert_eq!(

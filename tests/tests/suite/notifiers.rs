@@ -305,8 +305,9 @@ async fn routes_send_each_alert_to_its_owners_channels_only() {
     collector.stop().await;
 }
 
-/// Two jobs whose allocators hit an OOM at once: a Slurm job under account
-/// `speech` and a pod in namespace `serving`.
+/// Three jobs whose allocators hit an OOM at once: a Slurm job under
+/// account `speech`, a pod in namespace `serving`, and a pod in that
+/// namespace labelled with its own team.
 const OWNED_JOBS: &str = r#"
 [[node]]
 name = "shared-node"
@@ -336,27 +337,45 @@ pod_uid = "5f1c2d3e-4a5b-4c6d-8e7f-9a0b1c2d3e4f"
 pod_namespace = "serving"
 memory = { shape = "steady", level = "40GiB" }
 allocator = { oom_at_s = 1 }
+
+[[node.gpu]]
+model = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+
+[[node.gpu.process]]
+pid = 2003
+name = "python embed.py"
+user = "erin"
+pod_uid = "6a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d"
+pod_namespace = "serving"
+pod_labels = { team = "vision", app = "embedder" }
+memory = { shape = "steady", level = "40GiB" }
+allocator = { oom_at_s = 1 }
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jobs_slurm_account_and_a_pods_namespace_route_to_their_teams() {
     let audio = Receiver::start().await;
     let inference = Receiver::start().await;
+    let vision = Receiver::start().await;
     let ops = Receiver::start().await;
     let dir = tempfile::tempdir().unwrap();
     // erin's own team would be ops: the account and the namespace win.
     let rules = RulesConfig::parse(
         &format!(
             "[notify]\ndefault_channels = [\"ops\"]\n\
-             [notify.owners]\nusers = {{ erin = \"research\" }}\n\
+             [notify.owners]\nusers = {{ erin = \"research\" }}\nteam_pod_label = \"team\"\n\
              accounts = {{ speech = \"audio\" }}\nnamespaces = {{ serving = \"inference\" }}\n\
              [[notify.webhook]]\nname = \"audio\"\nurl = \"{}\"\nsecret = \"s\"\n\
              [[notify.webhook]]\nname = \"inference\"\nurl = \"{}\"\nsecret = \"s\"\n\
+             [[notify.webhook]]\nname = \"vision\"\nurl = \"{}\"\nsecret = \"s\"\n\
              [[notify.webhook]]\nname = \"ops\"\nurl = \"{}\"\nsecret = \"s\"\n\
              [[notify.route]]\nmatchers = {{ team = \"audio\" }}\nchannels = [\"audio\"]\n\
-             [[notify.route]]\nmatchers = {{ team = \"inference\" }}\nchannels = [\"inference\"]\n",
+             [[notify.route]]\nmatchers = {{ team = \"inference\" }}\nchannels = [\"inference\"]\n\
+             [[notify.route]]\nmatchers = {{ team = \"vision\" }}\nchannels = [\"vision\"]\n",
             audio.url(),
             inference.url(),
+            vision.url(),
             ops.url()
         ),
         Path::new("test-rules.toml"),
@@ -398,6 +417,34 @@ async fn a_jobs_slurm_account_and_a_pods_namespace_route_to_their_teams() {
         (&Value::from("serving"), &Value::from("inference")),
         "{serving}"
     );
+    let labelled = eventually(
+        "the labelled pod's OOM on vision's hook",
+        Duration::from_secs(30),
+        || async { oom_on(&vision) },
+    )
+    .await;
+    let labels = &labelled["alert"]["labels"];
+    assert_eq!(
+        (
+            &labels["pod_label.team"],
+            &labels["pod_label.app"],
+            &labels["team"]
+        ),
+        (
+            &Value::from("vision"),
+            &Value::from("embedder"),
+            &Value::from("vision")
+        ),
+        "{labelled}"
+    );
+    // The labelled pod's OOM went to its own team, not its namespace's.
+    let inference_ooms = inference
+        .accepted()
+        .iter()
+        .filter_map(|r| serde_json::from_str::<Value>(&r.body).ok())
+        .filter(|b| b["alert"]["rule"] == "allocator_oom" && b["status"] == "firing")
+        .count();
+    assert_eq!(inference_ooms, 1);
     assert!(oom_on(&ops).is_none(), "ops got an owned job's OOM");
     agent.stop().await;
     collector.stop().await;

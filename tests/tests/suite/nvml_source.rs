@@ -225,6 +225,14 @@ fn source(call_timeout: Duration) -> NvmlSource {
         library: Some(headroom_tests::fake_nvml::library()),
         procfs_root: PathBuf::from(std::env::var(PROCFS_ENV).unwrap()),
         pod_log_dir: PathBuf::from(std::env::var(PROCFS_ENV).unwrap()).join(POD_LOGS),
+        pod_labels: Some(std::sync::Arc::new({
+            let labels = headroom_agent::kubernetes::PodLabels::default();
+            labels.replace(std::collections::HashMap::from([(
+                POD_UID.to_owned(),
+                std::sync::Arc::from([("team".to_owned(), "inference".to_owned())]),
+            )]));
+            labels
+        })),
         call_timeout,
         poll_wait: Duration::from_millis(80),
         layout_check: Duration::from_millis(300),
@@ -410,6 +418,11 @@ fn readings_case() {
         ),
         (POD_UID, POD_CONTAINER, "serving")
     );
+    assert_eq!(
+        pod.owner.pod_labels,
+        vec![("team".to_owned(), "inference".to_owned())]
+    );
+    assert!(train.owner.pod_labels.is_empty(), "not in a pod");
     assert_eq!(
         (
             pod.owner.container_runtime.as_str(),

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use nvml_wrapper::Nvml;
 
 use crate::attribution::{Attribution, Attributor};
+use crate::kubernetes::PodLabels;
 
 use super::{
     EventKind, GpuDevice, GpuSource, Inventory, Poll, ProcessOwner, ProcessReading, SourceError,
@@ -47,6 +48,8 @@ pub struct NvmlOptions {
     pub procfs_root: PathBuf,
     /// Where the kubelet keeps pods' log directories (pods' namespaces).
     pub pod_log_dir: PathBuf,
+    /// Pods' labels as the API server gives them, when forwarded.
+    pub pod_labels: Option<Arc<PodLabels>>,
     /// An NVML call running longer than this is reported as hung.
     pub call_timeout: Duration,
     /// How long one poll waits for the GPUs' answers; an answer that comes
@@ -74,6 +77,7 @@ impl Default for NvmlOptions {
             library: None,
             procfs_root: PathBuf::from("/proc"),
             pod_log_dir: PathBuf::from(crate::attribution::DEFAULT_POD_LOG_DIR),
+            pod_labels: None,
             call_timeout: Duration::from_secs(5),
             poll_wait: Duration::from_millis(80),
             layout_check: Duration::from_secs(10),
@@ -375,7 +379,10 @@ impl NvmlSource {
             return (known.owner.clone(), known.start_time_ms);
         }
         let (owner, start_time_ms) = match self.attributor.attribute(pid) {
-            Some(a) => (Arc::new(owner_of(&a)), a.start_time_ms),
+            Some(a) => (
+                Arc::new(owner_of(&a, self.options.pod_labels.as_deref())),
+                a.start_time_ms,
+            ),
             None => (self.nobody.clone(), 0),
         };
         self.owners.insert(
@@ -402,8 +409,15 @@ impl NvmlSource {
     }
 }
 
-fn owner_of(a: &Attribution) -> ProcessOwner {
+fn owner_of(a: &Attribution, pod_labels: Option<&PodLabels>) -> ProcessOwner {
+    // Looked up at each refresh, not cached with the attribution: a pod's
+    // labels may arrive after its first process does.
+    let labels = match (&a.pod, pod_labels) {
+        (Some(pod), Some(labels)) => labels.of(&pod.uid).to_vec(),
+        _ => Vec::new(),
+    };
     ProcessOwner {
+        pod_labels: labels,
         name: a.command.clone(),
         uid: a.uid,
         user: a.user.clone(),
