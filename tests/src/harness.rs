@@ -237,6 +237,28 @@ pub fn start_sim_agent(
 pub struct KillOnDrop(pub std::process::Child);
 
 impl KillOnDrop {
+    /// Starts a tool a test runs beside Headroom (Prometheus, Alertmanager,
+    /// from Debian's `package`), its output discarded. Where it is missing
+    /// the test skips, naming `test` and the package (and fails under CI,
+    /// which installs it).
+    pub fn tool(command: &mut std::process::Command, test: &str, package: &str) -> Option<Self> {
+        let program = command.get_program().to_string_lossy().into_owned();
+        match command
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+        {
+            Ok(child) => Some(Self(child)),
+            Err(e) => {
+                crate::skip_or_fail_under_ci(
+                    test,
+                    format!("{program} (Debian's {package}) is missing: {e}"),
+                );
+                None
+            }
+        }
+    }
+
     /// Kills it now (SIGKILL), as a crash would.
     pub fn kill(self) {
         drop(self);

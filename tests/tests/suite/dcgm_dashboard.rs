@@ -9,7 +9,6 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use headroom_tests::harness::{KillOnDrop, built, eventually, free_loopback_addr};
-use headroom_tests::skip_or_fail_under_ci;
 use serde_json::Value;
 
 const NODE: &str = "fake-node-01";
@@ -47,26 +46,18 @@ fn start_prometheus(dir: &Path, target: std::net::SocketAddr) -> Option<(KillOnD
     )
     .unwrap();
     let addr = free_loopback_addr();
-    let child = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("data").display()
-        ))
-        .arg(format!("--web.listen-address={addr}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
-    match child {
-        Ok(child) => Some((KillOnDrop(child), format!("http://{addr}"))),
-        Err(e) => {
-            skip_or_fail_under_ci(
-                "the dcgm-exporter dashboard test",
-                format!("prometheus (Debian's package) is missing: {e}"),
-            );
-            None
-        }
-    }
+    let prometheus = KillOnDrop::tool(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}")),
+        "the dcgm-exporter dashboard test",
+        "prometheus",
+    )?;
+    Some((prometheus, format!("http://{addr}")))
 }
 
 async fn get(url: &str, query: &[(&str, &str)]) -> Option<Value> {

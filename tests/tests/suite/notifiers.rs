@@ -13,7 +13,6 @@ use headroom_tests::harness::{
     KillOnDrop, RunningCollector, eventually, free_loopback_addr, start_sim_agent,
 };
 use headroom_tests::receiver::Receiver;
-use headroom_tests::skip_or_fail_under_ci;
 use serde_json::Value;
 
 /// A collector on SQLite running `rules`, and an agent on the ramp to OOM
@@ -41,24 +40,16 @@ fn start_alertmanager(dir: &Path, receiver: &Receiver) -> Option<(KillOnDrop, St
     )
     .unwrap();
     let addr = free_loopback_addr();
-    let child = Command::new("prometheus-alertmanager")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!("--storage.path={}", dir.join("am-data").display()))
-        .arg(format!("--web.listen-address={addr}"))
-        .arg("--cluster.listen-address=")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
-    match child {
-        Ok(child) => Some((KillOnDrop(child), format!("http://{addr}"))),
-        Err(e) => {
-            skip_or_fail_under_ci(
-                "the Alertmanager test",
-                format!("prometheus-alertmanager (Debian's package) is missing: {e}"),
-            );
-            None
-        }
-    }
+    let alertmanager = KillOnDrop::tool(
+        Command::new("prometheus-alertmanager")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.path={}", dir.join("am-data").display()))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg("--cluster.listen-address="),
+        "the Alertmanager test",
+        "prometheus-alertmanager",
+    )?;
+    Some((alertmanager, format!("http://{addr}")))
 }
 
 /// The webhook bodies Alertmanager sent for `alertname` with `status`.
