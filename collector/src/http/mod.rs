@@ -85,9 +85,25 @@ impl AppState {
 
 const INDEX_HTML: &str = include_str!("../../../web/index.html");
 
+/// One of the dashboard script's ES modules, `web/app/NAME`, served at
+/// `/assets/app/NAME` and revalidated like the entry module `app.js`.
+macro_rules! app_module {
+    ($name:literal) => {
+        (
+            concat!("app/", $name),
+            "text/javascript; charset=utf-8",
+            "no-cache",
+            include_str!(concat!("../../../web/app/", $name)),
+        )
+    };
+}
+
 /// The dashboard's files, built into the binary: no CDN, nothing to deploy
 /// beside it. Vendored libraries change only with a new binary, so they
-/// may be cached; the app's own files are revalidated.
+/// may be cached; the app's own files are revalidated. The script is ES
+/// modules, loaded as they are (no build step): `app.js` imports those of
+/// `web/app/`, each listed here (a test checks the list against the folder
+/// and every import against the list).
 const ASSETS: &[(&str, &str, &str, &str)] = &[
     (
         "app.js",
@@ -95,6 +111,20 @@ const ASSETS: &[(&str, &str, &str, &str)] = &[
         "no-cache",
         include_str!("../../../web/app.js"),
     ),
+    app_module!("alerts.js"),
+    app_module!("charts.js"),
+    app_module!("composition.js"),
+    app_module!("devices.js"),
+    app_module!("fleet.js"),
+    app_module!("fleet_history.js"),
+    app_module!("format.js"),
+    app_module!("gpu.js"),
+    app_module!("grid.js"),
+    app_module!("processes.js"),
+    app_module!("router.js"),
+    app_module!("session.js"),
+    app_module!("state.js"),
+    app_module!("stream.js"),
     (
         "app.css",
         "text/css; charset=utf-8",
@@ -126,7 +156,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/fleet", get(api::fleet))
         .route("/api/v1/gpus/{uuid}/series", get(api::series))
         .route("/api/v1/fleet/history", get(api::fleet_history))
-        .route("/assets/{file}", get(asset))
+        .route(ASSET_ROUTE, get(asset))
         .route("/api/v1/stream", get(stream::fleet))
         .route(
             "/api/v1/gpus/{uuid}/processes/series",
@@ -235,6 +265,9 @@ async fn metrics(axum::extract::State(state): axum::extract::State<AppState>) ->
     )
 }
 
+/// The dashboard's files: `FILE` or, for the script's modules, `app/FILE`.
+const ASSET_ROUTE: &str = "/assets/{*file}";
+
 async fn asset(
     uri: axum::http::Uri,
     axum::extract::Path(file): axum::extract::Path<String>,
@@ -254,4 +287,182 @@ async fn asset(
 
 async fn index() -> impl IntoResponse {
     ([(header::CACHE_CONTROL, "no-cache")], Html(INDEX_HTML))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::collections::BTreeSet;
+
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use tower_service::Service;
+
+    fn served(name: &str) -> Option<&'static str> {
+        ASSETS
+            .iter()
+            .find(|(file, ..)| *file == name)
+            .map(|(.., body)| *body)
+    }
+
+    /// The script's modules: the entry and those under `app/`.
+    fn modules() -> impl Iterator<Item = (&'static str, &'static str)> {
+        ASSETS
+            .iter()
+            .filter(|(name, ..)| *name == "app.js" || name.starts_with("app/"))
+            .map(|(name, _, _, body)| (*name, *body))
+    }
+
+    /// What a module imports (`import … from "./NAME.js"`, `import
+    /// "./NAME.js"`, `export … from`), as the names of the assets; each
+    /// import on one line.
+    fn imports(name: &str, body: &str) -> Vec<String> {
+        let dir = name
+            .rsplit_once('/')
+            .map_or(String::new(), |(dir, _)| format!("{dir}/"));
+        let mut found = Vec::new();
+        for line in body.lines().map(str::trim) {
+            let from = line.starts_with("import \"")
+                || ((line.starts_with("import ") || line.starts_with("export "))
+                    && line.contains(" from \""));
+            if !from {
+                assert!(
+                    !line.starts_with("import ") && !line.starts_with("} from "),
+                    "{name}: keep each import on one line: {line}"
+                );
+                continue;
+            }
+            let spec = line.split('"').nth(1).unwrap();
+            let relative = spec
+                .strip_prefix("./")
+                .unwrap_or_else(|| panic!("{name} imports {spec}: only ./NAME.js is served"));
+            found.push(format!("{dir}{relative}"));
+        }
+        found
+    }
+
+    #[test]
+    fn every_module_in_web_app_is_served_as_it_is_on_disk() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../web/app");
+        let on_disk: BTreeSet<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .filter(|name| name.ends_with(".js"))
+            .collect();
+        let listed: BTreeSet<String> = modules()
+            .filter_map(|(name, _)| name.strip_prefix("app/"))
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(on_disk, listed, "web/app/ against the ASSETS table");
+        for name in &on_disk {
+            let text = std::fs::read_to_string(dir.join(name)).unwrap();
+            assert_eq!(
+                served(&format!("app/{name}")),
+                Some(text.as_str()),
+                "{name}"
+            );
+        }
+    }
+
+    /// A module that is not served, or one that nothing imports, would
+    /// break the page (or linger) without a compile error: every import
+    /// names a served module, and every module is reached from `app.js`.
+    #[test]
+    fn every_import_names_a_served_module_and_app_js_reaches_them_all() {
+        let mut reached = BTreeSet::from(["app.js".to_owned()]);
+        let mut todo = vec!["app.js".to_owned()];
+        while let Some(name) = todo.pop() {
+            let body = served(&name).unwrap();
+            for import in imports(&name, body) {
+                assert!(
+                    served(&import).is_some(),
+                    "{name} imports {import}, which is not served"
+                );
+                if reached.insert(import.clone()) {
+                    todo.push(import);
+                }
+            }
+        }
+        let all: BTreeSet<String> = modules().map(|(name, _)| name.to_owned()).collect();
+        assert_eq!(reached, all, "modules that app.js does not reach");
+        assert!(all.len() > 10, "{all:?}");
+    }
+
+    /// The page loads `app.js` as a module and preloads every other one,
+    /// so that the browser fetches them at once rather than import after
+    /// import.
+    #[test]
+    fn the_page_loads_the_entry_module_and_preloads_the_others() {
+        assert!(
+            INDEX_HTML.contains(r#"<script type="module" src="/assets/app.js"></script>"#),
+            "{INDEX_HTML}"
+        );
+        let preloaded: BTreeSet<&str> = INDEX_HTML
+            .split(r#"<link rel="modulepreload" href="/assets/"#)
+            .skip(1)
+            .map(|rest| &rest[..rest.find('"').unwrap()])
+            .collect();
+        let others: BTreeSet<&str> = modules()
+            .map(|(name, _)| name)
+            .filter(|name| *name != "app.js")
+            .collect();
+        assert_eq!(preloaded, others);
+    }
+
+    async fn get_asset(assets: &mut Router, path: &str) -> axum::response::Response {
+        std::future::poll_fn(|cx| Service::<Request<Body>>::poll_ready(assets, cx))
+            .await
+            .unwrap();
+        let request = Request::get(path).body(Body::empty()).unwrap();
+        assets.call(request).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn assets_are_served_with_their_type_and_caching_and_others_are_404() {
+        let mut assets: Router = Router::new().route(ASSET_ROUTE, get(asset));
+        for (path, content_type, cache) in [
+            (
+                "/assets/app.js",
+                "text/javascript; charset=utf-8",
+                "no-cache",
+            ),
+            (
+                "/assets/app/state.js",
+                "text/javascript; charset=utf-8",
+                "no-cache",
+            ),
+            (
+                "/assets/app/fleet.js",
+                "text/javascript; charset=utf-8",
+                "no-cache",
+            ),
+            ("/assets/app.css", "text/css; charset=utf-8", "no-cache"),
+            (
+                "/assets/uPlot.iife.min.js",
+                "text/javascript; charset=utf-8",
+                "public, max-age=86400",
+            ),
+        ] {
+            let response = get_asset(&mut assets, path).await;
+            assert_eq!(response.status(), StatusCode::OK, "{path}");
+            assert_eq!(
+                response.headers()[header::CONTENT_TYPE],
+                content_type,
+                "{path}"
+            );
+            assert_eq!(response.headers()[header::CACHE_CONTROL], cache, "{path}");
+        }
+        for path in [
+            "/assets/nothing.js",
+            "/assets/app/nothing.js",
+            "/assets/app/",
+            "/assets/app/../app.js",
+            "/assets/app/app/state.js",
+            "/assets/state.js",
+        ] {
+            let response = get_asset(&mut assets, path).await;
+            assert_eq!(response.status(), StatusCode::NOT_FOUND, "{path}");
+        }
+    }
 }
