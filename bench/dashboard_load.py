@@ -11,6 +11,7 @@ updates (sample-to-screen latency, cost of each render).
 
 Needs chromium and `npm ci --prefix tests/browser`.
 Usage: python3 bench/dashboard_load.py [--nodes 125] [--views grid,tiles] [--loads 5]
+       [--collector LABEL=PATH ...]   # other builds, each on a fresh demo, in the order given
 """
 
 import argparse
@@ -41,12 +42,28 @@ def main():
     parser.add_argument("--nodes", type=int, default=125)
     parser.add_argument("--views", default="grid,tiles", help="comma-separated: grid, tiles")
     parser.add_argument("--loads", type=int, default=5, help="fresh loads per view")
+    parser.add_argument("--collector", action="append", default=[], metavar="LABEL=PATH",
+                        help="a collector binary to measure instead of this tree's (repeat to compare builds side by side)")
     args = parser.parse_args()
-    subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "headroom-collector"], cwd=ROOT, check=True)
+    builds = []
+    for spec in args.collector:
+        label, _, path = spec.partition("=")
+        if not path:
+            sys.exit(f"--collector {spec!r}: give LABEL=PATH")
+        builds.append((label, Path(path)))
+    if not builds:
+        subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "headroom-collector"], cwd=ROOT, check=True)
+        builds = [("this tree", ROOT / "target/release/headroom-collector")]
+    for label, binary in builds:
+        print(f"# {label}: {binary}", flush=True)
+        measure(args, binary)
+
+
+def measure(args, binary):
     work = Path(tempfile.mkdtemp(prefix="headroom-dash-bench-"))
     (work / "fleet.toml").write_text(scenario(args.nodes))
     demo = subprocess.Popen(
-        [str(ROOT / "target/release/headroom-collector"), "demo", "--scenario", str(work / "fleet.toml"),
+        [str(binary), "demo", "--scenario", str(work / "fleet.toml"),
          "--http-listen", "127.0.0.1:0", "--data-dir", str(work)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={"RUST_LOG": "warn", "PATH": "/usr/bin:/bin"})
     try:
