@@ -74,9 +74,20 @@ try {
     if (i > 0 && rowTiers[i] !== undefined && (rowTiers[i - 1] === undefined || rowTiers[i] < rowTiers[i - 1])) throw new Error(`rows out of order: ${rowTiers}`);
   }
   if (rowTiers[0] !== expected.top) throw new Error(`first row is tier ${rowTiers[0]}, the API says ${expected.top}`);
-  const processes = await api("/api/v1/processes");
+  // Each row names a user of its device. Owners are read every 5 s, so a
+  // device that has just come to be at risk may show none yet: look again
+  // for up to 12 s before calling it missing.
+  let unnamed = [];
+  let processes = [];
   const userOf = (uuid) => processes.filter((p) => p.device_uuid === uuid).map((p) => p.user);
-  for (const r of rows) if (!userOf(r.uuid).some((u) => r.text.includes(u))) throw new Error(`row ${r.text} names none of its users ${userOf(r.uuid)}`);
+  for (let attempt = 0; attempt < 25; attempt++) {
+    processes = await api("/api/v1/processes");
+    const shown = await page.evaluate(() => [...document.querySelectorAll("#at-risk-list tr[data-uuid]")].map((r) => ({ uuid: r.dataset.uuid, text: r.innerText })));
+    unnamed = shown.filter((r) => !userOf(r.uuid).some((u) => r.text.includes(u))).map((r) => `row ${r.text} names none of its users ${userOf(r.uuid)}`);
+    if (unnamed.length === 0) break;
+    await new Promise((resolve) => setTimeout(resolve, 500));
+  }
+  if (unnamed.length) throw new Error(unnamed.join("; "));
   // The ranking itself, on fixtures: firing critical, firing warning,
   // pending by the soonest forecast, low headroom, then the rest by headroom.
   const order = await page.evaluate(() => {
