@@ -9,7 +9,11 @@ fake-nvml/scenarios/bench-8x50.toml):
 and reports each one's CPU as % of one core and peak RSS (whole process,
 from /proc), then the agent's cost per poll cycle (examples/poll_cost.rs).
 
-    python3 bench/agent_cost.py [--seconds 60]
+    python3 bench/agent_cost.py [--seconds 60] [--agent LABEL=DIR ...]
+
+`--agent LABEL=DIR` runs DIR/headroom-agent (an earlier build) beside this
+build's, in the same run, on the same fake library, procfs tree and
+collector, so that the two are compared under the same load.
 
 Needs cargo and pip (gpustat goes into a venv under target/bench-venv).
 """
@@ -125,7 +129,7 @@ def write_procfs(root, pids):
         (d / "cgroup").write_text(cgroup)
 
 
-def wait_http(url, seconds=20):
+def wait_http(url, seconds=20, log=None):
     import urllib.request
     end = time.time() + seconds
     while time.time() < end:
@@ -134,13 +138,23 @@ def wait_http(url, seconds=20):
             return
         except OSError:
             time.sleep(0.2)
-    raise SystemExit(f"{url} did not answer")
+    said = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+    raise SystemExit(f"{url} did not answer\n{said}")
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--agent", action="append", default=[],
+                        help="LABEL=DIR: DIR/headroom-agent runs beside this build's")
     args = parser.parse_args()
+    others = []
+    for spec in args.agent:
+        label, sep, directory = spec.partition("=")
+        binary = Path(directory) / "headroom-agent"
+        if not sep or not label or not binary.is_file():
+            parser.error(f"--agent {spec!r}: want LABEL=DIR with DIR/headroom-agent")
+        others.append((label, binary))
 
     build()
     venv = gpustat_venv()
@@ -165,14 +179,26 @@ def main():
         procs.append(collector)
         wait_http(f"http://127.0.0.1:{http}/healthz")
 
-        agent = subprocess.Popen(
-            [str(RELEASE / "headroom-agent"), "--source", "nvml", "--node-name", "bench-node",
-             "--nvml-library", str(RELEASE / "libnvidia_ml.so"), "--procfs-root", str(procfs),
-             "--collector-url", f"http://127.0.0.1:{grpc}", "--metrics-listen", f"127.0.0.1:{metrics}",
-             "--poll-interval-ms", "100", "--sample-interval-ms", "1000",
-             "--allocator-socket", str(work / "allocator.sock")],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        procs.append(agent)
+        def start_agent(binary, node, metrics_port, socket_name):
+            p = subprocess.Popen(
+                [str(binary), "--source", "nvml", "--node-name", node,
+                 "--nvml-library", str(RELEASE / "libnvidia_ml.so"), "--procfs-root", str(procfs),
+                 "--collector-url", f"http://127.0.0.1:{grpc}",
+                 "--metrics-listen", f"127.0.0.1:{metrics_port}",
+                 "--poll-interval-ms", "100", "--sample-interval-ms", "1000",
+                 "--allocator-socket", str(work / socket_name),
+                 "--spool-dir", str(work / f"spool-{node}")],
+                env=env, stdout=subprocess.DEVNULL,
+                stderr=open(work / f"{node}.log", "wb"))
+            procs.append(p)
+            return p
+
+        agent = start_agent(RELEASE / "headroom-agent", "bench-node", metrics, "allocator.sock")
+        other_agents = {}
+        for n, (label, binary) in enumerate(others):
+            port = free_port()
+            other_agents[label] = (start_agent(binary, f"bench-node-{n + 1}", port,
+                                               f"allocator-{n + 1}.sock"), port)
         gpustat = subprocess.Popen(
             [str(venv / "bin" / "gpustat"), "--interval", "0.1", "--no-processes"],
             env=dict(env, TERM="dumb"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -181,21 +207,26 @@ def main():
             [str(venv / "bin" / "gpustat"), "--interval", "0.1", "--show-pid", "--show-cmd"],
             env=dict(env, TERM="dumb"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(gpustat_full)
-        wait_http(f"http://127.0.0.1:{metrics}/healthz")
+        wait_http(f"http://127.0.0.1:{metrics}/healthz", log=work / "bench-node.log")
+        for n, (_, port) in enumerate(other_agents.values()):
+            wait_http(f"http://127.0.0.1:{port}/healthz", log=work / f"bench-node-{n + 1}.log")
 
         time.sleep(5)  # warm-up: layouts, attribution, first shipments
-        watched = {"headroom-agent": agent, "gpustat -i 0.1 (no processes)": gpustat,
-                   "gpustat -i 0.1 --show-pid --show-cmd": gpustat_full}
+        agents = {"headroom-agent": agent}
+        agents.update({f"headroom-agent ({label})": p for label, (p, _) in other_agents.items()})
+        watched = dict(agents)
+        watched.update({"gpustat -i 0.1 (no processes)": gpustat,
+                        "gpustat -i 0.1 --show-pid --show-cmd": gpustat_full})
         for name, p in watched.items():
             if p.poll() is not None:
                 raise SystemExit(f"{name} exited early with {p.returncode}")
         before = {name: cpu_seconds(p.pid) for name, p in watched.items()}
-        threads_before = thread_cpu(agent.pid)
+        threads_before = {name: thread_cpu(p.pid) for name, p in agents.items()}
         started = time.monotonic()
         time.sleep(args.seconds)
         elapsed = time.monotonic() - started
         after = {name: cpu_seconds(p.pid) for name, p in watched.items()}
-        threads_after = thread_cpu(agent.pid)
+        threads_after = {name: thread_cpu(p.pid) for name, p in agents.items()}
         rss = {name: peak_rss_mib(p.pid) for name, p in watched.items()}
 
         import urllib.request
@@ -210,13 +241,15 @@ def main():
         for name in watched:
             cpu[name] = 100 * (after[name] - before[name]) / elapsed
             print(f"{name:40} {cpu[name]:18.2f} {rss[name]:13.1f}")
-        print("agent CPU by thread (% of one core):")
-        for name, seconds in sorted(threads_after.items(), key=lambda kv: -kv[1]):
-            share = 100 * (seconds - threads_before.get(name, 0)) / elapsed
-            print(f"  {name:24} {share:6.2f}")
+        for agent_name in agents:
+            print(f"{agent_name} CPU by thread (% of one core):")
+            before_threads = threads_before[agent_name]
+            for name, seconds in sorted(threads_after[agent_name].items(), key=lambda kv: -kv[1]):
+                share = 100 * (seconds - before_threads.get(name, 0)) / elapsed
+                print(f"  {name:24} {share:6.2f}")
         for name in list(watched)[1:]:
             if cpu["headroom-agent"] > 0:
-                print(f"CPU ratio {name} / headroom-agent: {cpu[name] / cpu['headroom-agent']:.1f}x")
+                print(f"CPU ratio {name} / headroom-agent: {cpu[name] / cpu['headroom-agent']:.2f}x")
     finally:
         for p in procs:
             p.terminate()

@@ -184,6 +184,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 pod_labels,
                 call_timeout: Duration::from_millis(config.nvml_call_timeout_ms),
                 poll_wait: Duration::from_millis(config.poll_interval_ms * 4 / 5),
+                // Half the wait: a call that slow is not NVML's usual
+                // microseconds, and the other GPUs should not miss a poll.
+                handoff_after: Duration::from_millis(config.poll_interval_ms * 2 / 5),
                 layout_check: Duration::from_millis(config.mig_check_interval_ms),
                 pcie_fallback_interval: Duration::from_millis(config.pcie_fallback_interval_ms),
                 // Slow-moving values once a second, whatever the poll rate.

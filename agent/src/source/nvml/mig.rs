@@ -1,6 +1,6 @@
 //! A GPU's layout: its identity and, in MIG mode, its instances. NVML has
 //! no change notification for MIG layouts that works everywhere, so the
-//! GPU's thread re-reads the layout periodically and whenever an instance
+//! thread reading the GPU re-reads the layout periodically and whenever an instance
 //! handle stops working.
 
 use nvml_wrapper::error::{NvmlError, nvml_try};
@@ -8,7 +8,7 @@ use nvml_wrapper::{Device, Nvml};
 
 use crate::source::{GpuDevice, MigDevice};
 
-use super::watchdog::Watchdog;
+use super::watchdog::Watch;
 
 /// A MIG instance with its live handle.
 #[derive(Debug)]
@@ -26,7 +26,7 @@ pub(crate) fn read_layout<'nvml>(
     nvml: &'nvml Nvml,
     device: &Device<'nvml>,
     index: u32,
-    watchdog: &Watchdog,
+    watchdog: &Watch<'_>,
 ) -> Result<(GpuDevice, Vec<MigHandle<'nvml>>), (&'static str, NvmlError)> {
     let uuid = watchdog
         .run("nvmlDeviceGetUUID", || device.uuid())

@@ -1,26 +1,29 @@
 //! The real source: NVIDIA's management library, loaded at run time through
 //! nvml-wrapper.
 //!
-//! Every GPU gets a thread of its own ([`worker`]) that makes all NVML calls
-//! for that GPU and its MIG instances under a [`watchdog`]. A poll asks
-//! every idle GPU for a reading and waits a bounded time for the answers: a
-//! GPU whose call hangs is reported once as hung and then as stalled, a lost
-//! GPU once as lost, and the other GPUs go on being read. XID errors come
+//! One thread ([`poller`]) makes every NVML call for all GPUs and their MIG
+//! instances ([`gpu`]), under a [`watchdog`]: a poll wakes that one thread
+//! and waits a bounded time for its answers. A GPU whose call runs past
+//! `handoff_after` keeps that thread to itself and the other GPUs move to a
+//! new one, so a call that hangs stalls only its GPU: it is reported once as
+//! hung and then as stalled, a lost GPU once as lost, and the other GPUs go
+//! on being read. XID errors come
 //! from an event set on their own thread ([`events`]), PCIe fallback
 //! sampling likewise ([`pcie`]). Processes are attributed to users,
 //! containers, pods and Slurm jobs from `/proc` ([`crate::attribution`]).
 
 mod events;
+mod gpu;
 mod mig;
 mod pcie;
+mod poller;
 mod watchdog;
-mod worker;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nvml_wrapper::Nvml;
@@ -32,9 +35,10 @@ use super::{
     EventKind, GpuDevice, GpuSource, Inventory, Poll, ProcessOwner, ProcessReading, SourceError,
     SourceEvent,
 };
+use gpu::{GpuReading, Outcome, RawProcess, WorkerReply, WorkerTiming};
 use pcie::ThroughputBoard;
+use poller::Answers;
 use watchdog::Watchdog;
-use worker::{GpuReading, Outcome, RawProcess, WorkerReply, WorkerTiming};
 
 /// The system's NVML, as the driver installs it.
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -55,6 +59,9 @@ pub struct NvmlOptions {
     /// How long one poll waits for the GPUs' answers; an answer that comes
     /// later counts towards the next poll.
     pub poll_wait: Duration,
+    /// A call that has run this long when a poll stops waiting keeps its
+    /// GPU on its thread alone; the thread's other GPUs move to a new one.
+    pub handoff_after: Duration,
     /// How often each GPU's layout (MIG instances) is re-read.
     pub layout_check: Duration,
     /// Cadence of `nvmlDeviceGetPcieThroughput` on GPUs without PCIe byte
@@ -80,6 +87,7 @@ impl Default for NvmlOptions {
             pod_labels: None,
             call_timeout: Duration::from_secs(5),
             poll_wait: Duration::from_millis(80),
+            handoff_after: Duration::from_millis(40),
             layout_check: Duration::from_secs(10),
             pcie_fallback_interval: Duration::from_secs(1),
             attribution_refresh: Duration::from_secs(5),
@@ -91,8 +99,14 @@ impl Default for NvmlOptions {
 
 pub struct NvmlSource {
     driver_version: String,
-    workers: Vec<Slot>,
-    replies: Receiver<WorkerReply>,
+    nvml: Arc<Nvml>,
+    board: Arc<ThroughputBoard>,
+    timing: WorkerTiming,
+    gpus: Vec<Slot>,
+    pollers: Vec<Poller>,
+    replies: Arc<Mutex<Vec<WorkerReply>>>,
+    done_tx: Sender<usize>,
+    done: Receiver<usize>,
     xid_events: Receiver<SourceEvent>,
     stop: Arc<AtomicBool>,
     options: NvmlOptions,
@@ -114,23 +128,32 @@ impl std::fmt::Debug for NvmlSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NvmlSource")
             .field("driver_version", &self.driver_version)
-            .field("gpus", &self.workers.len())
+            .field("gpus", &self.gpus.len())
+            .field("threads", &self.pollers.len())
             .finish_non_exhaustive()
     }
 }
 
-/// The source's view of one GPU's thread.
+/// The source's view of one GPU.
 #[derive(Debug)]
 struct Slot {
     index: u32,
-    /// `None` once the thread has ended (the GPU was lost).
+    hung_reported: bool,
+    layout: Option<GpuDevice>,
+    failures: u64,
+}
+
+/// The source's view of one polling thread; its place in `pollers` is its
+/// id.
+#[derive(Debug)]
+struct Poller {
+    /// `None` once the thread has ended (its last GPU was lost).
     requests: Option<SyncSender<()>>,
     watchdog: Arc<Watchdog>,
     /// A request is out and not yet answered.
     busy: bool,
-    hung_reported: bool,
-    layout: Option<GpuDevice>,
-    failures: u64,
+    /// Its call in flight was reported as hung.
+    hung: bool,
 }
 
 impl Slot {
@@ -152,7 +175,7 @@ struct Owner {
 }
 
 impl NvmlSource {
-    /// Loads NVML, starts a thread per GPU and reads every GPU's layout. A
+    /// Loads NVML, starts the thread that reads the GPUs and reads every GPU's layout. A
     /// library that cannot be loaded is an error: the agent never falls
     /// back to anything else on its own.
     pub fn new(options: NvmlOptions) -> Result<Self, SourceError> {
@@ -178,49 +201,40 @@ impl NvmlSource {
         })?;
         let stop = Arc::new(AtomicBool::new(false));
         let board = Arc::new(ThroughputBoard::default());
-        let (reply_tx, replies) = mpsc::channel();
         let timing = WorkerTiming {
             layout_check: options.layout_check,
             slow_every: options.slow_every,
             read_health: options.read_health,
         };
-        let mut workers = Vec::new();
-        for index in 0..count {
-            let (requests, requests_rx) = mpsc::sync_channel(1);
-            let watchdog = Arc::new(Watchdog::default());
-            worker::spawn(
-                nvml.clone(),
+        let gpus = (0..count)
+            .map(|index| Slot {
                 index,
-                requests_rx,
-                reply_tx.clone(),
-                watchdog.clone(),
-                board.clone(),
-                timing,
-            )?;
-            workers.push(Slot {
-                index,
-                requests: Some(requests),
-                watchdog,
-                busy: false,
                 hung_reported: false,
                 layout: None,
                 failures: 0,
-            });
-        }
+            })
+            .collect();
         pcie::spawn_fallback(
             nvml.clone(),
-            board,
+            board.clone(),
             options.pcie_fallback_interval,
             stop.clone(),
         )?;
         let (xid_tx, xid_events) = mpsc::channel();
-        events::spawn(nvml, (0..count).collect(), xid_tx, stop.clone())?;
+        events::spawn(nvml.clone(), (0..count).collect(), xid_tx, stop.clone())?;
         let attributor =
             Attributor::new(options.procfs_root.clone()).with_pod_log_dir(&options.pod_log_dir);
+        let (done_tx, done) = mpsc::channel();
         let mut source = Self {
             driver_version,
-            workers,
-            replies,
+            nvml,
+            board,
+            timing,
+            gpus,
+            pollers: Vec::new(),
+            replies: Arc::new(Mutex::new(Vec::new())),
+            done_tx,
+            done,
             xid_events,
             stop,
             options,
@@ -233,56 +247,131 @@ impl NvmlSource {
             inventory_changed: false,
             last_prune: Instant::now(),
         };
+        if count > 0 {
+            source.start_poller((0..count).collect())?;
+        }
         // The first round reads every layout; give it the watchdog's limit,
         // not a poll's, so a slow start is not mistaken for a missing GPU.
         source.request_round();
         source.collect_until(Instant::now() + source.options.call_timeout);
+        source.isolate_stuck(source.options.call_timeout);
         source.report_hung();
         Ok(source)
     }
 
-    fn request_round(&mut self) {
-        for slot in &mut self.workers {
-            if slot.busy {
+    /// Starts a polling thread for `gpus`.
+    fn start_poller(&mut self, gpus: Vec<u32>) -> std::io::Result<()> {
+        let id = self.pollers.len();
+        let name = match (id, gpus.as_slice()) {
+            (0, _) => "headroom-nvml".to_owned(),
+            (_, [gpu]) => format!("headroom-nvml-gpu{gpu}"),
+            _ => format!("headroom-nvml-{id}"),
+        };
+        let watchdog = Arc::new(Watchdog::new(gpus));
+        let (requests, requests_rx) = mpsc::sync_channel(1);
+        poller::spawn(
+            name,
+            self.nvml.clone(),
+            watchdog.clone(),
+            requests_rx,
+            Answers {
+                id,
+                replies: self.replies.clone(),
+                done: self.done_tx.clone(),
+            },
+            self.board.clone(),
+            self.timing,
+        )?;
+        self.pollers.push(Poller {
+            requests: Some(requests),
+            watchdog,
+            busy: false,
+            hung: false,
+        });
+        Ok(())
+    }
+
+    /// A thread stuck in one GPU's call for at least `after` keeps that GPU;
+    /// its other GPUs go to a new thread, read from the next poll on.
+    fn isolate_stuck(&mut self, after: Duration) {
+        for at in 0..self.pollers.len() {
+            let poller = &self.pollers[at];
+            if !poller.busy {
                 continue;
             }
-            let Some(requests) = &slot.requests else {
+            let Some((stuck, others)) = poller.watchdog.isolate_stuck(after) else {
                 continue;
             };
-            // The channel holds one request and the slot is idle, so this
-            // only fails when the thread has ended.
-            if requests.try_send(()).is_ok() {
-                slot.busy = true;
-            } else {
-                slot.requests = None;
+            let watchdog = poller.watchdog.clone();
+            tracing::warn!(
+                gpu = stuck.gpu,
+                call = stuck.call,
+                running_ms = stuck.since.elapsed().as_millis(),
+                moved = ?others,
+                "NVML call is slow; the other GPUs move to a thread of their own"
+            );
+            if let Err(error) = self.start_poller(others.clone()) {
+                tracing::error!(%error, "cannot start a polling thread; the GPUs wait for the slow call");
+                watchdog.restore(&others);
             }
         }
     }
 
-    /// Takes answers until every GPU that is not known to hang has answered,
-    /// or `deadline`.
+    fn request_round(&mut self) {
+        for poller in &mut self.pollers {
+            if poller.busy {
+                continue;
+            }
+            let Some(requests) = &poller.requests else {
+                continue;
+            };
+            // The channel holds one request and the thread is idle, so this
+            // only fails when the thread has ended.
+            if requests.try_send(()).is_ok() {
+                poller.busy = true;
+            } else {
+                poller.requests = None;
+            }
+        }
+    }
+
+    /// Waits until every thread that is not known to hang has read its
+    /// GPUs, or `deadline`, then takes the readings.
     fn collect_until(&mut self, deadline: Instant) {
         loop {
-            while let Ok(reply) = self.replies.try_recv() {
-                self.accept(reply);
+            while let Ok(id) = self.done.try_recv() {
+                self.finished(id);
             }
-            let waiting = self.workers.iter().any(|s| s.busy && !s.hung_reported);
+            let waiting = self.pollers.iter().any(|p| p.busy && !p.hung);
             let now = Instant::now();
             if !waiting || now >= deadline {
-                return;
+                break;
             }
-            match self.replies.recv_timeout(deadline - now) {
-                Ok(reply) => self.accept(reply),
-                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return,
+            match self.done.recv_timeout(deadline - now) {
+                Ok(id) => self.finished(id),
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
             }
+        }
+        let replies = match self.replies.lock() {
+            Ok(mut replies) => std::mem::take(&mut *replies),
+            Err(_) => Vec::new(),
+        };
+        for reply in replies {
+            self.accept(reply);
+        }
+    }
+
+    fn finished(&mut self, id: usize) {
+        if let Some(poller) = self.pollers.get_mut(id) {
+            poller.busy = false;
+            poller.hung = false;
         }
     }
 
     fn accept(&mut self, reply: WorkerReply) {
-        let Some(slot) = self.workers.iter_mut().find(|s| s.index == reply.index) else {
+        let Some(slot) = self.gpus.iter_mut().find(|s| s.index == reply.index) else {
             return;
         };
-        slot.busy = false;
         if slot.hung_reported {
             slot.hung_reported = false;
             tracing::info!(gpu = slot.index, "NVML answers again after a hung call");
@@ -312,7 +401,6 @@ impl NvmlSource {
                 self.readings.push(reading);
             }
             Outcome::Lost => {
-                slot.requests = None;
                 let uuid = slot.uuid();
                 tracing::error!(gpu = slot.index, %uuid, "GPU lost (fallen off the bus); the others are still polled");
                 self.events.push(SourceEvent::now(
@@ -333,16 +421,25 @@ impl NvmlSource {
     }
 
     fn report_hung(&mut self) {
-        for slot in &mut self.workers {
-            if slot.hung_reported || !slot.busy {
+        for poller in &mut self.pollers {
+            if !poller.busy {
                 continue;
             }
-            let Some((call, running)) = slot.watchdog.in_flight() else {
+            let Some(in_flight) = poller.watchdog.in_flight() else {
                 continue;
             };
+            let running = in_flight.since.elapsed();
             if running < self.options.call_timeout {
                 continue;
             }
+            poller.hung = true;
+            let Some(slot) = self.gpus.iter_mut().find(|s| s.index == in_flight.gpu) else {
+                continue;
+            };
+            if slot.hung_reported {
+                continue;
+            }
+            let call = in_flight.call;
             slot.hung_reported = true;
             let uuid = slot.uuid();
             let detail = format!(
@@ -359,11 +456,7 @@ impl NvmlSource {
     fn current_inventory(&self) -> Inventory {
         Inventory {
             driver_version: self.driver_version.clone(),
-            gpus: self
-                .workers
-                .iter()
-                .filter_map(|s| s.layout.clone())
-                .collect(),
+            gpus: self.gpus.iter().filter_map(|s| s.layout.clone()).collect(),
         }
     }
 
@@ -454,6 +547,7 @@ impl GpuSource for NvmlSource {
     fn poll(&mut self) -> Result<Poll, SourceError> {
         self.request_round();
         self.collect_until(Instant::now() + self.options.poll_wait);
+        self.isolate_stuck(self.options.handoff_after);
         self.report_hung();
         let now = Instant::now();
         let mut poll = Poll::default();
@@ -506,7 +600,7 @@ impl GpuSource for NvmlSource {
             poll.inventory = Some(self.current_inventory());
         }
         poll.stalled = self
-            .workers
+            .gpus
             .iter()
             .filter(|s| s.hung_reported)
             .filter_map(|s| s.layout.as_ref().map(|l| l.uuid.clone()))
@@ -520,8 +614,8 @@ impl Drop for NvmlSource {
         // Threads end when their request channel closes or on `stop`; a
         // thread stuck in a hung call is left behind rather than joined.
         self.stop.store(true, Ordering::Relaxed);
-        for slot in &mut self.workers {
-            slot.requests = None;
+        for poller in &mut self.pollers {
+            poller.requests = None;
         }
     }
 }

@@ -1,9 +1,7 @@
-//! One thread per GPU. Every NVML call for that GPU and its MIG instances
-//! happens here, so a call that hangs on one GPU stalls only that GPU: the
-//! source keeps polling the others and reports this one as stalled.
+//! Reading one GPU and its MIG instances: every NVML call a poll makes for
+//! them, under the watch of the thread that reads it ([`super::poller`]).
 
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
@@ -17,7 +15,7 @@ use crate::source::{DeviceReading, GpuDevice, GpuHealth};
 
 use super::mig::{MigHandle, read_layout};
 use super::pcie::{CounterRate, ThroughputBoard};
-use super::watchdog::Watchdog;
+use super::watchdog::Watch;
 
 /// NVML field ids of the cumulative PCIe byte counters (`nvml.h`).
 const PCIE_TX_BYTES: FieldId = FieldId(197);
@@ -78,42 +76,10 @@ pub(crate) struct WorkerTiming {
     pub read_health: bool,
 }
 
-/// Starts GPU `index`'s thread. It answers one reading per message on
-/// `requests` and ends when `requests` closes or the GPU is lost.
-pub(crate) fn spawn(
-    nvml: Arc<Nvml>,
-    index: u32,
-    requests: Receiver<()>,
-    replies: Sender<WorkerReply>,
-    watchdog: Arc<Watchdog>,
-    pcie: Arc<ThroughputBoard>,
-    timing: WorkerTiming,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name(format!("headroom-nvml-gpu{index}"))
-        .spawn(move || {
-            let mut gpu = Gpu {
-                nvml: &nvml,
-                index,
-                watchdog: &watchdog,
-                pcie: &pcie,
-                timing,
-                state: None,
-            };
-            while requests.recv().is_ok() {
-                let outcome = gpu.read();
-                let lost = matches!(outcome, Outcome::Lost);
-                if replies.send(WorkerReply { index, outcome }).is_err() || lost {
-                    break;
-                }
-            }
-        })
-}
-
-struct Gpu<'a> {
+pub(crate) struct Gpu<'a> {
     nvml: &'a Nvml,
     index: u32,
-    watchdog: &'a Watchdog,
+    watch: Watch<'a>,
     pcie: &'a ThroughputBoard,
     timing: WorkerTiming,
     state: Option<GpuState<'a>>,
@@ -142,7 +108,29 @@ struct GpuState<'a> {
 type CallError = (&'static str, NvmlError);
 
 impl<'a> Gpu<'a> {
-    fn read(&mut self) -> Outcome {
+    /// A GPU whose layout is read on its first poll.
+    pub(crate) fn new(
+        nvml: &'a Nvml,
+        index: u32,
+        watch: Watch<'a>,
+        pcie: &'a ThroughputBoard,
+        timing: WorkerTiming,
+    ) -> Self {
+        Self {
+            nvml,
+            index,
+            watch,
+            pcie,
+            timing,
+            state: None,
+        }
+    }
+
+    pub(crate) fn index(&self) -> u32 {
+        self.index
+    }
+
+    pub(crate) fn read(&mut self) -> Outcome {
         match self.try_read() {
             Ok(reading) => Outcome::Reading(reading),
             Err((_, NvmlError::GpuLost)) => Outcome::Lost,
@@ -170,7 +158,7 @@ impl<'a> Gpu<'a> {
         let Some(state) = self.state.as_mut() else {
             return Ok(reading);
         };
-        let watchdog = self.watchdog;
+        let watchdog = &self.watch;
         let slow = state.polls % self.timing.slow_every.max(1) == 0;
         state.polls += 1;
         let memory = watchdog
@@ -258,7 +246,7 @@ impl<'a> Gpu<'a> {
     fn refresh_layout(&mut self, reading: &mut GpuReading) -> Result<(), CallError> {
         let nvml = self.nvml;
         if let Some(state) = &mut self.state {
-            let (layout, mig) = read_layout(nvml, &state.device, self.index, self.watchdog)?;
+            let (layout, mig) = read_layout(nvml, &state.device, self.index, &self.watch)?;
             if state.layout != layout {
                 reading.layout = Some(layout.clone());
                 state.uuid = layout.uuid.as_str().into();
@@ -270,12 +258,12 @@ impl<'a> Gpu<'a> {
             return Ok(());
         }
         let device = self
-            .watchdog
+            .watch
             .run("nvmlDeviceGetHandleByIndex_v2", || {
                 nvml.device_by_index(self.index)
             })
             .map_err(|e| ("nvmlDeviceGetHandleByIndex_v2", e))?;
-        let (layout, mig) = read_layout(nvml, &device, self.index, self.watchdog)?;
+        let (layout, mig) = read_layout(nvml, &device, self.index, &self.watch)?;
         reading.layout = Some(layout.clone());
         self.state = Some(GpuState {
             device,
@@ -297,7 +285,7 @@ impl<'a> Gpu<'a> {
 }
 
 /// A figure a GPU does not report is `None`; only a lost GPU fails the read.
-fn read_health(device: &Device<'_>, watchdog: &Watchdog) -> Result<GpuHealth, CallError> {
+fn read_health(device: &Device<'_>, watchdog: &Watch<'_>) -> Result<GpuHealth, CallError> {
     fn figure(
         call: &'static str,
         result: Result<u32, NvmlError>,
@@ -393,7 +381,7 @@ fn push_processes(
 /// the last list in between.
 fn running_processes(
     device: &Device<'_>,
-    watchdog: &Watchdog,
+    watchdog: &Watch<'_>,
     graphics: &mut Vec<ProcessInfo>,
     slow: bool,
 ) -> Result<Vec<ProcessInfo>, CallError> {
@@ -423,7 +411,7 @@ fn running_processes(
 
 fn read_pcie(
     state: &mut GpuState<'_>,
-    watchdog: &Watchdog,
+    watchdog: &Watch<'_>,
     board: &ThroughputBoard,
     index: u32,
 ) -> Result<super::pcie::Rates, CallError> {
