@@ -22,7 +22,7 @@ const PCIE_TX_BYTES: FieldId = FieldId(197);
 const PCIE_RX_BYTES: FieldId = FieldId(198);
 
 #[derive(Debug)]
-pub(crate) struct WorkerReply {
+pub(crate) struct GpuReply {
     pub index: u32,
     pub outcome: Outcome,
 }
@@ -30,7 +30,8 @@ pub(crate) struct WorkerReply {
 #[derive(Debug)]
 pub(crate) enum Outcome {
     Reading(GpuReading),
-    /// The GPU fell off the bus (`NVML_ERROR_GPU_IS_LOST`); its thread ends.
+    /// The GPU fell off the bus (`NVML_ERROR_GPU_IS_LOST`); its thread stops
+    /// reading it (and ends if it read no other).
     Lost,
     Failed {
         call: &'static str,
@@ -66,7 +67,7 @@ pub(crate) struct Invalid {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct WorkerTiming {
+pub(crate) struct ReadTiming {
     /// How often the layout (MIG instances) is re-read.
     pub layout_check: Duration,
     /// Utilisation and graphics processes are read on one poll in this
@@ -81,7 +82,7 @@ pub(crate) struct Gpu<'a> {
     index: u32,
     watch: Watch<'a>,
     pcie: &'a ThroughputBoard,
-    timing: WorkerTiming,
+    timing: ReadTiming,
     state: Option<GpuState<'a>>,
 }
 
@@ -114,7 +115,7 @@ impl<'a> Gpu<'a> {
         index: u32,
         watch: Watch<'a>,
         pcie: &'a ThroughputBoard,
-        timing: WorkerTiming,
+        timing: ReadTiming,
     ) -> Self {
         Self {
             nvml,

@@ -7,10 +7,10 @@
 //! `handoff_after` keeps that thread to itself and the other GPUs move to a
 //! new one, so a call that hangs stalls only its GPU: it is reported once as
 //! hung and then as stalled, a lost GPU once as lost, and the other GPUs go
-//! on being read. XID errors come
-//! from an event set on their own thread ([`events`]), PCIe fallback
-//! sampling likewise ([`pcie`]). Processes are attributed to users,
-//! containers, pods and Slurm jobs from `/proc` ([`crate::attribution`]).
+//! on being read. XID errors come from an event set on their own thread
+//! ([`events`]), PCIe fallback sampling likewise ([`pcie`]). Processes are
+//! attributed to users, containers, pods and Slurm jobs from `/proc`
+//! ([`crate::attribution`]).
 
 mod events;
 mod gpu;
@@ -35,7 +35,7 @@ use super::{
     EventKind, GpuDevice, GpuSource, Inventory, Poll, ProcessOwner, ProcessReading, SourceError,
     SourceEvent,
 };
-use gpu::{GpuReading, Outcome, RawProcess, WorkerReply, WorkerTiming};
+use gpu::{GpuReading, GpuReply, Outcome, RawProcess, ReadTiming};
 use pcie::ThroughputBoard;
 use poller::Answers;
 use watchdog::Watchdog;
@@ -101,10 +101,10 @@ pub struct NvmlSource {
     driver_version: String,
     nvml: Arc<Nvml>,
     board: Arc<ThroughputBoard>,
-    timing: WorkerTiming,
+    timing: ReadTiming,
     gpus: Vec<Slot>,
     pollers: Vec<Poller>,
-    replies: Arc<Mutex<Vec<WorkerReply>>>,
+    replies: Arc<Mutex<Vec<GpuReply>>>,
     done_tx: Sender<usize>,
     done: Receiver<usize>,
     xid_events: Receiver<SourceEvent>,
@@ -175,9 +175,9 @@ struct Owner {
 }
 
 impl NvmlSource {
-    /// Loads NVML, starts the thread that reads the GPUs and reads every GPU's layout. A
-    /// library that cannot be loaded is an error: the agent never falls
-    /// back to anything else on its own.
+    /// Loads NVML, starts the thread that reads the GPUs and reads every
+    /// GPU's layout. A library that cannot be loaded is an error: the agent
+    /// never falls back to anything else on its own.
     pub fn new(options: NvmlOptions) -> Result<Self, SourceError> {
         let library = options
             .library
@@ -201,7 +201,7 @@ impl NvmlSource {
         })?;
         let stop = Arc::new(AtomicBool::new(false));
         let board = Arc::new(ThroughputBoard::default());
-        let timing = WorkerTiming {
+        let timing = ReadTiming {
             layout_check: options.layout_check,
             slow_every: options.slow_every,
             read_health: options.read_health,
@@ -368,7 +368,7 @@ impl NvmlSource {
         }
     }
 
-    fn accept(&mut self, reply: WorkerReply) {
+    fn accept(&mut self, reply: GpuReply) {
         let Some(slot) = self.gpus.iter_mut().find(|s| s.index == reply.index) else {
             return;
         };

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use nvml_wrapper::Nvml;
 
-use super::gpu::{Gpu, Outcome, WorkerReply, WorkerTiming};
+use super::gpu::{Gpu, GpuReply, Outcome, ReadTiming};
 use super::pcie::ThroughputBoard;
 use super::watchdog::Watchdog;
 
@@ -19,7 +19,7 @@ use super::watchdog::Watchdog;
 #[derive(Debug, Clone)]
 pub(crate) struct Answers {
     pub id: usize,
-    pub replies: Arc<Mutex<Vec<WorkerReply>>>,
+    pub replies: Arc<Mutex<Vec<GpuReply>>>,
     pub done: Sender<usize>,
 }
 
@@ -33,7 +33,7 @@ pub(crate) fn spawn(
     requests: Receiver<()>,
     answers: Answers,
     pcie: Arc<ThroughputBoard>,
-    timing: WorkerTiming,
+    timing: ReadTiming,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new().name(name).spawn(move || {
         let mut gpus: Vec<Gpu<'_>> = Vec::new();
@@ -60,11 +60,15 @@ pub(crate) fn spawn(
                 let Ok(mut replies) = answers.replies.lock() else {
                     return;
                 };
-                replies.push(WorkerReply { index, outcome });
+                replies.push(GpuReply { index, outcome });
             }
-            // GPUs that moved away are read elsewhere now.
-            let assigned = watchdog.assigned();
-            gpus.retain(|g| assigned.contains(&g.index()));
+            // Fewer GPUs read than held: some moved away and are read
+            // elsewhere now. Checked by count, so that a usual round does
+            // not copy the GPU list.
+            if gpus.len() > position {
+                let assigned = watchdog.assigned();
+                gpus.retain(|g| assigned.contains(&g.index()));
+            }
             if answers.done.send(answers.id).is_err() || none_left {
                 break;
             }
