@@ -13,9 +13,91 @@ use headroom_store::rollup::MaintenanceReport;
 
 /// Upper bounds (seconds) of the batch-write histogram: a commit on a
 /// healthy database takes milliseconds; seconds mean trouble.
-const WRITE_BUCKETS: [f64; 12] = [
+const WRITE_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
+
+/// Upper bounds (seconds) of the alert-delay histograms: an alert is a race
+/// against an OOM, so the buckets are fine below a second.
+const ALERT_DELAY_BUCKETS: &[f64] = &[
+    0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// A Prometheus histogram of durations, filled from many tasks at once.
+#[derive(Debug)]
+struct Histogram {
+    bounds: &'static [f64],
+    /// Cumulative: each bucket counts every observation at or below its bound.
+    buckets: Vec<AtomicU64>,
+    count: AtomicU64,
+    micros: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            micros: AtomicU64::new(0),
+        }
+    }
+
+    fn observe(&self, took: Duration) {
+        let seconds = took.as_secs_f64();
+        for (bucket, bound) in self.buckets.iter().zip(self.bounds) {
+            if seconds <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.micros.fetch_add(
+            u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The `_bucket`, `_sum` and `_count` lines of `name` with `labels`
+    /// (`key="value"` pairs, or empty), after its HELP and TYPE when `help` is given.
+    fn render(&self, out: &mut String, name: &str, help: Option<&str>, labels: &str) {
+        if let Some(help) = help {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} histogram");
+        }
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (bucket, bound) in self.buckets.iter().zip(self.bounds) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {}",
+                bucket.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
+        let braced = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(
+            out,
+            "{name}_sum{braced} {}",
+            self.micros.load(Ordering::Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(out, "{name}_count{braced} {count}");
+    }
+}
+
+/// How far an alert's notification had got, timed from the sample that
+/// changed the alert.
+#[derive(Debug, Clone, Copy)]
+pub enum AlertStage {
+    /// The alert change and its notifications committed to the outbox:
+    /// the agent's send, the wire, ingest and the rules.
+    Committed,
+    /// The receiver said yes: the outbox queue and the delivery besides.
+    Delivered,
+}
 
 /// Why the HTTP server turned a client away before any handler ran.
 #[derive(Debug, Clone, Copy)]
@@ -52,6 +134,24 @@ pub enum BatchOutcome {
     Failed,
 }
 
+/// The collector's histograms, each with its own buckets.
+#[derive(Debug)]
+struct Histograms {
+    writes: Histogram,
+    alerts_committed: Histogram,
+    alerts_delivered: Histogram,
+}
+
+impl Default for Histograms {
+    fn default() -> Self {
+        Self {
+            writes: Histogram::new(WRITE_BUCKETS),
+            alerts_committed: Histogram::new(ALERT_DELAY_BUCKETS),
+            alerts_delivered: Histogram::new(ALERT_DELAY_BUCKETS),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct CollectorMetrics {
     registrations: AtomicU64,
@@ -74,9 +174,7 @@ pub struct CollectorMetrics {
     http_refused_connections: AtomicU64,
     http_refused_stream_clients: AtomicU64,
     http_refused_host: AtomicU64,
-    write_buckets: [AtomicU64; WRITE_BUCKETS.len()],
-    write_count: AtomicU64,
-    write_micros: AtomicU64,
+    histograms: Histograms,
     write_groups: AtomicU64,
     write_group_batches: AtomicU64,
     write_group_splits: AtomicU64,
@@ -156,17 +254,18 @@ impl CollectorMetrics {
 
     /// One batch write (validate excluded, commit included).
     pub fn write_took(&self, took: Duration) {
-        let seconds = took.as_secs_f64();
-        for (bucket, bound) in self.write_buckets.iter().zip(WRITE_BUCKETS) {
-            if seconds <= bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
+        self.histograms.writes.observe(took);
+    }
+
+    /// A notification reached `stage` `delay_ms` after its alert's sample
+    /// was taken (agent and collector clocks apart, so a skewed agent
+    /// clock shows here too; a negative delay counts as none).
+    pub fn alert_reached(&self, stage: AlertStage, delay_ms: i64) {
+        let delay = Duration::from_millis(u64::try_from(delay_ms).unwrap_or(0));
+        match stage {
+            AlertStage::Committed => self.histograms.alerts_committed.observe(delay),
+            AlertStage::Delivered => self.histograms.alerts_delivered.observe(delay),
         }
-        self.write_count.fetch_add(1, Ordering::Relaxed);
-        self.write_micros.fetch_add(
-            u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
     }
 
     /// One database write of `batches` coalesced batches.
@@ -334,32 +433,24 @@ impl CollectorMetrics {
             &[("", self.open_streams.load(Ordering::Relaxed).to_string())],
         );
         self.render_http(&mut out);
-        let _ = writeln!(
-            out,
-            "# HELP headroom_collector_batch_write_seconds Time from handing one batch to the writers to its commit, queueing included."
+        self.histograms.writes.render(
+            &mut out,
+            "headroom_collector_batch_write_seconds",
+            Some("Time from handing one batch to the writers to its commit, queueing included."),
+            "",
         );
-        let _ = writeln!(
-            out,
-            "# TYPE headroom_collector_batch_write_seconds histogram"
+        self.histograms.alerts_committed.render(
+            &mut out,
+            "headroom_collector_alert_delay_seconds",
+            Some("Time from the sample that fired or resolved an alert to its notification: stage=\"committed\" in the outbox (agent send, wire, ingest, rules), stage=\"delivered\" when the receiver said yes."),
+            "stage=\"committed\"",
         );
-        for (bucket, bound) in self.write_buckets.iter().zip(WRITE_BUCKETS) {
-            let _ = writeln!(
-                out,
-                "headroom_collector_batch_write_seconds_bucket{{le=\"{bound}\"}} {}",
-                get(bucket)
-            );
-        }
-        let count = get(&self.write_count);
-        let _ = writeln!(
-            out,
-            "headroom_collector_batch_write_seconds_bucket{{le=\"+Inf\"}} {count}"
+        self.histograms.alerts_delivered.render(
+            &mut out,
+            "headroom_collector_alert_delay_seconds",
+            None,
+            "stage=\"delivered\"",
         );
-        let _ = writeln!(
-            out,
-            "headroom_collector_batch_write_seconds_sum {}",
-            get(&self.write_micros) as f64 / 1e6
-        );
-        let _ = writeln!(out, "headroom_collector_batch_write_seconds_count {count}");
         family(
             &mut out,
             "headroom_collector_write_groups_total",

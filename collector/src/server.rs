@@ -54,6 +54,7 @@ pub struct Collector {
     tls: Option<ServerTlsConfig>,
     /// `[cluster] advertise_url`.
     advertise_url: Option<String>,
+    metrics: Arc<CollectorMetrics>,
 }
 
 /// Collects a collector's settings; every one has the default `serve` uses
@@ -116,7 +117,7 @@ impl Collector {
         if let Some(alerting) = &self.alerting {
             alerting.spawn_background(stopped.clone());
         }
-        let metrics = Arc::new(CollectorMetrics::default());
+        let metrics = self.metrics.clone();
         tokio::spawn(maintain_storage(
             self.store.clone(),
             self.clock.clone(),
@@ -267,10 +268,17 @@ impl CollectorBuilder {
 
     /// Restores the rules' open alerts from the store when rules are set.
     pub async fn build(self) -> Result<Collector, AlertingError> {
+        let metrics = Arc::new(CollectorMetrics::default());
         let alerting = match self.rules {
-            Some(rules) => {
-                Some(Alerting::new(self.store.clone(), rules, self.clock.clone()).await?)
-            }
+            Some(rules) => Some(
+                Alerting::new(
+                    self.store.clone(),
+                    rules,
+                    self.clock.clone(),
+                    metrics.clone(),
+                )
+                .await?,
+            ),
             None => None,
         };
         Ok(Collector {
@@ -285,6 +293,7 @@ impl CollectorBuilder {
             http: self.http,
             tls: self.tls,
             advertise_url: self.advertise_url,
+            metrics,
         })
     }
 }

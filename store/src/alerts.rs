@@ -134,6 +134,13 @@ impl SilenceView {
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct OutboxItem {
     pub id: i64,
+    /// The alert it announces (0 for a job's memory report):
+    /// notifications of one alert are sent in order, those of different
+    /// alerts side by side.
+    pub alert_id: i64,
+    /// The time of the sample that changed the alert (for a job report,
+    /// when it was due).
+    pub created_at_ms: i64,
     pub channel: String,
     pub idempotency_key: String,
     pub payload: String,
@@ -160,7 +167,8 @@ pub trait AlertStore: Send + Sync {
         lease_ms: i64,
         limit: i64,
     ) -> Result<Vec<OutboxItem>, StoreError>;
-    async fn notification_delivered(&self, id: i64, now_ms: i64) -> Result<(), StoreError>;
+    /// Marks `ids` delivered at `now_ms`, in one write.
+    async fn notifications_delivered(&self, ids: &[i64], now_ms: i64) -> Result<(), StoreError>;
     async fn notification_failed(
         &self,
         id: i64,

@@ -41,8 +41,19 @@ use headroom_tests::harness::RunningCollector;
 
 const PERIOD_S: i64 = 30;
 
-/// (pipeline, node, arrival time) of every firing webhook for GPU 0.
-type Arrivals = Arc<Mutex<Vec<(String, String, i64)>>>;
+/// Every firing notification for GPU 0 that reached the receiver.
+#[derive(Debug, Clone)]
+struct Arrival {
+    pipeline: String,
+    node: String,
+    at_ms: i64,
+    /// Headroom's only: the time of the sample that fired the alert (the
+    /// agent's interval end), which splits the agent's share from the
+    /// collector's.
+    sample_ms: Option<i64>,
+}
+
+type Arrivals = Arc<Mutex<Vec<Arrival>>>;
 
 /// One Prometheus + Alertmanager pair, killed when dropped.
 struct PromStack {
@@ -199,8 +210,12 @@ async fn main() {
                     && v["alert"]["rule"] == "watermark"
                     && labels["gpu"] == "0"
                 {
-                    let node = labels["node"].as_str().unwrap_or("").to_owned();
-                    arrivals.lock().unwrap().push(("headroom".into(), node, at));
+                    arrivals.lock().unwrap().push(Arrival {
+                        pipeline: "headroom".into(),
+                        node: labels["node"].as_str().unwrap_or("").to_owned(),
+                        at_ms: at,
+                        sample_ms: v["alert"]["at_ms"].as_i64(),
+                    });
                 }
                 "ok"
             }),
@@ -215,8 +230,12 @@ async fn main() {
                     let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
                     for alert in v["alerts"].as_array().into_iter().flatten() {
                         if alert["status"] == "firing" && alert["labels"]["gpu"] == "0" {
-                            let node = alert["labels"]["node"].as_str().unwrap_or("").to_owned();
-                            arrivals.lock().unwrap().push((pipeline.clone(), node, at));
+                            arrivals.lock().unwrap().push(Arrival {
+                                pipeline: pipeline.clone(),
+                                node: alert["labels"]["node"].as_str().unwrap_or("").to_owned(),
+                                at_ms: at,
+                                sample_ms: None,
+                            });
                         }
                     }
                     "ok"
@@ -310,6 +329,12 @@ async fn main() {
     );
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let ended = now_ms();
+    let collector_metrics = reqwest::get(collector.api("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     drop(stacks);
     for h in handles {
         h.stop().await;
@@ -330,7 +355,7 @@ async fn main() {
         "alert latency, crossing -> webhook received ({agents} agents x 8 GPUs, Headroom on {backend}, 10 Hz polls, 1 s samples, {seconds} s, {expected} crossings):"
     );
     let arrivals = arrivals.lock().unwrap().clone();
-    let mut pipelines: Vec<String> = arrivals.iter().map(|(p, _, _)| p.clone()).collect();
+    let mut pipelines: Vec<String> = arrivals.iter().map(|a| a.pipeline.clone()).collect();
     pipelines.sort();
     pipelines.dedup();
     if with_prometheus {
@@ -341,13 +366,14 @@ async fn main() {
         }
     }
     for pipeline in pipelines {
-        let mut first: HashMap<(String, i64), i64> = HashMap::new();
+        // Per crossing, its first notification: (latency, agent's share).
+        let mut first: HashMap<(String, i64), (i64, Option<i64>)> = HashMap::new();
         let mut repeats = 0;
-        for (_, node, at) in arrivals.iter().filter(|(p, _, _)| *p == pipeline) {
-            let Some(start) = started.get(node) else {
+        for a in arrivals.iter().filter(|a| a.pipeline == pipeline) {
+            let Some(start) = started.get(&a.node) else {
                 continue;
             };
-            let k = (at - start) / (PERIOD_S * 1000);
+            let k = (a.at_ms - start) / (PERIOD_S * 1000);
             if k < 1 {
                 continue;
             }
@@ -355,15 +381,14 @@ async fn main() {
             if crossing > cutoff {
                 continue;
             }
-            let latency = at - crossing;
-            match first.entry((node.clone(), k)) {
+            match first.entry((a.node.clone(), k)) {
                 std::collections::hash_map::Entry::Occupied(_) => repeats += 1,
                 std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(latency);
+                    e.insert((a.at_ms - crossing, a.sample_ms.map(|s| s - crossing)));
                 }
             }
         }
-        let mut latencies: Vec<i64> = first.into_values().collect();
+        let mut latencies: Vec<i64> = first.values().map(|(l, _)| *l).collect();
         latencies.sort_unstable();
         if latencies.is_empty() {
             println!("  {pipeline:<20} crossings alerted 0 of {expected}");
@@ -377,5 +402,80 @@ async fn main() {
             percentile(&latencies, 99.0),
             latencies[latencies.len() - 1]
         );
+        let mut agent: Vec<i64> = first.values().filter_map(|(_, a)| *a).collect();
+        let mut after: Vec<i64> = first
+            .values()
+            .filter_map(|(l, a)| a.map(|a| l - a))
+            .collect();
+        if agent.is_empty() {
+            continue;
+        }
+        agent.sort_unstable();
+        after.sort_unstable();
+        println!(
+            "    where the time went (p50 · p99): agent, crossing -> its sample's interval end {} · {} ms; collector, that sample -> webhook received {} · {} ms",
+            percentile(&agent, 50.0),
+            percentile(&agent, 99.0),
+            percentile(&after, 50.0),
+            percentile(&after, 99.0),
+        );
+        let stage = |stage: &str, q: f64| {
+            histogram_quantile(
+                &collector_metrics,
+                "headroom_collector_alert_delay_seconds",
+                stage,
+                q,
+            )
+            .map_or("-".to_owned(), |s| format!("{:.0}", s * 1000.0))
+        };
+        println!(
+            "    collector's own histograms from the sample (p50 · p99, bucket-interpolated, every alert): outbox committed {} · {} ms; receiver said yes {} · {} ms",
+            stage("committed", 0.5),
+            stage("committed", 0.99),
+            stage("delivered", 0.5),
+            stage("delivered", 0.99),
+        );
     }
+}
+
+/// The `q` quantile of the histogram `name{stage="…"}` in a Prometheus
+/// text exposition, interpolated linearly within its bucket as
+/// Prometheus' `histogram_quantile` does.
+fn histogram_quantile(text: &str, name: &str, stage: &str, q: f64) -> Option<f64> {
+    let prefix = format!("{name}_bucket{{stage=\"{stage}\",le=\"");
+    let mut buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (bound, count) = rest.split_once("\"} ")?;
+            let bound = if bound == "+Inf" {
+                f64::INFINITY
+            } else {
+                bound.parse().ok()?
+            };
+            Some((bound, count.trim().parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let mut below = (0.0, 0.0);
+    for (bound, count) in buckets {
+        if count >= rank {
+            if bound.is_infinite() {
+                return Some(below.0);
+            }
+            let share = if count > below.1 {
+                (rank - below.1) / (count - below.1)
+            } else {
+                0.0
+            };
+            return Some(below.0 + (bound - below.0) * share);
+        }
+        below = (bound, count);
+    }
+    None
 }

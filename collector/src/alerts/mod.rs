@@ -27,6 +27,7 @@ use headroom_store::alerts::{AlertFilter, AlertUpdate, NewNotification, SilenceV
 use headroom_store::model::{AllocatorRow, NodeSession, StoreBatch};
 
 use crate::job_reports::JobTracker;
+use crate::metrics::{AlertStage, CollectorMetrics};
 use headroom_store::{Store, StoreError};
 
 /// How long a Slack notification waits for companions from the same node.
@@ -54,6 +55,8 @@ pub struct Alerting {
     /// Owners and the route table, as the rules file gives them.
     routing: RwLock<Arc<NotifyConfig>>,
     clock: Clock,
+    /// Where each notification got to, and how soon.
+    metrics: Arc<CollectorMetrics>,
     wake_outbox: Notify,
     /// An alert fired or resolved: Alertmanager hears of it now, not at the
     /// next resend.
@@ -90,6 +93,7 @@ impl Alerting {
         store: Arc<dyn Store>,
         config: RulesConfig,
         clock: Clock,
+        metrics: Arc<CollectorMetrics>,
     ) -> Result<Arc<Self>, AlertingError> {
         let channels = channels::from_config(&config.notify)?;
         let active = store.alerts(AlertFilter::Active, 100_000).await?;
@@ -118,6 +122,7 @@ impl Alerting {
             alertmanagers: RwLock::new(alertmanager::targets(&config_notify)),
             routing: RwLock::new(Arc::new(config_notify)),
             clock,
+            metrics,
             wake_outbox: Notify::new(),
             wake_alertmanager: Notify::new(),
             jobs: Mutex::new(JobTracker::default()),
@@ -444,6 +449,10 @@ impl Alerting {
                         transition = ?change.transition, silenced, notified = outcome.notified,
                         summary = %change.summary, "alert");
                     if outcome.notified {
+                        self.metrics.alert_reached(
+                            AlertStage::Committed,
+                            self.clock.now_ms() - update.at_ms,
+                        );
                         self.wake_outbox.notify_one();
                     }
                     if matches!(kind, UpdateKind::Firing { .. } | UpdateKind::Resolved) {

@@ -192,7 +192,7 @@ impl AlertStore for PostgresStore {
             "UPDATE outbox SET next_attempt_at_ms = $1 + $2, attempts = attempts + 1
              WHERE id IN (SELECT id FROM outbox WHERE delivered_at_ms IS NULL AND next_attempt_at_ms <= $1
                           ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED)
-             RETURNING id, channel, idempotency_key, payload, attempts::int8 AS attempts, group_key",
+             RETURNING id, alert_id, created_at_ms, channel, idempotency_key, payload, attempts::int8 AS attempts, group_key",
         )
         .bind(now_ms)
         .bind(lease_ms)
@@ -201,9 +201,12 @@ impl AlertStore for PostgresStore {
         .await?)
     }
 
-    async fn notification_delivered(&self, id: i64, now_ms: i64) -> Result<(), StoreError> {
-        sqlx::query("UPDATE outbox SET delivered_at_ms = $2, last_error = NULL WHERE id = $1")
-            .bind(id)
+    async fn notifications_delivered(&self, ids: &[i64], now_ms: i64) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        sqlx::query("UPDATE outbox SET delivered_at_ms = $2, last_error = NULL WHERE id = ANY($1)")
+            .bind(ids)
             .bind(now_ms)
             .execute(&self.pool)
             .await?;

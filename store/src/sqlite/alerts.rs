@@ -196,7 +196,7 @@ impl AlertStore for SqliteStore {
             "UPDATE outbox SET next_attempt_at_ms = ?1 + ?2, attempts = attempts + 1
              WHERE id IN (SELECT id FROM outbox WHERE delivered_at_ms IS NULL AND next_attempt_at_ms <= ?1
                           ORDER BY id LIMIT ?3)
-             RETURNING id, channel, idempotency_key, payload, attempts, group_key",
+             RETURNING id, alert_id, created_at_ms, channel, idempotency_key, payload, attempts, group_key",
         )
         .bind(now_ms)
         .bind(lease_ms)
@@ -205,12 +205,20 @@ impl AlertStore for SqliteStore {
         .await?)
     }
 
-    async fn notification_delivered(&self, id: i64, now_ms: i64) -> Result<(), StoreError> {
-        sqlx::query("UPDATE outbox SET delivered_at_ms = ?2, last_error = NULL WHERE id = ?1")
-            .bind(id)
-            .bind(now_ms)
-            .execute(&self.pool)
-            .await?;
+    async fn notifications_delivered(&self, ids: &[i64], now_ms: i64) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        // SQLite binds no arrays; a JSON array of the ids stands in.
+        let ids = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
+        sqlx::query(
+            "UPDATE outbox SET delivered_at_ms = ?2, last_error = NULL
+             WHERE id IN (SELECT value FROM json_each(?1))",
+        )
+        .bind(ids)
+        .bind(now_ms)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 

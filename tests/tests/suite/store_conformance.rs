@@ -823,7 +823,9 @@ async fn outbox_leases_retries_and_delivers(store: Arc<dyn Store>) {
             .is_empty(),
         "leased"
     );
-    s.notification_delivered(claimed[0].id, 2000).await.unwrap();
+    s.notifications_delivered(&[claimed[0].id], 2000)
+        .await
+        .unwrap();
     s.notification_failed(claimed[1].id, 5000, "HTTP 503")
         .await
         .unwrap();
@@ -845,6 +847,38 @@ async fn outbox_leases_retries_and_delivers(store: Arc<dyn Store>) {
             .unwrap()
             .len(),
         1
+    );
+}
+
+async fn notifications_are_claimed_with_their_alert_and_marked_together(store: Arc<dyn Store>) {
+    let s = &*store;
+    let fired = s
+        .apply_alert(&update(
+            UpdateKind::Firing { escalated: false },
+            1000,
+            &["a", "b", "c"],
+        ))
+        .await
+        .unwrap();
+    let mut claimed = s.claim_notifications(1000, 60_000, 10).await.unwrap();
+    claimed.sort_by_key(|c| c.id);
+    assert_eq!(claimed.len(), 3);
+    assert!(
+        claimed
+            .iter()
+            .all(|c| Some(c.alert_id) == fired.alert_id && c.created_at_ms == 1000),
+        "each names its alert and its sample's time: {claimed:?}"
+    );
+    s.notifications_delivered(&[claimed[0].id, claimed[2].id], 2000)
+        .await
+        .unwrap();
+    s.notifications_delivered(&[], 2000).await.unwrap();
+    assert_eq!(s.undelivered_notifications().await.unwrap(), 1);
+    // Only the one left undelivered comes back once the lease ends.
+    let again = s.claim_notifications(70_000, 60_000, 10).await.unwrap();
+    assert_eq!(
+        again.iter().map(|c| c.channel.as_str()).collect::<Vec<_>>(),
+        ["b"]
     );
 }
 
@@ -1759,6 +1793,7 @@ conformance!(
     gpu_page_reads_process_series_and_events,
     alert_lifecycle_notifies_once_per_change,
     outbox_leases_retries_and_delivers,
+    notifications_are_claimed_with_their_alert_and_marked_together,
     silences_match_until_they_expire,
     rollups_keep_min_max_avg_and_last,
     late_samples_are_rolled_up_again,
